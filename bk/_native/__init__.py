@@ -1,0 +1,52 @@
+"""The one place that chooses native (Cython) or pure-Python byte kernels.
+
+A kernel NAME lives in `bk/_native/_NAME.pyx` (compiled to `bk._native._NAME`)
+with a pure twin `bk/_native/NAME_py.py` exposing the same functions.
+`BK_NO_NATIVE=1` forces the twins; `BK_REQUIRE_NATIVE=1` makes a missing
+compiled module an ImportError instead of a silent fallback.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+_chosen: dict[str, str] = {}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def load_pure(name: str) -> ModuleType:
+    return importlib.import_module(f"bk._native.{name}_py")
+
+
+def load_native(name: str) -> ModuleType | None:
+    """The compiled kernel, or None when it was not built."""
+    try:
+        return importlib.import_module(f"bk._native._{name}")
+    except ImportError:
+        return None
+
+
+def load(name: str) -> ModuleType:
+    if _flag("BK_NO_NATIVE"):
+        _chosen[name] = "pure"
+        return load_pure(name)
+    mod = load_native(name)
+    if mod is None:
+        if _flag("BK_REQUIRE_NATIVE"):
+            raise ImportError(
+                f"native kernel bk._native._{name} is not built and BK_REQUIRE_NATIVE=1; "
+                "run `pip install -e .` with Cython and a C compiler"
+            )
+        _chosen[name] = "pure"
+        return load_pure(name)
+    _chosen[name] = "native"
+    return mod
+
+
+def chosen() -> dict[str, str]:
+    """Which implementation each loaded kernel uses (for logs and benchmarks)."""
+    return dict(_chosen)

@@ -1,0 +1,217 @@
+"""Bookie settings: one frozen dataclass, loaded from TOML + environment + --set.
+
+Precedence (lowest to highest): defaults, the TOML file (flat snake_case keys),
+environment variables `BK_<KEY>` (upper case), then `--set key=value` pairs.
+Unknown keys and bad values raise `ConfigError` naming the key. Sizes accept
+suffixes (`64MiB`, `1GiB`, `512KiB`, `10MB`); lists accept a TOML list in the
+file or a comma-separated string elsewhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping
+
+from bk.errors import ConfigError
+
+KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    # --- identity and metadata
+    metadata_service_uri: str = "zk://127.0.0.1:2181/ledgers"
+    bookie_port: int = 3181
+    advertised_address: str = "127.0.0.1"
+    bind_address: str = ""  # empty: bind to advertised_address
+
+    # --- directories
+    journal_dirs: tuple[str, ...] = ("data/journal",)
+    ledger_dirs: tuple[str, ...] = ("data/ledgers",)
+    index_dir: str = ""  # empty: <first ledger dir>/current/index
+
+    # --- journal
+    journal_write_data: bool = True  # false = BP-46 journal-off: entries skip the journal
+    journal_sync_data: bool = True  # false = no fsync (acks after write(); unsafe)
+    journal_max_group_wait_ms: float = 2.0
+    journal_buffered_writes_threshold_bytes: int = 512 * KiB
+    journal_flush_when_queue_empty: bool = False
+    journal_max_size_bytes: int = 2 * GiB
+
+    # --- ledger storage
+    entry_log_size_limit_bytes: int = 1 * GiB
+    write_cache_max_size_bytes: int = 64 * MiB
+    write_cache_full_wait_ms: int = 1000  # adds wait this long for space, then ETOOMANYREQUESTS
+    read_cache_max_size_bytes: int = 64 * MiB
+    read_ahead_batch_size: int = 100
+    flush_interval_ms: int = 1000
+    index_map_size_bytes: int = 1 * GiB
+    index_sync: bool = True
+    num_read_worker_threads: int = 2
+
+    # --- server
+    max_frame_size_bytes: int = 5 * MiB
+    max_pending_requests_per_connection: int = 10_000
+    max_pending_bytes_per_connection: int = 64 * MiB
+
+    # --- disks
+    disk_usage_threshold: float = 0.95
+    disk_usage_lwm_threshold: float = 0.90
+    disk_check_interval_ms: int = 10_000
+
+    # --- autorecovery
+    autorecovery_enabled: bool = False
+    lost_bookie_recovery_delay_s: int = 0
+    auditor_periodic_check_interval_s: int = 604_800
+    auditor_periodic_bookie_check_interval_s: int = 86_400
+    open_ledger_rereplication_grace_period_ms: int = 30_000
+    rereplication_entry_batch_size: int = 100
+    replication_rate_bytes_per_s: int = 0
+
+    # --- BP-46 repair
+    data_integrity_checking_enabled: bool = False
+    data_integrity_cookie_stamping_enabled: bool = False
+
+    @property
+    def bookie_id(self) -> str:
+        return f"{self.advertised_address}:{self.bookie_port}"
+
+    @property
+    def resolved_index_dir(self) -> str:
+        return self.index_dir or os.path.join(self.ledger_dirs[0], "current", "index")
+
+    def replace(self, **changes: Any) -> "BookieConfig":
+        return load_config(overrides={**{k: v for k, v in changes.items()}}, base=self)
+
+
+_FIELDS = {f.name: f for f in fields(BookieConfig)}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|[KMGT]|B)?\s*$", re.IGNORECASE)
+_SIZE_MULT = {"": 1, "B": 1, "K": KiB, "M": MiB, "G": GiB, "T": 1024 * GiB,
+              "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
+              "KIB": KiB, "MIB": MiB, "GIB": GiB, "TIB": 1024 * GiB}
+
+
+def _convert(key: str, value: Any) -> Any:
+    f = _FIELDS[key]
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError("expected an integer")
+            if isinstance(value, int):
+                out = value
+            elif key.endswith("_bytes") or key.endswith("_bytes_per_s"):
+                m = _SIZE_RE.match(str(value))
+                if not m:
+                    raise ValueError("expected a size such as 1048576, 64MiB or 1GiB")
+                out = int(float(m.group(1)) * _SIZE_MULT[(m.group(2) or "").upper()])
+            else:
+                out = int(str(value).strip().replace("_", ""))
+            if out < 0:
+                raise ValueError("must not be negative")
+            return out
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
+            out = float(value)
+            if out < 0:
+                raise ValueError("must not be negative")
+            return out
+        if kind == "str":
+            if not isinstance(value, (str, int)):
+                raise ValueError("expected a string")
+            return str(value)
+        if kind.startswith("tuple"):
+            if isinstance(value, str):
+                items = [p.strip() for p in value.split(",") if p.strip()]
+            elif isinstance(value, (list, tuple)):
+                items = [str(p) for p in value]
+            else:
+                raise ValueError("expected a list of strings")
+            if not items:
+                raise ValueError("must name at least one entry")
+            return tuple(items)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"bad value for {key!r}: {value!r} ({e})") from None
+    raise ConfigError(f"setting {key!r} has an unsupported type {kind}")  # pragma: no cover
+
+
+def _check(cfg: BookieConfig) -> None:
+    def bad(key: str, why: str) -> None:
+        raise ConfigError(f"bad value for {key!r}: {getattr(cfg, key)!r} ({why})")
+
+    if not 0 < cfg.bookie_port < 65536:
+        bad("bookie_port", "must be 1..65535")
+    if cfg.write_cache_max_size_bytes < 2 * MiB:
+        bad("write_cache_max_size_bytes", "must be at least 2MiB")
+    if cfg.entry_log_size_limit_bytes < 64 * KiB:
+        bad("entry_log_size_limit_bytes", "must be at least 64KiB")
+    if cfg.journal_max_size_bytes < 64 * KiB:
+        bad("journal_max_size_bytes", "must be at least 64KiB")
+    if cfg.max_frame_size_bytes < 1024:
+        bad("max_frame_size_bytes", "must be at least 1024")
+    if cfg.index_map_size_bytes < 1 * MiB:
+        bad("index_map_size_bytes", "must be at least 1MiB")
+    if not 0 < cfg.disk_usage_threshold <= 1:
+        bad("disk_usage_threshold", "must be in (0, 1]")
+    if cfg.num_read_worker_threads < 1:
+        bad("num_read_worker_threads", "must be at least 1")
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | Iterable[str] | None = None,
+    base: BookieConfig | None = None,
+) -> BookieConfig:
+    """Build a config. `overrides` is a mapping or `key=value` strings (from --set)."""
+    values: dict[str, Any] = dataclasses.asdict(base) if base else {}
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        for key, value in data.items():
+            if key not in _FIELDS:
+                raise ConfigError(f"unknown setting {key!r} in {path}")
+            values[key] = _convert(key, value)
+    for name, value in (os.environ if env is None else env).items():
+        if name.startswith("BK_") and name[3:].lower() in _FIELDS:
+            key = name[3:].lower()
+            values[key] = _convert(key, value)
+    if overrides:
+        pairs = overrides.items() if isinstance(overrides, Mapping) else (_split_pair(s) for s in overrides)
+        for key, value in pairs:
+            if key not in _FIELDS:
+                raise ConfigError(f"unknown setting {key!r}")
+            values[key] = _convert(key, value)
+    cfg = BookieConfig(**values)
+    _check(cfg)
+    return cfg
+
+
+def _split_pair(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise ConfigError(f"expected key=value, got {item!r}")
+    return key.strip(), value.strip()
+
+
+def setting_names() -> list[str]:
+    return list(_FIELDS)

@@ -1,0 +1,168 @@
+"""One exception tree for the whole project.
+
+`BookieError` subclasses map 1:1 to wire status codes through `_BY_CODE`, so the
+server turns an exception into a return code, and the client turns a return code
+back into the same exception, in one place each. Codes are BookKeeper's v2 values
+(PROTOCOL.md). Library exceptions (kazoo, lmdb) never leak above `meta`/`index`:
+those packages translate them into these classes.
+"""
+from __future__ import annotations
+
+
+class BKError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class ConfigError(BKError):
+    """A setting is unknown or has a bad value; the message names the key."""
+
+
+# ---------------------------------------------------------------- bookie / wire
+class BookieError(BKError):
+    """An error a bookie reports over the wire. `code` is the v2 return code."""
+
+    code = 101  # EIO unless a subclass says otherwise
+    name = "EIO"
+
+    def __init__(self, message: str = "", *, ledger_id: int | None = None, entry_id: int | None = None):
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        if not message:
+            message = self.name
+            if ledger_id is not None:
+                message += f" (ledger {ledger_id}" + (f", entry {entry_id})" if entry_id is not None else ")")
+        super().__init__(message)
+
+
+class NoSuchLedgerError(BookieError):
+    code, name = 1, "ENOLEDGER"
+
+
+class NoSuchEntryError(BookieError):
+    code, name = 2, "ENOENTRY"
+
+
+class BadRequestError(BookieError):
+    code, name = 100, "EBADREQ"
+
+
+class BookieIOError(BookieError):
+    code, name = 101, "EIO"
+
+
+class UnauthorizedAccessError(BookieError):
+    code, name = 102, "EUA"
+
+
+class BadVersionError(BookieError):
+    code, name = 103, "EBADVERSION"
+
+
+class LedgerFencedError(BookieError):
+    code, name = 104, "EFENCED"
+
+
+class BookieReadOnlyError(BookieError):
+    code, name = 105, "EREADONLY"
+
+
+class TooManyRequestsError(BookieError):
+    code, name = 106, "ETOOMANYREQUESTS"
+
+
+class LedgerLimboError(BookieError):
+    code, name = 107, "EUNKNOWNLEDGERSTATE"
+
+
+_BY_CODE: dict[int, type[BookieError]] = {
+    cls.code: cls
+    for cls in (
+        NoSuchLedgerError,
+        NoSuchEntryError,
+        BadRequestError,
+        BookieIOError,
+        UnauthorizedAccessError,
+        BadVersionError,
+        LedgerFencedError,
+        BookieReadOnlyError,
+        TooManyRequestsError,
+        LedgerLimboError,
+    )
+}
+
+
+def error_for_code(code: int, message: str = "", **ids) -> BookieError:
+    """The exception for a wire return code; unknown codes become EIO."""
+    cls = _BY_CODE.get(code, BookieIOError)
+    err = cls(message, **ids)
+    if cls is BookieIOError and code != BookieIOError.code:
+        err.code = code  # keep the code we were given, for logs
+    return err
+
+
+def code_name(code: int) -> str:
+    cls = _BY_CODE.get(code)
+    return "EOK" if code == 0 else (cls.name if cls else f"E{code}")
+
+
+# ---------------------------------------------------------------- storage (local)
+class StorageError(BookieIOError):
+    """Local storage failed; answered as EIO, never as an explicit negative."""
+
+
+class CorruptedStorageError(StorageError):
+    """Bytes on disk fail their checks (CRC, ids, lengths). Never "no such entry"."""
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None, **ids):
+        self.path = path
+        self.offset = offset
+        super().__init__(message, **ids)
+
+
+class IndexFullError(StorageError):
+    """The LMDB map is full; the message names `index_map_size_bytes`."""
+
+
+class DiskFullError(StorageError):
+    """No space left on a bookie directory."""
+
+
+class CookieError(BKError):
+    """A directory's cookie is missing or differs from ZooKeeper's; names the directory."""
+
+
+# ---------------------------------------------------------------- client
+class ClientError(BKError):
+    pass
+
+
+class LedgerClosedError(ClientError):
+    pass
+
+
+class NotEnoughBookiesError(ClientError):
+    pass
+
+
+class DigestMismatchError(ClientError):
+    pass
+
+
+class MetadataVersionError(ClientError):
+    """A compare-and-set on metadata lost against a concurrent change."""
+
+
+class LedgerRecoveryError(ClientError):
+    pass
+
+
+class NoSuchLedgerMetadataError(ClientError):
+    """The ledger has no metadata (never created, or deleted)."""
+
+
+class MetadataStoreError(BKError):
+    """The metadata store (ZooKeeper) failed or is unreachable."""
+
+
+class ProtocolError(BKError):
+    """Malformed bytes on the wire: the connection that sent them is closed."""

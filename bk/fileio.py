@@ -1,0 +1,179 @@
+"""The one file layer every durable write goes through.
+
+Why it exists: `kill -9` cannot show that fsync is called at the right moments,
+because the page cache survives the process. With `BK_FSYNC_TRACK_FILE` set, this
+layer appends `path<TAB>size` to that file after every successful fsync, so a
+crash test can truncate every file to its last fsynced size (bk.testing.powerloss)
+and check that everything acknowledged is still there. The record is written
+after the fsync returns and before the caller can acknowledge anything.
+
+LMDB does its own fsyncs on commit and is not tracked here; the power-loss
+simulation leaves LMDB files as they are (a committed LMDB transaction is
+durable by LMDB's own design).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+from bk.errors import DiskFullError, StorageError
+
+_track_lock = threading.Lock()
+_track_fd: int | None = None
+_track_path: str | None = None
+
+
+def _track(path: str, size: int) -> None:
+    global _track_fd, _track_path
+    want = os.environ.get("BK_FSYNC_TRACK_FILE")
+    if not want:
+        return
+    with _track_lock:
+        if _track_fd is None or _track_path != want:
+            _track_fd = os.open(want, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            _track_path = want
+        os.write(_track_fd, f"{os.path.abspath(path)}\t{size}\n".encode())
+
+
+def tracking_enabled() -> bool:
+    return bool(os.environ.get("BK_FSYNC_TRACK_FILE"))
+
+
+def _raise_os(e: OSError, what: str, path: str) -> None:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise DiskFullError(f"no space left on device while {what} {path}") from e
+    raise StorageError(f"I/O error while {what} {path}: {e.strerror}") from e
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (new, renamed, deleted files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: str) -> None:
+    """Create `path` (and parents) and make the new entry durable in its parent."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    ensure_dir(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return
+    fsync_dir(parent)
+
+
+class DurableFile:
+    """An append-only file: write() buffers in the OS, fsync() makes it durable.
+
+    Not thread-safe; one owner thread writes. `size` is the number of bytes
+    written so far, `synced_size` the number known durable.
+    """
+
+    __slots__ = ("path", "fd", "size", "synced_size", "_sync_data")
+
+    def __init__(self, path: str, *, create: bool = True, sync_data: bool = True):
+        self.path = path
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            self.fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            _raise_os(e, "opening", path)
+        self.size = os.fstat(self.fd).st_size
+        self.synced_size = self.size if not create else 0
+        self._sync_data = sync_data
+        if create:
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
+            if sync_data:
+                self.fsync()
+
+    def write(self, data) -> int:
+        """Append all of `data` (bytes-like); returns the offset it starts at."""
+        start = self.size
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.pwrite(self.fd, view, self.size)
+                self.size += n
+                view = view[n:]
+        except OSError as e:
+            _raise_os(e, "writing", self.path)
+        return start
+
+    def writev(self, buffers) -> int:
+        start = self.size
+        try:
+            total = sum(len(b) for b in buffers)
+            n = os.pwritev(self.fd, buffers, self.size)
+            self.size += n
+            if n < total:  # short write: finish the rest the slow way
+                rest = b"".join(bytes(b) for b in buffers)[n:]
+                self.write(rest)
+        except OSError as e:
+            _raise_os(e, "writing", self.path)
+        return start
+
+    def pwrite_at(self, data, offset: int) -> None:
+        """Overwrite bytes inside the file (headers); does not move `size`."""
+        try:
+            os.pwrite(self.fd, data, offset)
+        except OSError as e:
+            _raise_os(e, "writing", self.path)
+
+    def fsync(self) -> None:
+        if not self._sync_data:
+            return
+        try:
+            os.fdatasync(self.fd)
+        except OSError as e:
+            _raise_os(e, "syncing", self.path)
+        self.synced_size = self.size
+        _track(self.path, self.size)
+
+    def truncate(self, size: int) -> None:
+        try:
+            os.ftruncate(self.fd, size)
+            os.fsync(self.fd)
+        except OSError as e:
+            _raise_os(e, "truncating", self.path)
+        self.size = size
+        self.synced_size = size
+        _track(self.path, size)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace `path` with `data` durably: temp file, fsync, rename, fsync dir."""
+    tmp = path + ".tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        _raise_os(e, "writing", path)
+    _track(path, len(data))
+
+
+def remove_file(path: str) -> None:
+    """Delete a file and make the deletion durable."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(os.path.dirname(os.path.abspath(path)))

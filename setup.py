@@ -1,0 +1,34 @@
+"""Builds the Cython byte kernels in bk/_native.
+
+Every kernel has a pure-Python twin, so a failed build leaves a working (slower)
+package; BK_REQUIRE_NATIVE=1 turns a missing build into an error at import time.
+"""
+import glob
+import os
+
+from setuptools import setup
+
+ext_modules = []
+try:
+    from Cython.Build import cythonize
+    from setuptools import Extension
+
+    sources = sorted(glob.glob(os.path.join("bk", "_native", "*.pyx")))
+    extensions = [
+        Extension(
+            "bk._native." + os.path.splitext(os.path.basename(src))[0],
+            [src],
+            include_dirs=[os.path.join("bk", "_native")],
+            extra_compile_args=["-O3"],
+        )
+        for src in sources
+    ]
+    ext_modules = cythonize(
+        extensions,
+        compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
+        quiet=True,
+    )
+except ImportError:  # Cython missing: the pure twins serve
+    pass
+
+setup(ext_modules=ext_modules)
