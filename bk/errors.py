@@ -164,5 +164,21 @@ class MetadataStoreError(BKError):
     """The metadata store (ZooKeeper) failed or is unreachable."""
 
 
+class MetadataNotFoundError(MetadataStoreError):
+    """The znode does not exist (ZooKeeper NoNode)."""
+
+
+class MetadataExistsError(MetadataStoreError):
+    """The znode already exists (ZooKeeper NodeExists)."""
+
+
+class MetadataNotEmptyError(MetadataStoreError):
+    """The znode has children and cannot be deleted (ZooKeeper NotEmpty)."""
+
+
+class MetadataFormatError(MetadataStoreError):
+    """Metadata bytes or values are malformed (bad header, protobuf, invalid fields)."""
+
+
 class ProtocolError(BKError):
     """Malformed bytes on the wire: the connection that sent them is closed."""
