@@ -1,0 +1,1 @@
+"""Shipped test harness: local ZooKeeper launcher, local bookie clusters, crash helpers."""
