@@ -1,0 +1,247 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Wire codec byte kernel (native): v2 framing and the ADD hot path.
+
+A frame is `length i32 BE | body`; a v2 body starts with the header int
+`(version << 24) | (op << 16) | flags` (version 0: the whole int is the op).
+Pure twin: bk/_native/codec_py.py (same functions, same results).
+
+split_frames(buf, start, max_frame) -> (list[(body_offset, body_len)], end, err)
+    Every complete frame from `start` on. `end` is the offset of the first byte
+    not consumed (a partial frame, or the bad length prefix when err != 0).
+    err 0: fine; 1: negative length at `end`; 2: length > max_frame at `end`.
+    A bad length is reported as soon as its 4 bytes are present: the body is
+    never waited for nor allocated.
+scan_add_requests(buf, start, max_frame) -> (items, end, err)
+    Like split_frames, but a well-formed ADD request (version 0..2, op ADD,
+    body >= 56 bytes, ledger id >= 0, entry id >= 0) comes back decoded as
+    `(flags, master_key, ledger_id, entry_id, entry_bytes, version)`; any other
+    frame as `(body_offset, body_len)` for the slow path. Equal master keys in
+    one call share one bytes object.
+scan_add_responses(buf, start, max_frame) -> (items, end, err)
+    A 24-byte ADD response (version 0..2) comes back as `(rc, ledger_id,
+    entry_id)`; any other frame as `(body_offset, body_len)`.
+encode_add_responses(items, version=2) -> bytes
+    One buffer with a complete ADD response frame per `(rc, ledger_id, entry_id)`.
+crc32c(data, crc=0) -> int
+    google_crc32c.extend(crc, data) semantics, on any contiguous buffer.
+"""
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from libc.string cimport memcmp
+from libc.stdint cimport uint32_t, int32_t, uint64_t, int64_t
+
+cdef extern from "crc32c.h" nogil:
+    void bk_crc32c_init()
+    uint32_t bk_crc32c_extend(uint32_t crc, const void *data, size_t length)
+
+bk_crc32c_init()
+
+ERR_OK = 0
+ERR_NEGATIVE_LENGTH = 1
+ERR_FRAME_TOO_LARGE = 2
+
+cdef enum:
+    _OP_ADD = 1
+    _KEY_LEN = 20
+    _ADD_MIN = 56       # header 4 + master key 20 + entry header 32
+    _ADD_RESPONSE = 24  # header 4 + rc 4 + ledger 8 + entry 8
+    _MAX_VERSION = 2
+
+cdef Py_ssize_t _NOGIL_MIN_BYTES = 64 * 1024
+cdef uint64_t _MAX_U32 = 0xFFFFFFFF
+
+
+cdef inline uint32_t _u32(const unsigned char *p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
+
+
+cdef inline int64_t _i64(const unsigned char *p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v = (v << 8) | p[i]
+    return <int64_t>v
+
+
+cdef inline void _put_u32(unsigned char *p, uint32_t v) noexcept nogil:
+    p[0] = (v >> 24) & 0xff
+    p[1] = (v >> 16) & 0xff
+    p[2] = (v >> 8) & 0xff
+    p[3] = v & 0xff
+
+
+cdef inline void _put_i64(unsigned char *p, int64_t s) noexcept nogil:
+    cdef uint64_t v = <uint64_t>s
+    cdef int i
+    for i in range(7, -1, -1):
+        p[i] = v & 0xff
+        v >>= 8
+
+
+cdef inline int _next_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos,
+                            int64_t max_frame, Py_ssize_t *length) noexcept nogil:
+    """0: a complete frame at pos (length set); -1: incomplete; 1/2: bad length."""
+    cdef int32_t ln
+    if n - pos < 4:
+        return -1
+    ln = <int32_t>_u32(b + pos)
+    if ln < 0:
+        return 1
+    if <int64_t>ln > max_frame:
+        return 2
+    if n - pos - 4 < ln:
+        return -1
+    length[0] = ln
+    return 0
+
+
+cdef inline void _check_args(Py_ssize_t n, Py_ssize_t start, Py_ssize_t max_frame) except *:
+    if start < 0 or start > n:
+        raise ValueError(f"start {start} outside buffer of {n} bytes")
+    if max_frame < 0:
+        raise ValueError("max_frame must be >= 0")
+
+
+def split_frames(buf, Py_ssize_t start, Py_ssize_t max_frame):
+    cdef Py_buffer view
+    cdef const unsigned char *b
+    cdef Py_ssize_t n, pos, length = 0
+    cdef int st = -1
+    cdef list out = []
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        n = view.len
+        _check_args(n, start, max_frame)
+        b = <const unsigned char *>view.buf
+        pos = start
+        while True:
+            st = _next_frame(b, n, pos, max_frame, &length)
+            if st != 0:
+                break
+            out.append((pos + 4, length))
+            pos += 4 + length
+        return out, pos, (st if st > 0 else 0)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame):
+    cdef Py_buffer view
+    cdef const unsigned char *b
+    cdef const unsigned char *f
+    cdef Py_ssize_t n, pos, length = 0
+    cdef int st = -1
+    cdef uint32_t h, version, op, flags
+    cdef int64_t ledger_id, entry_id
+    cdef list out = []
+    cdef bytes key = None
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        n = view.len
+        _check_args(n, start, max_frame)
+        b = <const unsigned char *>view.buf
+        pos = start
+        while True:
+            st = _next_frame(b, n, pos, max_frame, &length)
+            if st != 0:
+                break
+            f = b + pos + 4
+            if length >= _ADD_MIN:
+                h = _u32(f)
+                version = h >> 24
+                if version == 0:
+                    op, flags = h, 0
+                else:
+                    op, flags = (h >> 16) & 0xff, h & 0xffff
+                ledger_id = _i64(f + 4 + _KEY_LEN)
+                entry_id = _i64(f + 4 + _KEY_LEN + 8)
+                if version <= _MAX_VERSION and op == _OP_ADD and ledger_id >= 0 and entry_id >= 0:
+                    # Adds of one connection nearly always carry one ledger's key.
+                    if key is None or memcmp(PyBytes_AS_STRING(key), f + 4, _KEY_LEN) != 0:
+                        key = PyBytes_FromStringAndSize(<const char *>(f + 4), _KEY_LEN)
+                    out.append((flags, key, ledger_id, entry_id,
+                                PyBytes_FromStringAndSize(<const char *>(f + 4 + _KEY_LEN),
+                                                          length - 4 - _KEY_LEN),
+                                version))
+                    pos += 4 + length
+                    continue
+            out.append((pos + 4, length))
+            pos += 4 + length
+        return out, pos, (st if st > 0 else 0)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame):
+    cdef Py_buffer view
+    cdef const unsigned char *b
+    cdef const unsigned char *f
+    cdef Py_ssize_t n, pos, length = 0
+    cdef int st = -1
+    cdef uint32_t h, version, op
+    cdef list out = []
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        n = view.len
+        _check_args(n, start, max_frame)
+        b = <const unsigned char *>view.buf
+        pos = start
+        while True:
+            st = _next_frame(b, n, pos, max_frame, &length)
+            if st != 0:
+                break
+            f = b + pos + 4
+            if length == _ADD_RESPONSE:
+                h = _u32(f)
+                version = h >> 24
+                op = h if version == 0 else (h >> 16) & 0xff
+                if version <= _MAX_VERSION and op == _OP_ADD:
+                    out.append((<int32_t>_u32(f + 4), _i64(f + 8), _i64(f + 16)))
+                    pos += 4 + length
+                    continue
+            out.append((pos + 4, length))
+            pos += 4 + length
+        return out, pos, (st if st > 0 else 0)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def encode_add_responses(items, int version=2):
+    cdef list rows = list(items)
+    cdef Py_ssize_t i, n = len(rows)
+    cdef int32_t rc
+    cdef int64_t ledger_id, entry_id
+    cdef uint32_t header
+    cdef bytes out
+    cdef unsigned char *p
+    if version < 0 or version > _MAX_VERSION:
+        raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
+    header = _OP_ADD if version == 0 else ((<uint32_t>version << 24) | (_OP_ADD << 16))
+    out = PyBytes_FromStringAndSize(NULL, n * (4 + _ADD_RESPONSE))
+    p = <unsigned char *>PyBytes_AS_STRING(out)
+    for i in range(n):
+        rc, ledger_id, entry_id = rows[i]
+        _put_u32(p, _ADD_RESPONSE)
+        _put_u32(p + 4, header)
+        _put_u32(p + 8, <uint32_t>rc)
+        _put_i64(p + 12, ledger_id)
+        _put_i64(p + 20, entry_id)
+        p += 4 + _ADD_RESPONSE
+    return out
+
+
+def crc32c(data, unsigned long long crc=0):
+    cdef Py_buffer view
+    cdef uint32_t out
+    if crc > _MAX_U32:
+        raise ValueError("crc must fit in 32 bits")
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if view.len >= _NOGIL_MIN_BYTES:
+            with nogil:
+                out = bk_crc32c_extend(<uint32_t>crc, view.buf, <size_t>view.len)
+        else:
+            out = bk_crc32c_extend(<uint32_t>crc, view.buf, <size_t>view.len)
+        return out
+    finally:
+        PyBuffer_Release(&view)

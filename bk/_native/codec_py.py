@@ -1,0 +1,138 @@
+"""Wire codec byte kernel (pure Python twin of bk/_native/_codec.pyx).
+
+Same functions, same results as the native kernel; see its docstring for the
+contracts. A frame is `length i32 BE | body`; a v2 body starts with the header
+int `(version << 24) | (op << 16) | flags` (version 0: the whole int is the op).
+"""
+from __future__ import annotations
+
+import struct
+
+import google_crc32c
+
+ERR_OK = 0
+ERR_NEGATIVE_LENGTH = 1
+ERR_FRAME_TOO_LARGE = 2
+
+_OP_ADD = 1
+_KEY_LEN = 20
+_ADD_MIN = 56  # header 4 + master key 20 + entry header 32
+_ADD_RESPONSE = 24  # header 4 + rc 4 + ledger 8 + entry 8
+_MAX_VERSION = 2
+_MAX_U32 = 0xFFFFFFFF
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+_length = struct.Struct(">i")
+_add_ids = struct.Struct(">I20xqq")  # header, master key (skipped), ledger id, entry id
+_add_response = struct.Struct(">iIiqq")
+_add_response_body = struct.Struct(">Iiqq")
+
+
+def _view(buf, start: int, max_frame: int) -> memoryview:
+    mv = memoryview(buf).cast("B")
+    n = len(mv)
+    if start < 0 or start > n:
+        raise ValueError(f"start {start} outside buffer of {n} bytes")
+    if max_frame < 0:
+        raise ValueError("max_frame must be >= 0")
+    return mv
+
+
+# Each scanner walks frames with the same rule as the native `_next_frame`: a
+# length prefix is judged as soon as its 4 bytes are present (negative -> 1,
+# above max_frame -> 2), and a frame is taken only when its whole body is there.
+
+
+def split_frames(buf, start: int, max_frame: int):
+    mv = _view(buf, start, max_frame)
+    n, pos, out, err = len(mv), start, [], ERR_OK
+    unpack = _length.unpack_from
+    while n - pos >= 4:
+        (ln,) = unpack(mv, pos)
+        if ln < 0 or ln > max_frame:
+            err = ERR_NEGATIVE_LENGTH if ln < 0 else ERR_FRAME_TOO_LARGE
+            break
+        if n - pos - 4 < ln:
+            break
+        out.append((pos + 4, ln))
+        pos += 4 + ln
+    return out, pos, err
+
+
+def scan_add_requests(buf, start: int, max_frame: int):
+    mv = _view(buf, start, max_frame)
+    n, pos, out, err = len(mv), start, [], ERR_OK
+    unpack, unpack_ids = _length.unpack_from, _add_ids.unpack_from
+    key = None
+    while n - pos >= 4:
+        (ln,) = unpack(mv, pos)
+        if ln < 0 or ln > max_frame:
+            err = ERR_NEGATIVE_LENGTH if ln < 0 else ERR_FRAME_TOO_LARGE
+            break
+        if n - pos - 4 < ln:
+            break
+        off = pos + 4
+        pos = off + ln
+        if ln >= _ADD_MIN:
+            h, ledger_id, entry_id = unpack_ids(mv, off)
+            version = h >> 24
+            op, flags = (h, 0) if version == 0 else ((h >> 16) & 0xFF, h & 0xFFFF)
+            if version <= _MAX_VERSION and op == _OP_ADD and ledger_id >= 0 and entry_id >= 0:
+                # Adds of one connection nearly always carry one ledger's key.
+                k = mv[off + 4:off + 4 + _KEY_LEN]
+                if key is None or key != k:
+                    key = bytes(k)
+                out.append((flags, key, ledger_id, entry_id, bytes(mv[off + 4 + _KEY_LEN:pos]), version))
+                continue
+        out.append((off, ln))
+    return out, pos, err
+
+
+def scan_add_responses(buf, start: int, max_frame: int):
+    mv = _view(buf, start, max_frame)
+    n, pos, out, err = len(mv), start, [], ERR_OK
+    unpack, unpack_body = _length.unpack_from, _add_response_body.unpack_from
+    while n - pos >= 4:
+        (ln,) = unpack(mv, pos)
+        if ln < 0 or ln > max_frame:
+            err = ERR_NEGATIVE_LENGTH if ln < 0 else ERR_FRAME_TOO_LARGE
+            break
+        if n - pos - 4 < ln:
+            break
+        off = pos + 4
+        pos = off + ln
+        if ln == _ADD_RESPONSE:
+            h, rc, ledger_id, entry_id = unpack_body(mv, off)
+            version = h >> 24
+            op = h if version == 0 else (h >> 16) & 0xFF
+            if version <= _MAX_VERSION and op == _OP_ADD:
+                out.append((rc, ledger_id, entry_id))
+                continue
+        out.append((off, ln))
+    return out, pos, err
+
+
+def encode_add_responses(items, version: int = 2) -> bytes:
+    rows = list(items)
+    if not 0 <= version <= _MAX_VERSION:
+        raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
+    header = _OP_ADD if version == 0 else (version << 24) | (_OP_ADD << 16)
+    out = bytearray(len(rows) * (4 + _ADD_RESPONSE))
+    pack_into = _add_response.pack_into
+    pos = 0
+    for rc, ledger_id, entry_id in rows:
+        if not _I32_MIN <= rc <= _I32_MAX:
+            raise OverflowError(f"rc {rc} does not fit in 32 bits")
+        if not (_I64_MIN <= ledger_id <= _I64_MAX and _I64_MIN <= entry_id <= _I64_MAX):
+            raise OverflowError("ledger and entry ids must fit in signed 64 bits")
+        pack_into(out, pos, _ADD_RESPONSE, header, rc, ledger_id, entry_id)
+        pos += 4 + _ADD_RESPONSE
+    return bytes(out)
+
+
+def crc32c(data, crc: int = 0) -> int:
+    if not 0 <= crc <= _MAX_U32:
+        raise ValueError("crc must fit in 32 bits")
+    # google_crc32c wants read-only bytes; other buffers are copied once.
+    return google_crc32c.extend(crc, data if type(data) is bytes else bytes(data))

@@ -1,0 +1,190 @@
+"""The codec kernel: the pure twin is the reference; the native build must agree."""
+import random
+import struct
+
+import google_crc32c
+import pytest
+
+from bk._native import load_native, load_pure
+
+PURE = load_pure("codec")
+NATIVE = load_native("codec")
+KERNELS = [pytest.param(PURE, id="pure"),
+           pytest.param(NATIVE, id="native",
+                        marks=pytest.mark.skipif(NATIVE is None, reason="native codec not built"))]
+needs_native = pytest.mark.skipif(NATIVE is None, reason="native codec not built")
+
+KEY = bytes(range(20))
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+def header(version, op, flags=0):
+    return op if version == 0 else (version << 24) | (op << 16) | flags
+
+
+def add_body(ledger_id, entry_id, payload=b"p", *, version=2, flags=0, key=KEY, op=1):
+    entry = struct.pack(">qqqq", ledger_id, entry_id, entry_id - 1, len(payload)) + payload
+    return struct.pack(">I", header(version, op, flags)) + key + entry
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_split_frames_complete_and_partial(k):
+    buf = frame(b"abc") + frame(b"") + frame(b"x" * 10) + b"\x00\x00\x00\x05ab"
+    frames, end, err = k.split_frames(buf, 0, 100)
+    assert frames == [(4, 3), (11, 0), (15, 10)]
+    assert (end, err) == (25, k.ERR_OK)
+    assert k.split_frames(buf, 7, 100) == ([(11, 0), (15, 10)], 25, 0)
+    assert k.split_frames(b"\x00\x00", 0, 100) == ([], 0, 0)
+    assert k.split_frames(b"", 0, 100) == ([], 0, 0)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_split_frames_bad_lengths_reported_before_the_body(k):
+    good = frame(b"ok")
+    # Only the 4 length bytes are present: the error must not wait for a body.
+    assert k.split_frames(good + struct.pack(">i", -1), 0, 100) == ([(4, 2)], 6, k.ERR_NEGATIVE_LENGTH)
+    assert k.split_frames(good + struct.pack(">i", 101), 0, 100) == ([(4, 2)], 6, k.ERR_FRAME_TOO_LARGE)
+    assert k.split_frames(struct.pack(">i", 100) + b"x" * 100, 0, 100) == ([(4, 100)], 104, 0)
+    assert k.split_frames(struct.pack(">i", -(1 << 31)), 0, 1 << 40)[2] == k.ERR_NEGATIVE_LENGTH
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_split_frames_argument_checks(k):
+    with pytest.raises(ValueError):
+        k.split_frames(b"abc", 4, 10)
+    with pytest.raises(ValueError):
+        k.split_frames(b"abc", -1, 10)
+    with pytest.raises(ValueError):
+        k.scan_add_requests(b"abc", 0, -1)
+    with pytest.raises(TypeError):
+        k.split_frames("text", 0, 10)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_scan_add_requests_decodes_adds_and_defers_the_rest(k):
+    a0 = add_body(7, 0, b"hello", flags=2)
+    a1 = add_body(7, 1, b"")
+    v0 = add_body(8, 3, version=0)
+    neg = add_body(7, -1)
+    read = struct.pack(">Iqq", header(2, 2), 7, 0)
+    buf = bytearray(frame(a0) + frame(a1) + frame(read) + frame(v0) + frame(neg) + frame(a0[:55]))
+    items, end, err = k.scan_add_requests(buf, 0, 1 << 20)
+    assert (end, err) == (len(buf), 0)
+    assert items[0] == (2, KEY, 7, 0, a0[24:], 2)
+    assert items[1] == (0, KEY, 7, 1, a1[24:], 2)
+    assert items[2] == (len(a0) + len(a1) + 12, 20)
+    assert items[3] == (0, KEY, 8, 3, v0[24:], 0)
+    assert len(items[4]) == 2 and len(items[5]) == 2  # negative entry id, short body
+    assert items[0][1] is items[1][1]  # one key object shared within a call
+    assert type(items[0][4]) is bytes
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_scan_add_requests_rejects_bad_versions_and_ops(k):
+    cases = [add_body(1, 1, version=3), add_body(1, 1, op=2), add_body(-4, 1),
+             struct.pack(">I", 0x00000101) + add_body(1, 1)[4:]]  # v0 header 257 is no ADD
+    items, _, _ = k.scan_add_requests(b"".join(frame(c) for c in cases), 0, 1000)
+    assert all(len(it) == 2 for it in items)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_encode_add_responses_layout(k, version):
+    rows = [(0, 1, 2), (104, (1 << 63) - 1, -(1 << 63)), (-3, 0, -1)]
+    out = k.encode_add_responses(rows, version)
+    h = header(version, 1)
+    assert out == b"".join(struct.pack(">iIiqq", 24, h, *r) for r in rows)
+    assert k.scan_add_responses(out, 0, 24) == (rows, len(out), 0)
+    assert k.encode_add_responses([], version) == b""
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_encode_add_responses_errors(k):
+    with pytest.raises(ValueError):
+        k.encode_add_responses([(0, 1, 2)], 3)
+    with pytest.raises(OverflowError):
+        k.encode_add_responses([(1 << 31, 1, 2)], 2)
+    with pytest.raises(OverflowError):
+        k.encode_add_responses([(0, 1 << 63, 2)], 2)
+    with pytest.raises(ValueError):
+        k.encode_add_responses([(0, 1)], 2)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_scan_add_responses_defers_other_frames(k):
+    read_err = struct.pack(">Iiqq", header(2, 2), 2, 5, 6)
+    add_long = struct.pack(">Iiqq", header(2, 1), 0, 5, 6) + b"x"
+    bad_version = struct.pack(">Iiqq", header(3, 1), 0, 5, 6)
+    ok = struct.pack(">Iiqq", header(0, 1), -7, 5, 6)
+    buf = b"".join(frame(x) for x in (read_err, add_long, bad_version, ok))
+    items, end, err = k.scan_add_responses(buf, 0, 100)
+    assert items == [(4, 24), (32, 25), (61, 24), (-7, 5, 6)] and (end, err) == (len(buf), 0)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_crc32c_matches_google(k):
+    assert k.crc32c(b"123456789") == 0xE3069283
+    rng = random.Random(5)
+    for n in (0, 1, 7, 64, 1000, 70_000):
+        data = rng.randbytes(n)
+        seed = rng.getrandbits(32)
+        assert k.crc32c(data) == google_crc32c.value(data)
+        assert k.crc32c(memoryview(data)[1:], seed) == google_crc32c.extend(seed, data[1:])
+    with pytest.raises(ValueError):
+        k.crc32c(b"x", 1 << 32)
+
+
+def _random_stream(rng):
+    parts = []
+    for _ in range(rng.randrange(1, 40)):
+        kind = rng.random()
+        if kind < 0.5:
+            body = add_body(rng.choice([0, 1, 9, -2]), rng.choice([0, 5, -1, 1 << 40]),
+                            rng.randbytes(rng.randrange(0, 200)), version=rng.choice([0, 1, 2, 2, 3]),
+                            flags=rng.getrandbits(16), key=rng.choice([KEY, bytes(20), rng.randbytes(20)]),
+                            op=rng.choice([1, 1, 1, 2, 7]))
+            if rng.random() < 0.1:
+                body = body[:rng.randrange(len(body))]
+            parts.append(frame(body))
+        elif kind < 0.7:
+            parts.append(frame(struct.pack(">Iiqq", rng.getrandbits(32), rng.getrandbits(31),
+                                           rng.getrandbits(63), rng.getrandbits(63))))
+        elif kind < 0.9:
+            parts.append(frame(rng.randbytes(rng.randrange(0, 80))))
+        else:
+            parts.append(rng.randbytes(rng.randrange(0, 12)))  # garbage, often a bad length
+    return b"".join(parts)
+
+
+@needs_native
+def test_native_and_pure_agree_on_random_streams():
+    rng = random.Random(20240601)
+    for _ in range(400):
+        buf = _random_stream(rng)
+        start = rng.randrange(0, min(len(buf), 8) + 1)
+        max_frame = rng.choice([0, 24, 100, 300, 1 << 20])
+        for fn in ("split_frames", "scan_add_requests", "scan_add_responses"):
+            assert getattr(NATIVE, fn)(buf, start, max_frame) == getattr(PURE, fn)(buf, start, max_frame), fn
+
+
+@needs_native
+def test_native_and_pure_agree_on_random_garbage():
+    rng = random.Random(99)
+    for _ in range(2000):
+        buf = rng.randbytes(rng.randrange(0, 300))
+        max_frame = rng.choice([0, 50, 1 << 31])
+        for fn in ("split_frames", "scan_add_requests", "scan_add_responses"):
+            assert getattr(NATIVE, fn)(buf, 0, max_frame) == getattr(PURE, fn)(buf, 0, max_frame), fn
+
+
+@needs_native
+def test_native_and_pure_encode_the_same():
+    rng = random.Random(3)
+    for _ in range(200):
+        rows = [(rng.randrange(-(1 << 31), 1 << 31), rng.randrange(-(1 << 63), 1 << 63),
+                 rng.randrange(-(1 << 63), 1 << 63)) for _ in range(rng.randrange(0, 50))]
+        version = rng.choice([0, 1, 2])
+        assert NATIVE.encode_add_responses(rows, version) == PURE.encode_add_responses(rows, version)
