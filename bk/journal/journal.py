@@ -1,0 +1,318 @@
+"""Journal: one writer thread per journal directory, group commit, rotation, gc.
+
+Threads. `log()` runs on the event loop (any thread works, but the loop is the
+hot caller): it appends `(body, cb, ctx)` to a deque and, only when the writer
+is parked waiting for work, sets an Event to wake it. No lock, no Condition
+notify per record. The writer thread owns the open file and everything else.
+
+Group commit (STORAGE.md). The writer drains the whole queue into a group and
+keeps draining until the group holds `journal_buffered_writes_threshold_bytes`,
+or its oldest record has waited `journal_max_group_wait_ms`, or (with
+`journal_flush_when_queue_empty`) the queue is empty. While it waits for the
+group to fill it polls the queue every POLL_S instead of being woken per
+record. Then: one write, one fdatasync (none when `journal_sync_data` is
+false), and ONE `loop.call_soon_threadsafe` that runs every completion of the
+group in order. Records that arrive during the fsync form the next group; their
+wait is counted from the previous drain, so after a slow fsync the next group
+is flushed at once (adaptive grouping, no per-record timestamps).
+
+Failure. A StorageError from write/fsync/rotation fails the group's callbacks
+and puts the journal in a failed state: every queued and later record fails
+with StorageError; nothing is acknowledged after an I/O error.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from bk._native import load
+from bk.config import BookieConfig
+from bk.errors import BadRequestError, StorageError
+from bk.fileio import DurableFile, ensure_dir, remove_file
+from bk.journal.records import (
+    HEADER_BYTES,
+    MIN_BODY_BYTES,
+    LogMark,
+    current_dir,
+    encode_header,
+    file_path,
+    list_files,
+    max_record_bytes,
+)
+from bk.journal.replay import OnRecord, ReplayResult, replay_journal
+
+logger = logging.getLogger(__name__)
+
+Callback = Callable[[Any, BaseException | None], None]
+
+POLL_S = 0.0002  # how often a waiting group re-checks the queue
+
+
+def _complete(items: list, exc: BaseException | None) -> None:
+    """Run every completion of a group, in order; one bad callback does not stop the rest."""
+    for _body, cb, ctx in items:
+        try:
+            cb(ctx, exc)
+        except Exception:  # noqa: BLE001 - a callback's bug must not lose other acks
+            logger.exception("journal completion callback %r failed", cb)
+
+
+class Journal:
+    """The bookie's write-ahead journal for one journal directory (see module docstring)."""
+
+    def __init__(self, journal_dir: str, config: BookieConfig, *, loop=None, index: int = 0):
+        self.journal_dir = journal_dir
+        self.index = index
+        self._loop = loop
+        self._sync_data = config.journal_sync_data
+        self._max_wait_s = config.journal_max_group_wait_ms / 1000.0
+        self._threshold_bytes = max(1, config.journal_buffered_writes_threshold_bytes)
+        self._flush_when_empty = config.journal_flush_when_queue_empty
+        self._max_file_bytes = config.journal_max_size_bytes
+        self._max_record_bytes = max_record_bytes(config)
+        self._kernel = load("journal")
+        self._frame = self._kernel.frame_records
+
+        self._queue: deque = deque()
+        self._append = self._queue.append
+        self._idle = False  # the writer is parked on _wake; log() must set it
+        self._wake = threading.Event()
+        self._stopping = False
+        # log() fails at once when this is set (journal failed, stopped or not started)
+        self._reject: BaseException | None = StorageError(f"journal {journal_dir} is not started")
+
+        self._file: DurableFile | None = None
+        self._file_id = 0
+        self._mark = LogMark(0, 0)
+        self._min_next_file_id = 1  # raised by replay so new files sort after the replayed ones
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+        # counters for benchmarks and monitoring (writer thread writes, anyone reads)
+        self.groups_written = 0
+        self.records_written = 0
+        self.bytes_written = 0
+
+    # ------------------------------------------------------------------ public API
+    def replay(self, mark: LogMark, on_record: OnRecord) -> ReplayResult:
+        """Replay records at or after `mark` (before start()); see bk.journal.replay."""
+        if self._thread is not None:
+            raise RuntimeError("Journal.replay() must run before start()")
+        result = replay_journal(self.journal_dir, LogMark(*mark), on_record,
+                                kernel=self._kernel, max_record_bytes=self._max_record_bytes)
+        self._min_next_file_id = max(self._min_next_file_id, result.end_mark.file_id + 1)
+        self._mark = result.end_mark
+        return result
+
+    def start(self) -> None:
+        """Open a new journal file (highest existing id + 1) and start the writer thread."""
+        if self._thread is not None:
+            raise RuntimeError("Journal already started")
+        ensure_dir(current_dir(self.journal_dir))
+        existing = list_files(self.journal_dir)
+        next_id = max(self._min_next_file_id, existing[-1][0] + 1 if existing else 1)
+        self._open_file(next_id)
+        self._reject = None
+        self._thread = threading.Thread(target=self._run, name=f"bk-journal-{self.index}", daemon=True)
+        self._thread.start()
+
+    def log(self, body, cb: Callback, ctx: Any) -> None:
+        """Queue one record; cb(ctx, None) once its group is durable, cb(ctx, exc) on failure."""
+        n = len(body)
+        if n < MIN_BODY_BYTES or n > self._max_record_bytes:
+            raise BadRequestError(
+                f"journal record body is {n} bytes; it must hold ledger and entry ids "
+                f"({MIN_BODY_BYTES} bytes) and be at most {self._max_record_bytes} bytes")
+        if self._reject is not None:
+            self._fail_now(cb, ctx, self._reject)
+            return
+        self._append((body, cb, ctx))
+        if self._idle:
+            self._idle = False
+            self._wake.set()
+
+    def last_mark(self) -> LogMark:
+        """Position just after the last record handed to write()."""
+        return self._mark
+
+    def gc(self, mark: LogMark) -> int:
+        """Delete journal files wholly behind `mark` (id < mark.file_id); returns how many."""
+        keep_from = min(mark.file_id, self._file_id) if self._file is not None else mark.file_id
+        removed = 0
+        for file_id, path in list_files(self.journal_dir):
+            if file_id >= keep_from:
+                break
+            remove_file(path)
+            removed += 1
+        return removed
+
+    def stop(self) -> None:
+        """Write and fsync everything queued, close the file, join the writer thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        if self._reject is None:
+            self._reject = StorageError(f"journal {self.journal_dir} is stopped")
+        self._stopping = True
+        self._wake.set()
+        thread.join()
+        self._thread = None
+        # a log() that raced with stop() may have queued after the writer's last drain
+        self._fail_queued(self._reject)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The I/O error that stopped the journal, if any."""
+        return self._failed
+
+    @property
+    def current_file_id(self) -> int:
+        return self._file_id
+
+    # ------------------------------------------------------------------ writer thread
+    def _run(self) -> None:
+        queue = self._queue
+        popleft = queue.popleft
+        frame = self._frame
+        monotonic = time.monotonic
+        sleep = time.sleep
+        max_wait_s = self._max_wait_s
+        threshold = self._threshold_bytes
+        flush_when_empty = self._flush_when_empty
+        oldest = monotonic()  # estimate of when the oldest queued record arrived
+        while True:
+            if not queue:
+                if self._stopping:
+                    return
+                self._wake.clear()
+                self._idle = True
+                if not queue and not self._stopping:  # re-check: a log() may have raced
+                    self._wake.wait()
+                self._idle = False
+                oldest = monotonic()
+                continue
+            if self._failed is not None:
+                self._fail_queued(self._failed)
+                continue
+            items: list = []
+            buffers: list = []
+            group_bytes = 0
+            deadline = oldest + max_wait_s
+            while True:
+                n = len(queue)
+                if n:
+                    taken = [popleft() for _ in range(n)]
+                    buf = self._frame_batch(taken, frame)
+                    items += taken
+                    buffers.append(buf)
+                    group_bytes += len(buf)
+                if group_bytes >= threshold or self._stopping:
+                    break
+                if flush_when_empty and not queue:
+                    break
+                now = monotonic()
+                if now >= deadline:
+                    break
+                sleep(min(deadline - now, POLL_S))
+            oldest = monotonic()  # anything queued from here on arrived after this drain
+            if items:
+                self._write_group(items, buffers, group_bytes)
+
+    def _frame_batch(self, taken: list, frame) -> bytes:
+        try:
+            return frame([t[0] for t in taken])
+        except (TypeError, ValueError, BufferError):
+            pass
+        # a body the kernel cannot read: fail just those records, frame the rest
+        good, parts = [], []
+        for item in taken:
+            try:
+                parts.append(frame([item[0]]))
+                good.append(item)
+            except (TypeError, ValueError, BufferError) as e:
+                self._deliver([item], BadRequestError(f"journal record body is not bytes-like: {e}"))
+        taken[:] = good
+        return b"".join(parts)
+
+    def _write_group(self, items: list, buffers: list, group_bytes: int) -> None:
+        if not group_bytes:  # every record of the group was rejected by _frame_batch
+            return
+        f = self._file
+        try:
+            if len(buffers) == 1:
+                f.write(buffers[0])
+            else:
+                f.writev(buffers)
+            self._mark = LogMark(self._file_id, f.size)
+            if self._sync_data:
+                f.fsync()
+        except StorageError as e:
+            self._enter_failed(e)
+            self._deliver(items, e)
+            return
+        self.groups_written += 1
+        self.records_written += len(items)
+        self.bytes_written += group_bytes
+        self._deliver(items, None)
+        if f.size >= self._max_file_bytes:
+            try:
+                self._rotate()
+            except StorageError as e:
+                self._enter_failed(e)
+
+    def _rotate(self) -> None:
+        old = self._file
+        self._file = None
+        old.close()
+        self._open_file(self._file_id + 1)
+
+    def _open_file(self, file_id: int) -> None:
+        """Create journal file `file_id` with its header, durable before any record."""
+        f = DurableFile(file_path(self.journal_dir, file_id), create=True, sync_data=self._sync_data)
+        try:
+            f.write(encode_header(file_id))
+            f.fsync()
+        except StorageError:
+            f.close()
+            raise
+        self._file = f
+        self._file_id = file_id
+        self._mark = LogMark(file_id, HEADER_BYTES)
+
+    def _enter_failed(self, exc: StorageError) -> None:
+        logger.error("journal %s failed, no more records will be acknowledged: %s", self.journal_dir, exc)
+        self._failed = exc
+        later = StorageError(f"journal {self.journal_dir} failed earlier: {exc}")
+        later.__cause__ = exc
+        self._reject = later
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        queue = self._queue
+        n = len(queue)
+        if n:
+            self._deliver([queue.popleft() for _ in range(n)], exc)
+
+    def _deliver(self, items: list, exc: BaseException | None) -> None:
+        loop = self._loop
+        if loop is None:
+            _complete(items, exc)
+            return
+        try:
+            loop.call_soon_threadsafe(_complete, items, exc)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            logger.error("journal: event loop closed, dropping %d completions", len(items))
+
+    def _fail_now(self, cb: Callback, ctx: Any, exc: BaseException) -> None:
+        item = [(None, cb, ctx)]
+        self._deliver(item, exc)
+
+    def __repr__(self) -> str:
+        return f"Journal({self.journal_dir!r}, file={self._file_id:x}, mark={self._mark})"
+
+
+__all__ = ["Journal", "POLL_S"]

@@ -1,0 +1,196 @@
+"""Journal replay: read records from a log mark, cut a torn tail, refuse corruption.
+
+Rules (STORAGE.md): a record that is short, has a zero or oversized length, or
+fails its CRC ends the valid data. If it sits in the last journal file and no
+valid record follows it in that file, it is a torn tail: the writer never got
+that group fsynced, so nothing after it was acknowledged; the file is truncated
+there and the cut reported as `path@offset`. Anything else (a later file exists,
+or valid records follow the bad bytes) is corruption: CorruptedStorageError
+naming the file and offset, and the bookie does not start.
+
+Files are read in chunks with pread, so `on_record` receives memoryviews of
+private bytes objects that stay valid after the callback returns.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+from typing import Callable, NamedTuple
+
+from bk.errors import CorruptedStorageError, StorageError
+from bk.fileio import DurableFile
+from bk.journal.records import (
+    HEADER_BYTES,
+    MIN_BODY_BYTES,
+    RECORD_HEADER_BYTES,
+    LogMark,
+    check_header,
+    list_files,
+    parse_ids,
+)
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 8 * 1024 * 1024
+_WHY = {1: "truncated record", 2: "bad record length", 3: "record CRC mismatch"}
+
+OnRecord = Callable[[int, int, memoryview], None]
+
+
+class ReplayResult(NamedTuple):
+    records: int  # records handed to on_record
+    end_mark: LogMark  # just after the last valid record replayed (the mark itself if none)
+    cut_tail: str | None  # "path@offset" when a torn tail was cut
+
+
+def replay_journal(journal_dir: str, mark: LogMark, on_record: OnRecord, *,
+                   kernel, max_record_bytes: int) -> ReplayResult:
+    """Replay every record at or after `mark`, in journal order (see module docstring)."""
+    files = [(fid, path) for fid, path in list_files(journal_dir) if fid >= mark.file_id]
+    records = 0
+    end_mark = mark
+    cut_tail = None
+    for i, (file_id, path) in enumerate(files):
+        if i and file_id != files[i - 1][0] + 1:
+            missing = files[i - 1][0] + 1
+            raise CorruptedStorageError(
+                f"journal file {missing:x}.txn is missing between {files[i - 1][1]} and {path}",
+                path=path, offset=0)
+        start = mark.offset if file_id == mark.file_id else 0
+        reader = _FileReplay(path, file_id, is_last=i == len(files) - 1,
+                             kernel=kernel, max_record_bytes=max_record_bytes)
+        count, end_offset, cut = reader.run(max(start, HEADER_BYTES), on_record)
+        records += count
+        end_mark = LogMark(file_id, end_offset)
+        if cut is not None:
+            cut_tail = cut
+    return ReplayResult(records, end_mark, cut_tail)
+
+
+class _FileReplay:
+    __slots__ = ("path", "file_id", "is_last", "kernel", "max_record_bytes")
+
+    def __init__(self, path: str, file_id: int, *, is_last: bool, kernel, max_record_bytes: int):
+        self.path = path
+        self.file_id = file_id
+        self.is_last = is_last
+        self.kernel = kernel
+        self.max_record_bytes = max_record_bytes
+
+    def run(self, start: int, on_record: OnRecord) -> tuple[int, int, str | None]:
+        """(records replayed, offset after the last valid record, cut report or None)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            _io_error(e, "opening", self.path)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return 0, 0, None  # created, crashed before the header: nothing in it
+            if size < HEADER_BYTES:
+                if not self.is_last:
+                    check_header(os.pread(fd, HEADER_BYTES, 0), self.file_id, self.path)
+                # an interrupted file creation: the header never became durable
+                return 0, 0, self._cut(0, f"truncated file header ({size} bytes)")
+            check_header(os.pread(fd, HEADER_BYTES, 0), self.file_id, self.path)
+            if start > size:
+                logger.warning("journal log mark %s@%d is beyond the end of the file (%d bytes); "
+                               "nothing to replay from it", self.path, start, size)
+                return 0, start, None
+            return self._scan(fd, start, size, on_record)
+        finally:
+            os.close(fd)
+
+    def _scan(self, fd: int, pos: int, size: int, on_record: OnRecord) -> tuple[int, int, str | None]:
+        scan = self.kernel.scan_records
+        count = 0
+        want = CHUNK_BYTES
+        while pos < size:
+            data = _pread_all(fd, min(want, size - pos), pos, self.path)
+            want = CHUNK_BYTES
+            found, stop, status = scan(data, 0, len(data), self.max_record_bytes)
+            view = memoryview(data)
+            for body_offset, body_len in found:
+                body = view[body_offset:body_offset + body_len]
+                if body_len < MIN_BODY_BYTES:
+                    # the CRC matched, so these bytes were written as they are
+                    raise CorruptedStorageError(
+                        f"journal file {self.path}: record of {body_len} bytes at offset "
+                        f"{pos + body_offset - RECORD_HEADER_BYTES} is too short for ledger and entry ids",
+                        path=self.path, offset=pos + body_offset - RECORD_HEADER_BYTES)
+                ledger_id, entry_id = parse_ids(body)
+                on_record(ledger_id, entry_id, body)
+            count += len(found)
+            if status == 0:
+                pos += stop
+                continue
+            if status == 1 and pos + len(data) < size:
+                # the chunk ended inside a record, not the file: read it whole next time
+                pos += stop
+                if len(data) - stop >= 4:
+                    want = max(CHUNK_BYTES, RECORD_HEADER_BYTES + int.from_bytes(data[stop:stop + 4], "big"))
+                continue
+            return count, pos + stop, self._bad_record(fd, pos + stop, size, _WHY[status])
+        return count, pos, None
+
+    def _bad_record(self, fd: int, offset: int, size: int, why: str) -> str:
+        """Cut a torn tail at `offset` and return its report, or raise for corruption."""
+        if not self.is_last:
+            raise CorruptedStorageError(
+                f"journal file {self.path}: {why} at offset {offset}, and later journal files exist",
+                path=self.path, offset=offset)
+        follow = _find_valid_after(fd, self.path, offset + 1, size, self.kernel, self.max_record_bytes)
+        if follow >= 0:
+            raise CorruptedStorageError(
+                f"journal file {self.path}: {why} at offset {offset}, "
+                f"but a valid record follows at offset {follow}",
+                path=self.path, offset=offset)
+        return self._cut(offset, why)
+
+    def _cut(self, offset: int, why: str) -> str:
+        report = f"{self.path}@{offset}"
+        f = DurableFile(self.path, create=False)
+        try:
+            f.truncate(offset)
+        finally:
+            f.close()
+        logger.warning("journal: cut torn tail %s (%s); records from there were never acknowledged",
+                       report, why)
+        return report
+
+
+def _io_error(e: OSError, what: str, path: str):
+    raise StorageError(f"I/O error while {what} journal file {path}: {e.strerror}") from e
+
+
+def _pread_all(fd: int, n: int, offset: int, path: str) -> bytes:
+    try:
+        data = os.pread(fd, n, offset)
+        if len(data) < n:  # pread may return less; short of EOF, keep reading
+            parts = [data]
+            got = len(data)
+            while got < n:
+                more = os.pread(fd, n - got, offset + got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+    except OSError as e:
+        _io_error(e, "reading", path)
+    return data
+
+
+def _find_valid_after(fd: int, path: str, start: int, size: int, kernel, max_record_bytes: int) -> int:
+    """Offset of the first valid record in [start, size), or -1 (maps the file, no copy)."""
+    if size - start < RECORD_HEADER_BYTES + 1:
+        return -1
+    try:
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    except OSError as e:
+        _io_error(e, "mapping", path)
+    try:
+        return kernel.find_valid_record(mm, start, size, max_record_bytes)
+    finally:
+        mm.close()
