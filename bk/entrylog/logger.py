@@ -1,0 +1,454 @@
+"""EntryLogger: append-only entry log files, rotation, reads by location, scan, ledgers map.
+
+Threads: add_entries(), flush() and close() run on the flush thread only (one
+writer); read_entry(), read_run(), scan(), ledgers_map(), log_ids() run on any
+thread. Records are written to the file (pwrite) as soon as they are appended,
+so readers see them through the page cache before flush() makes them durable.
+
+Invariants:
+- `_written_end` is the end of the last whole record of the current log; readers
+  never look past it (a write in progress or a failed one is invisible to them).
+- Only the current log is ever appended to. A log found at start without a ledgers
+  map (not closed: crash) stays as it is, readable by location and by scan.
+- Log ids are unique across all ledger dirs; a new log takes highest + 1.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from typing import NamedTuple, Sequence
+
+from bk._native import load as load_kernel
+from bk.config import BookieConfig
+from bk.entrylog import format as fmt
+from bk.entrylog.files import LogScan, ReadFiles
+from bk.errors import ConfigError, CorruptedStorageError, StorageError
+from bk.fileio import DurableFile, ensure_dir, remove_file
+
+log = logging.getLogger("bk.entrylog")
+
+_READ_GUESS_BYTES = 4096  # first pread of read_entry: size + ids + most small entries
+
+
+class DiskUsage(NamedTuple):
+    total_bytes: int
+    free_bytes: int
+    usage: float  # fraction of the disk in use, 0..1
+
+
+def _dir_space(path: str) -> DiskUsage:
+    """Disk space of the filesystem holding `path` (tests replace this function)."""
+    st = os.statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    return DiskUsage(total, free, (1.0 - free / total) if total else 1.0)
+
+
+class _LogInfo(NamedTuple):
+    records_end: int  # records live in [HEADER_BYTES, records_end)
+    map_offset: int  # 0: no ledgers map (open, or never closed)
+    map_count: int
+
+
+class EntryLogger:
+    def __init__(self, ledger_dirs: Sequence[str], config: BookieConfig):
+        if not ledger_dirs:
+            raise ConfigError("EntryLogger needs at least one ledger dir")
+        if config.entry_log_size_limit_bytes > fmt.MAX_OFFSET:
+            raise ConfigError(
+                f"bad value for 'entry_log_size_limit_bytes': {config.entry_log_size_limit_bytes} "
+                f"(must be below 4GiB: a location keeps the offset in 32 bits)")
+        self._config = config
+        self._ledger_dirs = [str(d) for d in ledger_dirs]
+        self._limit_bytes = config.entry_log_size_limit_bytes
+        self.max_entry_bytes = config.max_frame_size_bytes
+        self._kernel = load_kernel("entrylog")
+        self._lock = threading.Lock()  # guards _paths, _info, _current_usage, current_log_id
+        self._paths: dict[int, str] = {}
+        self._info: dict[int, _LogInfo] = {}  # filled lazily for non-current logs
+        self._unsynced: list[tuple[int, DurableFile]] = []  # abandoned logs still to fsync
+        self._closed = False
+        for d in self._ledger_dirs:
+            ensure_dir(fmt.log_dir(d))
+            for name in os.listdir(fmt.log_dir(d)):
+                log_id = fmt.parse_log_file_name(name)
+                if log_id is None:
+                    continue
+                path = os.path.join(fmt.log_dir(d), name)
+                if log_id in self._paths:
+                    raise CorruptedStorageError(
+                        f"entry log {log_id:x} exists twice: {self._paths[log_id]} and {path}", path=path)
+                self._paths[log_id] = path
+        # Ids only grow within a process, even if GC deletes the highest log: a
+        # stale location must never name a reused log id.
+        self._next_log_id = max(self._paths, default=-1) + 1
+        self._files = ReadFiles(self._path_of)
+        self.current_log_id: int | None = None
+        self._current: DurableFile | None = None
+        self._current_usage: dict[int, int] = {}
+        self._written_end = 0
+        self._open_new_log()
+
+    # ------------------------------------------------------------ writing
+    def add_entries(self, entries: list) -> list[int]:
+        """Append entries (each `ledger_id | entry_id | ...`); returns their locations.
+
+        Validates every entry before writing any. Rotates to a new log whenever
+        the next record would take the current one past entry_log_size_limit_bytes
+        (a record bigger than the limit gets a log of its own).
+        """
+        if self._closed:
+            raise StorageError("entry logger is closed")
+        if not entries:
+            return []
+        entries = list(entries)
+        sizes = list(map(len, entries))
+        if min(sizes) < fmt.MIN_ENTRY_BYTES or max(sizes) > self.max_entry_bytes:
+            i = next(i for i, n in enumerate(sizes)
+                     if not fmt.MIN_ENTRY_BYTES <= n <= self.max_entry_bytes)
+            raise ValueError(f"entry {i} of the batch is {sizes[i]} bytes; entries must be "
+                             f"{fmt.MIN_ENTRY_BYTES}..{self.max_entry_bytes} bytes (max_frame_size_bytes)")
+        if self._current is None:
+            self._open_new_log()
+        # Fold the log id into the base, so the kernel's offsets are locations.
+        frame, locs = self._kernel.frame_entries(entries, (self.current_log_id << 32) | self._written_end)
+        view = memoryview(frame)
+        out: list[int] = []
+        i, n = 0, len(entries)
+        while True:
+            log_base = self.current_log_id << 32
+            limit_loc = log_base + self._limit_bytes
+            if locs[0] + len(view) <= limit_loc:
+                k = len(locs)
+            else:  # records 0..k-1 end at or before the limit
+                k = bisect.bisect_right(locs, limit_loc, 1) - 1
+                if k == 0 and self._written_end == fmt.HEADER_BYTES:
+                    k = 1
+            if k:
+                cut = (locs[k] - locs[0]) if k < len(locs) else len(view)
+                self._append(view[:cut], entries[i:i + k])
+                out.extend(locs[:k])
+                view, locs, i = view[cut:], locs[k:], i + k
+            if i == n:
+                return out
+            self._rotate()
+            shift = ((self.current_log_id << 32) | self._written_end) - locs[0]
+            locs = [x + shift for x in locs]
+
+    def _append(self, data: memoryview, entries: list) -> None:
+        f = self._current
+        try:
+            f.write(data)
+        except StorageError:
+            self._abandon_current()
+            raise
+        usage: dict[int, int] = {}
+        for e in entries:
+            lid = int.from_bytes(e[:8], "big", signed=True)
+            usage[lid] = usage.get(lid, 0) + len(e) + fmt.SIZE_FIELD_BYTES
+        with self._lock:
+            cur = self._current_usage
+            for lid, nbytes in usage.items():
+                cur[lid] = cur.get(lid, 0) + nbytes
+            self._written_end = f.size
+
+    def flush(self) -> None:
+        """Make everything appended so far durable (write + fdatasync)."""
+        if self._closed:
+            raise StorageError("entry logger is closed")
+        while self._unsynced:
+            log_id, f = self._unsynced[0]
+            f.fsync()  # a failure here keeps it queued and propagates
+            f.close()
+            self._unsynced.pop(0)
+        if self._current is not None:
+            self._current.fsync()
+
+    def _rotate(self) -> None:
+        self._close_current()
+        self._open_new_log()
+
+    def _open_new_log(self) -> None:
+        log_id = self._next_log_id
+        if log_id > fmt.MAX_LOG_ID:
+            raise StorageError(f"entry log ids are exhausted (highest is {log_id - 1:x})")
+        d = self._pick_dir()
+        path = os.path.join(fmt.log_dir(d), fmt.log_file_name(log_id))
+        f = DurableFile(path, create=True)
+        try:
+            f.write(fmt.encode_header(log_id))
+        except StorageError:
+            f.close()
+            remove_file(path)
+            raise
+        with self._lock:
+            self._next_log_id = log_id + 1
+            self._paths[log_id] = path
+            self._info.pop(log_id, None)
+            self._current = f
+            self._current_usage = {}
+            self._written_end = f.size
+            self.current_log_id = log_id
+        log.info("new entry log %s", path)
+
+    def _pick_dir(self) -> str:
+        """The ledger dir with the most free space among those under the usage threshold.
+
+        When every dir is over the threshold the one with the most free space is
+        still used (with a warning): data already acknowledged through the journal
+        must reach the entry log even on a read-only bookie.
+        """
+        space = [(_dir_space(fmt.log_dir(d)), d) for d in self._ledger_dirs]
+        ok = [(s.free_bytes, d) for s, d in space if s.usage <= self._config.disk_usage_threshold]
+        if ok:
+            return max(ok, key=lambda t: t[0])[1]
+        log.warning("all ledger dirs are over disk_usage_threshold=%s; new entry log on the emptiest",
+                    self._config.disk_usage_threshold)
+        return max(space, key=lambda t: t[0].free_bytes)[1]
+
+    def _close_current(self) -> None:
+        """Close the current log: ledgers map + CRC appended, header updated, fsynced."""
+        f, log_id = self._current, self.current_log_id
+        if f is None:
+            return
+        records_end = self._written_end
+        with self._lock:
+            usage = dict(self._current_usage)
+            # From here readers see it as a closed log whose map is not readable yet.
+            self._info[log_id] = _LogInfo(records_end, 0, 0)
+            self._current = None
+        map_offset = 0
+        try:
+            f.write(fmt.encode_ledgers_map(usage))
+            f.pwrite_at(fmt.encode_map_fields(records_end, len(usage)), fmt.header_map_fields_offset())
+            map_offset = records_end
+        except StorageError as e:  # keep the records; the log just has no map (scan fallback)
+            log.warning("could not write the ledgers map of %s: %s", f.path, e)
+            self._truncate_quietly(f, records_end)
+        try:
+            f.fsync()
+        except StorageError:
+            with self._lock:
+                self._unsynced.append((log_id, f))
+            raise
+        f.close()
+        with self._lock:
+            self._info[log_id] = _LogInfo(records_end, map_offset, len(usage) if map_offset else 0)
+
+    def _abandon_current(self) -> None:
+        """After a failed write: cut the partial record, keep the log unclosed, and let
+        the next add_entries start a new log (possibly in another dir)."""
+        f, log_id = self._current, self.current_log_id
+        self._truncate_quietly(f, self._written_end)
+        with self._lock:
+            self._info[log_id] = _LogInfo(self._written_end, 0, 0)
+            self._current = None
+            self._unsynced.append((log_id, f))  # flush() still owes these records an fsync
+        log.error("entry log %s abandoned after a failed write", f.path)
+
+    @staticmethod
+    def _truncate_quietly(f: DurableFile, size: int) -> None:
+        try:
+            os.ftruncate(f.fd, size)
+            f.size = size
+        except OSError as e:
+            log.warning("could not truncate %s to %d: %s", f.path, size, e.strerror)
+
+    # ------------------------------------------------------------ reading
+    def read_entry(self, ledger_id: int, entry_id: int, location: int) -> bytes:
+        """The entry at `location`, checked to be (ledger_id, entry_id).
+
+        Any mismatch (ids, size out of range, short file, missing log) is
+        CorruptedStorageError: the index said the entry is there.
+        """
+        log_id, offset = fmt.split_location(location)
+        h = self._files.acquire(log_id)
+        try:
+            if offset < fmt.HEADER_BYTES:
+                raise CorruptedStorageError(f"location {location:#x} points into the header of {h.path}",
+                                            path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
+            buf = self._pread(h, _READ_GUESS_BYTES, offset)
+            size, lid, eid = self._check_record(h.path, offset, buf)
+            if (lid, eid) != (ledger_id, entry_id):
+                raise CorruptedStorageError(
+                    f"{h.path}@{offset}: record holds ledger {lid} entry {eid}, "
+                    f"expected ledger {ledger_id} entry {entry_id}",
+                    path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
+            need = fmt.SIZE_FIELD_BYTES + size
+            if len(buf) >= need:
+                return buf[fmt.SIZE_FIELD_BYTES:need]
+            rest = self._pread(h, need - len(buf), offset + len(buf))
+            if len(buf) + len(rest) < need:
+                raise CorruptedStorageError(f"{h.path}@{offset}: record of {size} bytes is cut short",
+                                            path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
+            return buf[fmt.SIZE_FIELD_BYTES:] + rest
+        finally:
+            self._files.release(h)
+
+    def read_run(self, location: int, max_count: int, max_bytes: int) -> list[tuple[int, int, bytes, int]]:
+        """Up to max_count whole records from `location` on, within about max_bytes
+        (at least one record): [(ledger_id, entry_id, entry, location)]. For read-ahead."""
+        if max_count <= 0:
+            return []
+        log_id, offset = fmt.split_location(location)
+        end = self._records_end(log_id)
+        if offset >= end:
+            return []
+        h = self._files.acquire(log_id)
+        try:
+            buf = self._pread(h, min(max(max_bytes, _READ_GUESS_BYTES), end - offset), offset)
+            records, stop, status = self._kernel.scan_log(buf, 0, len(buf), self.max_entry_bytes)
+            if not records:
+                size, _, _ = self._check_record(h.path, offset, buf)  # raises on a bad size / short head
+                if fmt.SIZE_FIELD_BYTES + size <= end - offset:  # one record bigger than max_bytes
+                    buf = self._pread(h, fmt.SIZE_FIELD_BYTES + size, offset)
+                    records, stop, status = self._kernel.scan_log(buf, 0, len(buf), self.max_entry_bytes)
+                if not records:
+                    raise CorruptedStorageError(f"{h.path}@{offset}: record of {size} bytes is cut short",
+                                                path=h.path, offset=offset)
+        finally:
+            self._files.release(h)
+        out = []
+        used = 0
+        for off, size, lid, eid in records[:max_count]:
+            if out and used + size > max_bytes:
+                break
+            used += size
+            out.append((lid, eid, buf[off + 4:off + 4 + size], location + off))
+        return out
+
+    def _pread(self, h, n: int, offset: int) -> bytes:
+        try:
+            return os.pread(h.fd, n, offset)
+        except OSError as e:
+            raise StorageError(f"I/O error reading {h.path}@{offset}: {e.strerror}") from e
+
+    def _check_record(self, path: str, offset: int, buf: bytes) -> tuple[int, int, int]:
+        if len(buf) < fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES:
+            raise CorruptedStorageError(f"{path}@{offset}: short read ({len(buf)} bytes) of a record head",
+                                        path=path, offset=offset)
+        size = int.from_bytes(buf[:4], "big")
+        if not fmt.MIN_ENTRY_BYTES <= size <= self.max_entry_bytes:
+            raise CorruptedStorageError(f"{path}@{offset}: record size {size} out of range "
+                                        f"{fmt.MIN_ENTRY_BYTES}..{self.max_entry_bytes}", path=path, offset=offset)
+        lid, eid = fmt.entry_ids(memoryview(buf)[4:20])
+        return size, lid, eid
+
+    # ------------------------------------------------------------ logs
+    def log_ids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._paths)
+
+    def log_path(self, log_id: int) -> str | None:
+        return self._path_of(log_id)
+
+    def scan(self, log_id: int) -> LogScan:
+        """Iterate (ledger_id, entry_id, location, size) over a log's records; the
+        returned LogScan tells after the loop whether the data ended clean."""
+        path = self._path_of(log_id)
+        if path is None:
+            raise StorageError(f"no entry log {log_id:x}")
+        return LogScan(self._kernel, path, log_id, self._records_end(log_id), self.max_entry_bytes)
+
+    def ledgers_map(self, log_id: int) -> dict[int, int]:
+        """ledger id -> bytes of its records in the log (size fields included).
+
+        The current log answers from memory; a closed log from its stored map, after
+        checking its CRC; a log without a valid map (crash) by scanning it."""
+        with self._lock:
+            if log_id == self.current_log_id and self._current is not None:
+                return dict(self._current_usage)
+        path = self._path_of(log_id)
+        if path is None:
+            raise StorageError(f"no entry log {log_id:x}")
+        info = self._log_info(log_id)
+        if info.map_offset:
+            h = self._files.acquire(log_id)
+            try:
+                raw = self._pread(h, fmt.ledgers_map_bytes(info.map_count), info.map_offset)
+            finally:
+                self._files.release(h)
+            try:
+                return fmt.decode_ledgers_map(raw, info.map_count)
+            except ValueError as e:
+                log.warning("ledgers map of %s is unusable (%s); scanning the log", path, e)
+        usage: dict[int, int] = {}
+        scan = self.scan(log_id)
+        for lid, _, _, size in scan:
+            usage[lid] = usage.get(lid, 0) + size + fmt.SIZE_FIELD_BYTES
+        if scan.status:
+            log.warning("scan of %s stopped at offset %d (status %d)", path, scan.stop_offset, scan.status)
+        return usage
+
+    def delete_log(self, log_id: int) -> bool:
+        """Delete a log that is not the current one (GC). False if it did not exist."""
+        with self._lock:
+            if log_id == self.current_log_id:
+                raise ValueError(f"entry log {log_id:x} is the current log")
+            path = self._paths.pop(log_id, None)
+            self._info.pop(log_id, None)
+        if path is None:
+            return False
+        self._files.forget(log_id)
+        remove_file(path)
+        log.info("deleted entry log %s", path)
+        return True
+
+    def disk_usage(self) -> dict[str, DiskUsage]:
+        return {d: _dir_space(fmt.log_dir(d)) for d in self._ledger_dirs}
+
+    def close(self) -> None:
+        """Close the current log properly (ledgers map) and every read fd."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+            self._close_current()
+        finally:
+            self._closed = True
+            self._files.close()
+            for _, f in self._unsynced:
+                f.close()
+
+    # ------------------------------------------------------------ internals
+    def _path_of(self, log_id: int) -> str | None:
+        with self._lock:
+            return self._paths.get(log_id)
+
+    def _records_end(self, log_id: int) -> int:
+        with self._lock:
+            if log_id == self.current_log_id and self._current is not None:
+                return self._written_end
+        return self._log_info(log_id).records_end
+
+    def _log_info(self, log_id: int) -> _LogInfo:
+        with self._lock:
+            info = self._info.get(log_id)
+            path = self._paths.get(log_id)
+        if info is not None:
+            return info
+        if path is None:
+            raise StorageError(f"no entry log {log_id:x}")
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(fmt.HEADER_BYTES)
+                file_size = os.fstat(fh.fileno()).st_size
+        except OSError as e:
+            raise StorageError(f"cannot read entry log {path}: {e.strerror}") from e
+        try:
+            header = fmt.decode_header(head)
+        except fmt.HeaderError as e:
+            log.warning("entry log %s has a bad header (%s); treating it as unclosed", path, e)
+            header = fmt.LogHeader(log_id, 0, 0)
+        if header.log_id != log_id:
+            log.warning("entry log %s says it is log %x", path, header.log_id)
+        if header.map_offset and header.map_offset <= file_size:
+            info = _LogInfo(header.map_offset, header.map_offset, header.map_count)
+        else:  # never closed: records run to the end of the file (possibly torn)
+            info = _LogInfo(file_size, 0, 0)
+        with self._lock:
+            if log_id in self._paths and log_id != self.current_log_id:
+                self._info.setdefault(log_id, info)
+        return info

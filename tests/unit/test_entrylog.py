@@ -1,0 +1,318 @@
+"""EntryLogger: append/read, rotation, ledgers map, read_run, dirs, errors."""
+import os
+import random
+import struct
+import threading
+
+import pytest
+
+from bk.config import BookieConfig, load_config
+from bk.entrylog import EntryLogger, format as fmt, logger as logger_mod
+from bk.entrylog.logger import DiskUsage
+from bk.errors import ConfigError, CorruptedStorageError, DiskFullError, NoSuchEntryError, StorageError
+
+KiB = 1024
+
+
+def cfg(**kw) -> BookieConfig:
+    kw.setdefault("entry_log_size_limit_bytes", 64 * KiB)
+    return load_config(env={}, overrides=kw)
+
+
+def entry(ledger_id: int, entry_id: int, payload_len: int, seed: int = 0) -> bytes:
+    rng = random.Random(ledger_id * 1_000_003 + entry_id + seed)
+    return struct.pack(">qq", ledger_id, entry_id) + rng.randbytes(payload_len)
+
+
+def read_header(path):
+    with open(path, "rb") as fh:
+        return fmt.decode_header(fh.read(fmt.HEADER_BYTES))
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return [str(tmp_path / "l0"), str(tmp_path / "l1")]
+
+
+def test_round_trip_many_sizes_many_logs(dirs):
+    el = EntryLogger(dirs, cfg())
+    rng = random.Random(7)
+    written = {}
+    for batch in range(40):
+        entries = []
+        for _ in range(rng.randrange(1, 12)):
+            lid = rng.randrange(1, 6)
+            eid = len([k for k in written if k[0] == lid]) + sum(1 for e in entries if e[:8] == struct.pack(">q", lid))
+            size = rng.choice([0, 1, 100, 1000, 4000, 10_000, 30_000])
+            entries.append(entry(lid, eid, size))
+        locs = el.add_entries(entries)
+        assert len(locs) == len(entries)
+        for e, loc in zip(entries, locs):
+            written[struct.unpack(">qq", e[:16])] = (loc, e)
+    el.flush()
+    assert len(el.log_ids()) > 3  # 64 KiB logs
+    logs_by_dir = {d: os.listdir(os.path.join(d, "current")) for d in dirs}
+    assert sum(len(v) for v in logs_by_dir.values()) == len(el.log_ids())
+    for (lid, eid), (loc, e) in written.items():
+        assert el.read_entry(lid, eid, loc) == e
+        log_id, off = fmt.split_location(loc)
+        assert off >= fmt.HEADER_BYTES and (off + 4 + len(e) <= 64 * KiB or off == fmt.HEADER_BYTES)
+    el.close()
+
+
+def test_locations_are_sequential_records(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg())
+    es = [entry(1, i, i) for i in range(20)]
+    locs = el.add_entries(es)
+    assert locs[0] == (el.current_log_id << 32) | fmt.HEADER_BYTES
+    for a, b, e in zip(locs, locs[1:], es):
+        assert b - a == 4 + len(e)
+    assert el.add_entries([]) == []
+    el.close()
+
+
+def test_rotation_writes_a_valid_ledgers_map(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg())
+    first = el.current_log_id
+    expect: dict[int, int] = {}
+    eid = 0
+    while el.current_log_id == first:
+        e = entry(eid % 3 + 10, eid, 3000)
+        [loc] = el.add_entries([e])
+        if fmt.split_location(loc)[0] == first:
+            expect[eid % 3 + 10] = expect.get(eid % 3 + 10, 0) + len(e) + 4
+        eid += 1
+    path = el.log_path(first)
+    hdr = read_header(path)
+    assert hdr.log_id == first and hdr.map_count == 3
+    assert hdr.map_offset == fmt.HEADER_BYTES + sum(expect.values())
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    assert len(raw) == hdr.map_offset + fmt.ledgers_map_bytes(3)
+    assert fmt.decode_ledgers_map(raw[hdr.map_offset:], 3) == expect
+    assert el.ledgers_map(first) == expect
+    # the current log answers from memory
+    cur = el.ledgers_map(el.current_log_id)
+    assert sum(cur.values()) == 16 + 3000 + 4  # the one entry that started it
+    el.close()
+    assert read_header(el.log_path(el.current_log_id)).map_count == 1
+
+
+def test_batch_split_across_rotation_and_oversized_entry(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg(max_frame_size_bytes=200 * KiB))
+    es = [entry(1, i, 9000) for i in range(20)]  # ~180 KiB in one call: three logs
+    locs = el.add_entries(es)
+    assert len({fmt.split_location(l)[0] for l in locs}) == 3
+    big = entry(2, 0, 100 * KiB)  # bigger than the limit: a log of its own
+    [bloc] = el.add_entries([big])
+    assert fmt.split_location(bloc)[1] == fmt.HEADER_BYTES
+    for e, loc in zip(es + [big], locs + [bloc]):
+        assert el.read_entry(*struct.unpack(">qq", e[:16]), loc) == e
+    el.add_entries([entry(3, 0, 10)])  # and the next entry goes to a fresh log again
+    assert el.current_log_id == fmt.split_location(bloc)[0] + 1
+    for log_id in el.log_ids()[:-1]:
+        m = el.ledgers_map(log_id)
+        assert sum(m.values()) == sum(size + 4 for *_, size in el.scan(log_id))
+    el.close()
+
+
+def test_reads_before_flush_from_other_threads(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg())
+    es = [entry(5, i, 50 * i) for i in range(30)]
+    locs = el.add_entries(es)
+    got = {}
+
+    def reader():
+        got["x"] = [el.read_entry(5, i, loc) for i, loc in enumerate(locs)]
+
+    t = threading.Thread(target=reader)
+    t.start()
+    t.join()
+    assert got["x"] == es
+    assert [r[:2] for r in el.scan(el.current_log_id)] == [(5, i) for i in range(30)]
+    el.close()
+
+
+def test_flush_fsyncs_what_was_appended(tmp_path, monkeypatch):
+    track = tmp_path / "fsync.track"
+    monkeypatch.setenv("BK_FSYNC_TRACK_FILE", str(track))
+    el = EntryLogger([str(tmp_path / "l")], cfg())
+    el.add_entries([entry(1, i, 100) for i in range(10)])
+    path = os.path.abspath(el.log_path(el.current_log_id))
+    el.flush()
+    synced = [line.split("\t") for line in track.read_text().splitlines()]
+    assert [path, str(os.path.getsize(path))] == synced[-1]
+    el.close()
+
+
+def test_corruption_is_never_no_such_entry(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg())
+    es = [entry(9, i, 200) for i in range(5)]
+    locs = el.add_entries(es)
+    el.flush()
+    path = el.log_path(el.current_log_id)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        def flip(off, mask=0x40):
+            b = os.pread(fd, 1, off)
+            os.pwrite(fd, bytes([b[0] ^ mask]), off)
+
+        _, off1 = fmt.split_location(locs[1])
+        flip(off1)  # size field: far out of range
+        _, off2 = fmt.split_location(locs[2])
+        flip(off2 + 4 + 7)  # ledger id
+        _, off3 = fmt.split_location(locs[3])
+        flip(off3 + 4 + 8 + 7)  # entry id
+        _, off4 = fmt.split_location(locs[4])
+        flip(off4 + 2, 0x01)  # size + 256: in range, but the last record then runs past the file
+    finally:
+        os.close(fd)
+    assert el.read_entry(9, 0, locs[0]) == es[0]
+    for i in (1, 2, 3, 4):
+        with pytest.raises(CorruptedStorageError) as ei:
+            el.read_entry(9, i, locs[i])
+        assert not isinstance(ei.value, NoSuchEntryError)
+        assert ei.value.path == path and ei.value.offset == fmt.split_location(locs[i])[1]
+    # asked-for ids that do not match the record
+    with pytest.raises(CorruptedStorageError):
+        el.read_entry(9, 1, locs[0])
+    with pytest.raises(CorruptedStorageError):
+        el.read_entry(8, 0, locs[0])
+    # locations that cannot be right
+    with pytest.raises(CorruptedStorageError):
+        el.read_entry(9, 0, (el.current_log_id << 32) | 100)  # inside the header
+    with pytest.raises(CorruptedStorageError):
+        el.read_entry(9, 0, (el.current_log_id << 32) | 10_000_000)  # past the end
+    with pytest.raises(CorruptedStorageError):
+        el.read_entry(9, 0, (999 << 32) | fmt.HEADER_BYTES)  # no such log
+    el.close()
+
+
+def test_bad_entries_rejected_before_anything_is_written(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg(max_frame_size_bytes=2048))
+    el.add_entries([entry(1, 0, 10)])
+    before = os.path.getsize(el.log_path(el.current_log_id))
+    with pytest.raises(ValueError, match="16"):
+        el.add_entries([entry(1, 1, 10), b"short"])
+    with pytest.raises(ValueError, match="max_frame_size_bytes"):
+        el.add_entries([entry(1, 1, 4000)])
+    with pytest.raises(TypeError):
+        el.add_entries([entry(1, 1, 10), 5])
+    assert os.path.getsize(el.log_path(el.current_log_id)) == before
+    assert el.ledgers_map(el.current_log_id) == {1: 30}
+    el.close()
+
+
+def test_read_run(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg())
+    es = [entry(4, i, 100) for i in range(50)]
+    locs = el.add_entries(es)
+    run = el.read_run(locs[10], 5, 1 << 20)
+    assert [(r[0], r[1], r[2], r[3]) for r in run] == [(4, i, es[i], locs[i]) for i in range(10, 15)]
+    run = el.read_run(locs[10], 100, 3 * 116)  # bytes bound
+    assert [r[1] for r in run] == [10, 11, 12]
+    assert [r[1] for r in el.read_run(locs[45], 100, 1 << 20)] == [45, 46, 47, 48, 49]
+    big = entry(4, 50, 20_000)
+    [bloc] = el.add_entries([big])
+    assert el.read_run(bloc, 10, 100) == [(4, 50, big, bloc)]  # at least one record
+    end = bloc + 4 + len(big)
+    assert el.read_run(end, 10, 1000) == []
+    assert el.read_run(locs[0], 0, 1000) == []
+    # a closed log: the run stops before its ledgers map
+    closed = el.current_log_id
+    el._rotate()
+    assert [r[1] for r in el.read_run(locs[48], 100, 1 << 20)] == [48, 49, 50]
+    assert fmt.split_location(locs[0])[0] == closed
+    el.close()
+
+
+def test_new_logs_go_to_the_dir_with_most_free_space(dirs, monkeypatch):
+    space = {}
+
+    def fake(path):
+        return space[os.path.dirname(path)]
+
+    monkeypatch.setattr(logger_mod, "_dir_space", fake)
+    space[dirs[0]] = DiskUsage(1000, 100, 0.90)
+    space[dirs[1]] = DiskUsage(1000, 300, 0.70)
+    el = EntryLogger(dirs, cfg(disk_usage_threshold=0.95))
+    assert el.log_path(el.current_log_id).startswith(dirs[1])
+    space[dirs[1]] = DiskUsage(10_000, 500, 0.96)  # most free but over the threshold
+    el._rotate()
+    assert el.log_path(el.current_log_id).startswith(dirs[0])
+    space[dirs[0]] = DiskUsage(1000, 10, 0.99)  # all over: emptiest still takes the data
+    el._rotate()
+    assert el.log_path(el.current_log_id).startswith(dirs[1])
+    assert el.disk_usage() == {dirs[0]: space[dirs[0]], dirs[1]: space[dirs[1]]}
+    el.close()
+
+
+def test_log_ids_are_global_across_dirs(dirs):
+    el = EntryLogger(dirs[:1], cfg())
+    el.add_entries([entry(1, i, 30_000) for i in range(5)])
+    el.close()
+    ids = el.log_ids()
+    os.makedirs(os.path.join(dirs[1], "current"))
+    os.rename(el.log_path(ids[-1]), os.path.join(dirs[1], "current", fmt.log_file_name(ids[-1])))
+    el2 = EntryLogger(dirs, cfg())
+    assert el2.current_log_id == ids[-1] + 1
+    assert el2.log_ids() == ids + [ids[-1] + 1]
+    el2.close()
+    # the same id in two dirs is an error, not a silent pick
+    src = os.path.join(dirs[0], "current", fmt.log_file_name(ids[0]))
+    with open(src, "rb") as a, open(os.path.join(dirs[1], "current", fmt.log_file_name(ids[0])), "wb") as b:
+        b.write(a.read())
+    with pytest.raises(CorruptedStorageError, match="twice"):
+        EntryLogger(dirs, cfg())
+
+
+def test_delete_log_and_close(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg())
+    locs = el.add_entries([entry(1, i, 20_000) for i in range(4)])
+    old = fmt.split_location(locs[0])[0]
+    assert el.read_entry(1, 0, locs[0])  # opens a read fd on the log
+    with pytest.raises(ValueError):
+        el.delete_log(el.current_log_id)
+    path = el.log_path(old)
+    assert el.delete_log(old) is True and not os.path.exists(path)
+    assert el.delete_log(old) is False
+    assert old not in el.log_ids()
+    with pytest.raises(CorruptedStorageError):
+        el.read_entry(1, 0, locs[0])
+    el.close()
+    el.close()  # idempotent
+    with pytest.raises(StorageError):
+        el.add_entries([entry(1, 9, 1)])
+    with pytest.raises(StorageError):
+        el.read_entry(1, 3, locs[3])
+
+
+def test_failed_write_abandons_the_log_and_keeps_earlier_entries(tmp_path, monkeypatch):
+    el = EntryLogger([str(tmp_path)], cfg())
+    good = el.add_entries([entry(1, i, 100) for i in range(3)])
+    first = el.current_log_id
+    real_write = logger_mod.DurableFile.write
+    calls = {"n": 0}
+
+    def failing_write(self, data):
+        calls["n"] += 1
+        real_write(self, bytes(data)[:7])  # a partial record reaches the file
+        raise DiskFullError("no space left on device (test)")
+
+    monkeypatch.setattr(logger_mod.DurableFile, "write", failing_write)
+    with pytest.raises(DiskFullError):
+        el.add_entries([entry(1, 3, 100)])
+    monkeypatch.setattr(logger_mod.DurableFile, "write", real_write)
+    el.flush()  # owes the abandoned log its fsync
+    [loc] = el.add_entries([entry(1, 3, 100)])
+    assert fmt.split_location(loc)[0] == first + 1
+    for i, l in enumerate(good):
+        assert el.read_entry(1, i, l) == entry(1, i, 100)
+    scan = el.scan(first)
+    assert [r[1] for r in scan] == [0, 1, 2] and scan.status == 0  # partial record was cut
+    el.close()
+
+
+def test_size_limit_must_fit_a_location(tmp_path):
+    with pytest.raises(ConfigError, match="entry_log_size_limit_bytes"):
+        EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=5 * 1024 ** 3))
