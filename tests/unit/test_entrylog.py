@@ -316,3 +316,47 @@ def test_failed_write_abandons_the_log_and_keeps_earlier_entries(tmp_path, monke
 def test_size_limit_must_fit_a_location(tmp_path):
     with pytest.raises(ConfigError, match="entry_log_size_limit_bytes"):
         EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=5 * 1024 ** 3))
+
+
+def test_concurrent_readers_while_the_writer_rotates(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg())
+    published: list = []  # (entry, location), appended only after add_entries returned
+    errors: list = []
+    done = threading.Event()
+
+    def reader(seed):
+        rng = random.Random(seed)
+        try:
+            while not done.is_set() or rng.random() < 0.5:
+                if published:
+                    e, loc = published[rng.randrange(len(published))]
+                    assert el.read_entry(*struct.unpack(">qq", e[:16]), loc) == e
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for i in range(300):
+        es = [entry(7, 2 * i, 1500), entry(8, 2 * i + 1, 700)]
+        published.extend(zip(es, el.add_entries(es)))
+        if i % 50 == 0:
+            el.flush()
+    done.set()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(el.log_ids()) > 5
+    el.close()
+
+
+def test_read_fd_cache_is_bounded(tmp_path, monkeypatch):
+    el = EntryLogger([str(tmp_path)], cfg())
+    el._files._max_open = 3
+    locs = [el.add_entries([entry(1, i, 40_000)])[0] for i in range(10)]  # one log each
+    assert len({fmt.split_location(l)[0] for l in locs}) == 10
+    for _ in range(2):
+        for i, loc in enumerate(locs):
+            assert el.read_entry(1, i, loc) == entry(1, i, 40_000)
+            assert el._files.open_count() <= 3
+    el.close()
