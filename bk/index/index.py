@@ -1,0 +1,277 @@
+"""Index: the bookie's LMDB environment (entry locations, ledger states, bookie state).
+
+Threads: reads (get_*, last_entry_id, ledgers) from any thread, each in its own
+short read transaction. Writes only through `write()`, one LMDB write transaction
+per `with` block, on the calling thread (the flush thread): LMDB write
+transactions belong to the thread that began them, and a second write() on the
+same thread while one is open would deadlock on LMDB's writer lock, so it is
+refused. No lmdb exception leaves this module: MapFullError becomes
+IndexFullError (naming index_map_size_bytes), any other lmdb.Error StorageError.
+"""
+from __future__ import annotations
+
+import operator
+import threading
+from struct import error as struct_error
+from contextlib import contextmanager
+from typing import Iterator
+
+import lmdb
+
+from bk.config import BookieConfig
+from bk.errors import CorruptedStorageError, IndexFullError, StorageError
+from bk.fileio import ensure_dir
+from bk.index import state as st
+from bk.index.state import LedgerState, LogMark
+
+_MAX_READERS = 256
+
+
+class Index:
+    def __init__(self, path: str, config: BookieConfig):
+        self.path = path
+        self._map_size_bytes = config.index_map_size_bytes
+        self._local = threading.local()  # .writing: a write() is open on this thread
+        self._closed = False
+        self._env = None
+        ensure_dir(path)
+        try:
+            self._env = lmdb.open(
+                path, map_size=config.index_map_size_bytes, subdir=True, max_dbs=3,
+                sync=config.index_sync, metasync=config.index_sync, lock=True,
+                readahead=False, max_readers=_MAX_READERS, create=True)
+            self._locations = self._env.open_db(b"locations")
+            self._ledgers = self._env.open_db(b"ledgers")
+            self._state = self._env.open_db(b"state")
+        except lmdb.Error as e:
+            if self._env is not None:
+                self._env.close()
+            raise self._error(e, "opening") from e
+
+    # ------------------------------------------------------------ reads (any thread)
+    def get_location(self, ledger_id: int, entry_id: int) -> int | None:
+        if not (0 <= ledger_id <= st.MAX_ID and 0 <= entry_id <= st.MAX_ID):
+            return None  # such ids are never stored
+        key = st.LOCATION_KEY.pack(ledger_id, entry_id)
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                value = txn.get(key)
+        except lmdb.Error as e:
+            raise self._error(e, "reading a location") from e
+        if value is None:
+            return None
+        if len(value) != 8:
+            raise CorruptedStorageError(
+                f"index location of ledger {ledger_id} entry {entry_id} is {len(value)} bytes, expected 8",
+                path=self.path, ledger_id=ledger_id, entry_id=entry_id)
+        return st.U64.unpack(value)[0]
+
+    def last_entry_id(self, ledger_id: int) -> int | None:
+        """Highest entry id with a stored location for the ledger, or None."""
+        st.check_id("ledger id", ledger_id)
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                cur = txn.cursor()
+                if ledger_id == st.MAX_ID:
+                    found = cur.last()
+                elif cur.set_range(st.LOCATION_KEY.pack(ledger_id + 1, 0)):
+                    found = cur.prev()  # the last key before the next ledger's first
+                else:
+                    found = cur.last()  # no later ledger: the last key overall
+                if not found:
+                    return None
+                lid, eid = st.split_location_key(cur.key())
+        except lmdb.Error as e:
+            raise self._error(e, "reading the last entry id") from e
+        return eid if lid == ledger_id else None
+
+    def get_ledger(self, ledger_id: int) -> LedgerState | None:
+        key = st.ledger_key(ledger_id)
+        try:
+            with self._env.begin(db=self._ledgers) as txn:
+                value = txn.get(key)
+        except lmdb.Error as e:
+            raise self._error(e, "reading a ledger") from e
+        return None if value is None else LedgerState.decode(value, path=self.path, ledger_id=ledger_id)
+
+    def ledgers(self) -> Iterator[tuple[int, LedgerState]]:
+        """Every ledger in id order (collected in one read txn, then yielded)."""
+        try:
+            with self._env.begin(db=self._ledgers) as txn:
+                raw = list(txn.cursor().iternext())
+        except lmdb.Error as e:
+            raise self._error(e, "listing ledgers") from e
+        out = []
+        for key, value in raw:
+            if len(key) != 8:
+                raise CorruptedStorageError(f"index ledger key of {len(key)} bytes", path=self.path)
+            lid = st.LEDGER_KEY.unpack(key)[0]
+            out.append((lid, LedgerState.decode(value, path=self.path, ledger_id=lid)))
+        return iter(out)
+
+    def get_flag(self, name: str) -> bool:
+        key = st.flag_key(name)
+        try:
+            with self._env.begin(db=self._state) as txn:
+                value = txn.get(key)
+        except lmdb.Error as e:
+            raise self._error(e, "reading a flag") from e
+        return st.decode_flag(name, value, self.path)
+
+    def get_log_mark(self, journal_index: int) -> LogMark | None:
+        key = st.log_mark_key(journal_index)
+        try:
+            with self._env.begin(db=self._state) as txn:
+                value = txn.get(key)
+        except lmdb.Error as e:
+            raise self._error(e, "reading a log mark") from e
+        return None if value is None else st.decode_log_mark(value, self.path)
+
+    def location_count(self) -> int:
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                return txn.stat(self._locations)["entries"]
+        except lmdb.Error as e:
+            raise self._error(e, "counting locations") from e
+
+    # ------------------------------------------------------------ writes (flush thread)
+    @contextmanager
+    def write(self) -> Iterator["IndexWriter"]:
+        """One write transaction: committed when the block ends, aborted if it raises."""
+        if getattr(self._local, "writing", False):
+            raise RuntimeError("index write() is already open on this thread")
+        try:
+            txn = self._env.begin(write=True)
+        except lmdb.Error as e:
+            raise self._error(e, "starting a write") from e
+        self._local.writing = True
+        writer = IndexWriter(self, txn)
+        try:
+            try:
+                yield writer
+            except BaseException:
+                writer._txn = None
+                try:
+                    txn.abort()
+                except lmdb.Error:
+                    pass
+                raise
+            writer._txn = None
+            try:
+                txn.commit()  # LMDB aborts the txn itself when commit fails
+            except lmdb.Error as e:
+                raise self._error(e, "committing") from e
+        finally:
+            self._local.writing = False
+
+    def sync(self) -> None:
+        """Force committed transactions to disk (useful with index_sync = false)."""
+        try:
+            self._env.sync(True)
+        except lmdb.Error as e:
+            raise self._error(e, "syncing") from e
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+
+    def _error(self, e: lmdb.Error, what: str) -> StorageError:
+        if isinstance(e, lmdb.MapFullError):
+            return IndexFullError(
+                f"LMDB index at {self.path} is full while {what}: raise index_map_size_bytes "
+                f"(now {self._map_size_bytes} bytes)")
+        if self._closed:
+            return StorageError(f"LMDB index at {self.path} is closed ({what})")
+        return StorageError(f"LMDB index at {self.path}: {what} failed: {e}")
+
+
+class IndexWriter:
+    """The batch writer of one `Index.write()` block; valid only inside the block."""
+
+    def __init__(self, index: Index, txn):
+        self._index = index
+        self._txn = txn
+
+    def _live(self):
+        if self._txn is None:
+            raise RuntimeError("index writer used outside its write() block")
+        return self._txn
+
+    def put_locations(self, locations: list[tuple[int, int, int]]) -> None:
+        """Store (ledger_id, entry_id, location) triples, replacing existing ones.
+
+        Sorted input beyond the last stored key is appended (LMDB's MDB_APPEND:
+        no tree search per key), which is the flush thread's usual case."""
+        txn = self._live()
+        if not locations:
+            return
+        try:
+            keys = [st.LOCATION_KEY.pack(lid, eid) for lid, eid, _ in locations]
+            values = [st.U64.pack(loc) for _, _, loc in locations]
+        except (struct_error, TypeError, ValueError) as e:
+            raise ValueError(f"bad location triple ({e}); ids must be 0..2**63-1, "
+                             "locations 0..2**64-1") from None
+        # Ids above 2**63-1 packed as u64 have a top bit set: check every key at C speed.
+        joined = b"".join(keys)
+        if max(joined[0::16]) >= 0x80 or max(joined[8::16]) >= 0x80:
+            raise ValueError("bad location triple: ids must be 0..2**63-1")
+        ascending = all(map(operator.lt, keys, keys[1:]))
+        idx = self._index
+        try:
+            cur = txn.cursor(db=idx._locations)
+            append = ascending and (not cur.last() or cur.key() < keys[0])
+            consumed, added = cur.putmulti(zip(keys, values), append=append)
+            if append and added != len(keys):  # cannot happen given the checks above
+                raise StorageError(f"LMDB index at {idx.path}: append stored {added} of {len(keys)} locations")
+        except lmdb.Error as e:
+            raise idx._error(e, "storing locations") from e
+
+    def put_ledger(self, ledger_id: int, ledger_state: LedgerState) -> None:
+        txn = self._live()
+        key = st.ledger_key(ledger_id)
+        value = ledger_state.encode()
+        try:
+            txn.put(key, value, db=self._index._ledgers)
+        except lmdb.Error as e:
+            raise self._index._error(e, "storing a ledger") from e
+
+    def delete_ledger(self, ledger_id: int) -> int:
+        """Remove the ledger's record and every location of it; returns how many locations."""
+        txn = self._live()
+        key = st.ledger_key(ledger_id)
+        idx = self._index
+        prefix = key
+        removed = 0
+        try:
+            txn.delete(key, db=idx._ledgers)
+            cur = txn.cursor(db=idx._locations)
+            if cur.set_range(st.LOCATION_KEY.pack(ledger_id, 0)):
+                while cur.key()[:8] == prefix:
+                    removed += 1
+                    if not cur.delete():  # delete moves to the next key; False at the end
+                        break
+        except lmdb.Error as e:
+            raise idx._error(e, "deleting a ledger") from e
+        return removed
+
+    def set_flag(self, name: str, value: bool) -> None:
+        txn = self._live()
+        key = st.flag_key(name)
+        idx = self._index
+        try:
+            if value:
+                txn.put(key, b"1", db=idx._state)
+            else:
+                txn.delete(key, db=idx._state)
+        except lmdb.Error as e:
+            raise idx._error(e, "storing a flag") from e
+
+    def set_log_mark(self, journal_index: int, mark: LogMark) -> None:
+        txn = self._live()
+        key = st.log_mark_key(journal_index)
+        value = st.encode_log_mark(mark)
+        try:
+            txn.put(key, value, db=self._index._state)
+        except lmdb.Error as e:
+            raise self._index._error(e, "storing a log mark") from e

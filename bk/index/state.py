@@ -1,0 +1,137 @@
+"""Byte formats of the LMDB index (STORAGE.md "Index (LMDB)"): keys and values.
+
+Pure module (no lmdb): key/value encoders and decoders, LedgerState.
+
+    locations  key ledger_id i64 | entry_id i64 (big-endian; ids are non-negative,
+               so byte order is (ledger, entry) order)   value location u64
+    ledgers    key ledger_id i64   value flags u8 (1=exists 2=fenced 4=limbo) | key_len u8 |
+               master_key | explicit_lac_len u32 | explicit_lac
+    state      b"unclean_shutdown", b"needs_integrity_check" -> b"1";
+               b"logmark/<journal index>" -> file_id u64 | offset u64
+"""
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from bk.errors import CorruptedStorageError
+from bk.journal import LogMark
+
+MAX_ID = (1 << 63) - 1
+
+FLAG_EXISTS = 1
+FLAG_FENCED = 2
+FLAG_LIMBO = 4
+_KNOWN_FLAGS = FLAG_EXISTS | FLAG_FENCED | FLAG_LIMBO
+
+LOCATION_KEY = struct.Struct(">QQ")  # unsigned packing rejects negative ids
+LEDGER_KEY = struct.Struct(">Q")
+U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+_MARK = struct.Struct(">QQ")
+
+UNCLEAN_SHUTDOWN = "unclean_shutdown"
+NEEDS_INTEGRITY_CHECK = "needs_integrity_check"
+_FLAG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_TRUE = b"1"
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """A ledger's record in the `ledgers` database. Empty bytes mean "none"."""
+
+    fenced: bool = False
+    limbo: bool = False
+    master_key: bytes | None = None
+    explicit_lac: bytes | None = None
+
+    def __post_init__(self):
+        for name in ("master_key", "explicit_lac"):
+            v = getattr(self, name)
+            if v is not None:
+                v = bytes(v)
+                object.__setattr__(self, name, v or None)  # b"" and None encode alike
+        if self.master_key is not None and len(self.master_key) > 255:
+            raise ValueError(f"master key of {len(self.master_key)} bytes; at most 255 fit its u8 length")
+        if self.explicit_lac is not None and len(self.explicit_lac) > 0xFFFFFFFF:
+            raise ValueError("explicit LAC does not fit its u32 length")
+
+    def encode(self) -> bytes:
+        flags = FLAG_EXISTS | (FLAG_FENCED if self.fenced else 0) | (FLAG_LIMBO if self.limbo else 0)
+        key = self.master_key or b""
+        lac = self.explicit_lac or b""
+        return bytes((flags, len(key))) + key + _U32.pack(len(lac)) + lac
+
+    @classmethod
+    def decode(cls, value: bytes, *, path: str | None = None, ledger_id: int | None = None) -> "LedgerState":
+        """Strict: any length mismatch or unknown flag is CorruptedStorageError."""
+        def bad(why: str):
+            return CorruptedStorageError(f"index ledger record of ledger {ledger_id}: {why}",
+                                         path=path, ledger_id=ledger_id)
+
+        value = bytes(value)
+        if len(value) < 6:
+            raise bad(f"{len(value)} bytes, at least 6 expected")
+        flags, key_len = value[0], value[1]
+        if flags & ~_KNOWN_FLAGS or not flags & FLAG_EXISTS:
+            raise bad(f"bad flags {flags:#x}")
+        pos = 2 + key_len
+        if len(value) < pos + 4:
+            raise bad(f"master key of {key_len} bytes runs past the value")
+        (lac_len,) = _U32.unpack_from(value, pos)
+        if len(value) != pos + 4 + lac_len:
+            raise bad(f"explicit LAC length {lac_len} does not match the value ({len(value)} bytes)")
+        return cls(fenced=bool(flags & FLAG_FENCED), limbo=bool(flags & FLAG_LIMBO),
+                   master_key=value[2:pos] or None, explicit_lac=value[pos + 4:] or None)
+
+
+def check_id(what: str, value: int) -> int:
+    if not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise ValueError(f"{what} must be an integer in 0..2**63-1, got {value!r}")
+    return value
+
+
+def location_key(ledger_id: int, entry_id: int) -> bytes:
+    return LOCATION_KEY.pack(check_id("ledger id", ledger_id), check_id("entry id", entry_id))
+
+
+def split_location_key(key: bytes) -> tuple[int, int]:
+    return LOCATION_KEY.unpack(key)
+
+
+def ledger_key(ledger_id: int) -> bytes:
+    return LEDGER_KEY.pack(check_id("ledger id", ledger_id))
+
+
+def flag_key(name: str) -> bytes:
+    if not isinstance(name, str) or not _FLAG_NAME.match(name):
+        raise ValueError(f"bad flag name {name!r} (lower-case letters, digits and _)")
+    return name.encode()
+
+
+def decode_flag(name: str, value: bytes | None, path: str | None = None) -> bool:
+    if value is None:
+        return False
+    if bytes(value) != _TRUE:
+        raise CorruptedStorageError(f"index flag {name!r} has value {bytes(value)!r}, expected b'1'", path=path)
+    return True
+
+
+def log_mark_key(journal_index: int) -> bytes:
+    if not isinstance(journal_index, int) or journal_index < 0:
+        raise ValueError(f"journal index must be a non-negative integer, got {journal_index!r}")
+    return b"logmark/%d" % journal_index
+
+
+def encode_log_mark(mark: LogMark) -> bytes:
+    try:
+        return _MARK.pack(mark.file_id, mark.offset)
+    except struct.error:
+        raise ValueError(f"log mark {mark!r} does not fit u64 file id and offset") from None
+
+
+def decode_log_mark(value: bytes, path: str | None = None) -> LogMark:
+    if len(value) != _MARK.size:
+        raise CorruptedStorageError(f"index log mark is {len(value)} bytes, expected {_MARK.size}", path=path)
+    return LogMark(*_MARK.unpack(value))
