@@ -1,0 +1,139 @@
+"""Sans-I/O frame decoder: bytes in (as they arrive), frames or messages out.
+
+The connection code calls `feed(data)` (or `feed_requests` / `feed_responses`)
+with whatever the transport delivered; the decoder returns every frame
+completed so far and keeps the partial remainder. It never touches a socket.
+
+Invariants:
+- A length prefix is judged as soon as its 4 bytes are present. Negative or
+  above `max_frame_size_bytes` raises BadFrameLengthError (a ProtocolError)
+  before any byte of that body is awaited or allocated; frames completed
+  earlier in the same call ride along in `err.frames`. The stream cannot be
+  resynchronised after that, so every later call raises too: close the
+  connection.
+- A partial frame is buffered in one bytearray that only grows by appends and
+  is scanned again only once it holds the whole frame (`_need`), so feeding a
+  frame byte by byte costs O(size), not O(size^2).
+- `feed` returns read-only memoryviews into an immutable bytes buffer (no copy).
+  The message-level feeds copy bodies into messages, so nothing they return
+  aliases a receive buffer.
+- Malformed *content* of one frame is not a framing error: `feed_requests`
+  puts the RequestDecodeError instance in the output list at that frame's
+  position (answer it with codec.error_response_for and carry on);
+  `feed_responses` does the same with ResponseDecodeError.
+"""
+from __future__ import annotations
+
+import struct
+
+from bk import _native
+from bk.proto.codec import decode_request, decode_response
+from bk.proto.constants import DEFAULT_MAX_FRAME_SIZE_BYTES
+from bk.proto.messages import (
+    AddRequest, AddResponse, BadFrameLengthError, RequestDecodeError, ResponseDecodeError,
+)
+
+_codec = _native.load("codec")
+_split_frames = _codec.split_frames
+_scan_add_requests = _codec.scan_add_requests
+_scan_add_responses = _codec.scan_add_responses
+_i32 = struct.Struct(">i")
+_new = tuple.__new__
+
+
+class FrameDecoder:
+    """Splits a byte stream into v2 frames (4-byte length + body)."""
+
+    __slots__ = ("max_frame_size_bytes", "_pending", "_need", "_failed")
+
+    def __init__(self, max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES):
+        if not isinstance(max_frame_size_bytes, int) or max_frame_size_bytes < 0:
+            raise ValueError(f"max_frame_size_bytes must be an int >= 0, got {max_frame_size_bytes!r}")
+        self.max_frame_size_bytes = max_frame_size_bytes
+        self._pending = bytearray()  # the incomplete tail, if any
+        self._need = 0  # bytes _pending must hold before a scan can complete a frame
+        self._failed: str | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for a frame that is not complete yet."""
+        return len(self._pending)
+
+    # -- plumbing shared by the three feeds
+    def _collect(self, data) -> bytes | None:
+        if self._failed is not None:
+            raise BadFrameLengthError(f"stream already failed: {self._failed}", length=-1,
+                                      max_frame_size_bytes=self.max_frame_size_bytes)
+        if self._pending:
+            self._pending += data
+            if len(self._pending) < self._need:
+                return None
+            buf = bytes(self._pending)
+            self._pending = bytearray()
+            return buf
+        # The caller may reuse a bytearray/memoryview buffer: take an immutable copy.
+        return data if type(data) is bytes else bytes(data)
+
+    def _settle(self, buf: bytes, end: int, err: int, done: list) -> list:
+        if err:
+            (length,) = _i32.unpack_from(buf, end)
+            why = "negative" if length < 0 else f"above max_frame_size_bytes {self.max_frame_size_bytes}"
+            self._failed = f"frame length {length} is {why}"
+            raise BadFrameLengthError(self._failed, length=length,
+                                      max_frame_size_bytes=self.max_frame_size_bytes, frames=done)
+        tail = len(buf) - end
+        if tail:
+            self._pending = bytearray(memoryview(buf)[end:])
+            # A 4-byte prefix in the tail was already validated by the scan.
+            self._need = 4 + _i32.unpack_from(buf, end)[0] if tail >= 4 else 4
+        return done
+
+    # -- public feeds
+    def feed(self, data) -> list[memoryview]:
+        """Frame bodies (without the length prefix) completed by `data`."""
+        buf = self._collect(data)
+        if buf is None:
+            return []
+        frames, end, err = _split_frames(buf, 0, self.max_frame_size_bytes)
+        mv = memoryview(buf)
+        return self._settle(buf, end, err, [mv[off:off + ln] for off, ln in frames])
+
+    def feed_requests(self, data) -> list:
+        """Server side: request messages (or RequestDecodeError instances) completed by `data`.
+
+        ADD requests are decoded by the native kernel in one pass over the chunk;
+        other frames go through codec.decode_request.
+        """
+        buf = self._collect(data)
+        if buf is None:
+            return []
+        items, end, err = _scan_add_requests(buf, 0, self.max_frame_size_bytes)
+        mv = memoryview(buf)
+        out = [_new(AddRequest, it) if len(it) == 6 else _slow_request(mv, it) for it in items]
+        return self._settle(buf, end, err, out)
+
+    def feed_responses(self, data) -> list:
+        """Client side: response messages (or ResponseDecodeError instances) completed by `data`."""
+        buf = self._collect(data)
+        if buf is None:
+            return []
+        items, end, err = _scan_add_responses(buf, 0, self.max_frame_size_bytes)
+        mv = memoryview(buf)
+        out = [_new(AddResponse, it) if len(it) == 3 else _slow_response(mv, it) for it in items]
+        return self._settle(buf, end, err, out)
+
+
+def _slow_request(mv: memoryview, item):
+    off, ln = item
+    try:
+        return decode_request(mv[off:off + ln])
+    except RequestDecodeError as e:
+        return e
+
+
+def _slow_response(mv: memoryview, item):
+    off, ln = item
+    try:
+        return decode_response(mv[off:off + ln])
+    except ResponseDecodeError as e:
+        return e
