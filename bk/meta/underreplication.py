@@ -1,0 +1,297 @@
+"""LedgerUnderreplicationManager: the AutoRecovery work queue in ZooKeeper.
+
+- A ledger that lost replicas is marked at
+  `<root>/underreplication/ledgers/<h>/<h>/<h>/<h>/urL<%010d id>` (the four `<h>`
+  are the 64-bit id's 16-bit groups, high first, as 4 lower-case hex digits);
+  data = text `UnderreplicatedLedgerFormat` (missing bookie ids + creation ms).
+  Marking an already-marked ledger merges the replica lists with a CAS loop.
+- A replication worker takes the ephemeral lock
+  `<root>/underreplication/locks/urL<%010d id>` (text `LockDataFormat`); it is
+  released on completion or when the worker's session dies.
+- The marker is removed only at the version the worker read: if the auditor
+  added a missing bookie meanwhile, the ledger stays marked.
+- `underreplication/disable` existing = autorecovery paused;
+  `underreplication/lostBookieRecoveryDelay` = the live delay in seconds (text).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterable
+
+from bk.errors import (
+    MetadataExistsError,
+    MetadataFormatError,
+    MetadataNotEmptyError,
+    MetadataNotFoundError,
+    MetadataStoreError,
+    MetadataVersionError,
+)
+from bk.meta import formats
+from bk.meta.cluster import paths_for
+from bk.meta.store import MetadataStore, SessionState, join_path
+
+UR_PREFIX = "urL"
+
+
+def _check_id(ledger_id: int) -> int:
+    if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or not 0 <= ledger_id < 2**63:
+        raise MetadataStoreError(f"invalid ledger id {ledger_id!r}")
+    return ledger_id
+
+
+def ur_node_name(ledger_id: int) -> str:
+    return f"{UR_PREFIX}{_check_id(ledger_id):010d}"
+
+
+def ur_ledger_path(base: str, ledger_id: int) -> str:
+    """`base` is `<root>/underreplication/ledgers`."""
+    _check_id(ledger_id)
+    groups = [f"{(ledger_id >> shift) & 0xFFFF:04x}" for shift in (48, 32, 16, 0)]
+    return join_path(base, *groups, ur_node_name(ledger_id))
+
+
+def _is_hex4(name: str) -> bool:
+    return len(name) == 4 and all(c in "0123456789abcdef" for c in name)
+
+
+def _ur_id(name: str) -> int | None:
+    digits = name[len(UR_PREFIX) :]
+    if name.startswith(UR_PREFIX) and digits.isascii() and digits.isdigit():
+        return int(digits)
+    return None
+
+
+@dataclass(frozen=True)
+class UnderreplicatedLedger:
+    ledger_id: int
+    replicas: tuple[str, ...]  # the missing bookies
+    ctime_ms: int | None
+    version: int  # znode version, for mark_ledger_replicated
+
+
+class LedgerUnderreplicationManager:
+    def __init__(self, store: MetadataStore, root: str | None = None):
+        self.store = store
+        self.paths = paths_for(store, root)
+        self._locks: set[str] = set()  # lock znodes held by this session
+        store.add_session_listener(self._on_session_state)
+
+    def _on_session_state(self, state: SessionState) -> None:
+        if state is SessionState.EXPIRED:
+            self._locks.clear()  # ephemeral locks died with the session
+
+    def marker_path(self, ledger_id: int) -> str:
+        return ur_ledger_path(self.paths.ur_ledgers, ledger_id)
+
+    def lock_path(self, ledger_id: int) -> str:
+        return join_path(self.paths.ur_locks, ur_node_name(ledger_id))
+
+    # ------------------------------------------------------------------ markers
+    async def mark_ledger_underreplicated(self, ledger_id: int, missing_replicas: Iterable[str]) -> None:
+        """Mark (or add missing bookies to the mark of) a ledger."""
+        missing = list(dict.fromkeys(missing_replicas))
+        path = self.marker_path(ledger_id)
+        msg = formats.UnderreplicatedLedgerFormat(replica=missing, ctime=int(time.time() * 1000))
+        while True:
+            try:
+                await self.store.create(path, formats.to_text(msg).encode("utf-8"), make_parents=True)
+                return
+            except MetadataExistsError:
+                pass
+            try:
+                data, version = await self.store.get(path)
+            except MetadataNotFoundError:
+                continue  # replicated and removed meanwhile: create again
+            current = self._parse(path, data)
+            merged = [r for r in missing if r not in current.replica]
+            if not merged:
+                return
+            current.replica.extend(merged)
+            try:
+                await self.store.set(path, formats.to_text(current).encode("utf-8"), version)
+                return
+            except (MetadataVersionError, MetadataNotFoundError):
+                continue
+
+    @staticmethod
+    def _parse(path: str, data: bytes):
+        try:
+            return formats.from_text(formats.UnderreplicatedLedgerFormat, data)
+        except MetadataFormatError as e:
+            raise MetadataFormatError(f"{path}: {e}") from None
+
+    async def get_ledger_unreplication_info(self, ledger_id: int) -> UnderreplicatedLedger | None:
+        path = self.marker_path(ledger_id)
+        try:
+            data, version = await self.store.get(path)
+        except MetadataNotFoundError:
+            return None
+        msg = self._parse(path, data)
+        return UnderreplicatedLedger(
+            ledger_id, tuple(msg.replica), msg.ctime if msg.HasField("ctime") else None, version
+        )
+
+    async def is_ledger_underreplicated(self, ledger_id: int) -> bool:
+        return await self.store.exists(self.marker_path(ledger_id)) is not None
+
+    async def mark_ledger_replicated(self, ledger_id: int, version: int | None = None) -> bool:
+        """Remove the marker (at `version` if given: the one the worker acted on) and
+        release this session's lock on the ledger. Returns False if the marker changed
+        meanwhile (new missing replicas: still under-replicated) or was already gone."""
+        path = self.marker_path(ledger_id)
+        removed = False
+        try:
+            if version is None:
+                _, version = await self.store.get(path)
+            await self.store.delete(path, version)
+            removed = True
+        except (MetadataNotFoundError, MetadataVersionError):
+            pass
+        if removed:
+            await self._prune(path)
+        await self.release_ledger_lock(ledger_id)
+        return removed
+
+    async def _prune(self, path: str) -> None:
+        # drop the now-empty hex levels, deepest first, stopping at the first in use
+        parent = path.rsplit("/", 1)[0]
+        for _ in range(4):
+            try:
+                await self.store.delete(parent)
+            except (MetadataNotEmptyError, MetadataNotFoundError):
+                return
+            parent = parent.rsplit("/", 1)[0]
+
+    async def iter_underreplicated_ledgers(self, *, shuffle: bool = False) -> AsyncIterator[int]:
+        """Marked ledger ids (ascending, or shuffled level by level to spread workers)."""
+        order = (lambda names: random.sample(names, len(names))) if shuffle else (lambda names: names)
+
+        async def walk(path: str, depth: int):
+            names = await self._children_or_empty(path)
+            for name in order(names):
+                if depth < 4:
+                    if _is_hex4(name):
+                        async for ledger_id in walk(join_path(path, name), depth + 1):
+                            yield ledger_id
+                else:
+                    ledger_id = _ur_id(name)
+                    if ledger_id is not None:
+                        yield ledger_id
+
+        async for ledger_id in walk(self.paths.ur_ledgers, 0):
+            yield ledger_id
+
+    async def list_underreplicated_ledgers(self) -> list[int]:
+        return [ledger_id async for ledger_id in self.iter_underreplicated_ledgers()]
+
+    async def _children_or_empty(self, path: str) -> list[str]:
+        try:
+            return await self.store.children(path)
+        except MetadataNotFoundError:
+            return []
+
+    # ------------------------------------------------------------------ locks
+    async def acquire_ledger_lock(self, ledger_id: int, holder: str) -> bool:
+        """Take the ephemeral replication lock; False if another session holds it."""
+        path = self.lock_path(ledger_id)
+        data = formats.to_text(formats.LockDataFormat(bookieId=holder)).encode("utf-8")
+        try:
+            await self.store.create(path, data, ephemeral=True, make_parents=True)
+        except MetadataExistsError:
+            return False
+        self._locks.add(path)
+        return True
+
+    async def release_ledger_lock(self, ledger_id: int) -> None:
+        """Release the lock if this session holds it (other sessions' locks are kept)."""
+        path = self.lock_path(ledger_id)
+        if path not in self._locks:
+            return
+        self._locks.discard(path)
+        try:
+            await self.store.delete(path)
+        except MetadataNotFoundError:
+            pass
+
+    async def lock_holder(self, ledger_id: int) -> str | None:
+        try:
+            data, _ = await self.store.get(self.lock_path(ledger_id))
+        except MetadataNotFoundError:
+            return None
+        return formats.from_text(formats.LockDataFormat, data).bookieId
+
+    async def poll_ledger_to_rereplicate(self, holder: str) -> UnderreplicatedLedger | None:
+        """Lock one marked ledger nobody is working on; None if there is none now."""
+        async for ledger_id in self.iter_underreplicated_ledgers(shuffle=True):
+            if not await self.acquire_ledger_lock(ledger_id, holder):
+                continue
+            info = await self.get_ledger_unreplication_info(ledger_id)
+            if info is not None:
+                return info
+            await self.release_ledger_lock(ledger_id)  # replicated meanwhile
+        return None
+
+    # ------------------------------------------------------------------ switches
+    async def disable_ledger_replication(self) -> None:
+        try:
+            await self.store.create(self.paths.replication_disable, b"", make_parents=True)
+        except MetadataExistsError:
+            pass
+
+    async def enable_ledger_replication(self) -> None:
+        try:
+            await self.store.delete(self.paths.replication_disable)
+        except MetadataNotFoundError:
+            pass
+
+    async def is_ledger_replication_enabled(self) -> bool:
+        return await self.store.exists(self.paths.replication_disable) is None
+
+    async def wait_until_replication_enabled(self) -> None:
+        while True:
+            version, changed = await self.store.exists_watched(self.paths.replication_disable)
+            if version is None:
+                changed.cancel()
+                return
+            await changed
+
+    async def get_lost_bookie_recovery_delay(self, default_s: int = 0) -> int:
+        path = self.paths.lost_bookie_recovery_delay
+        try:
+            data, _ = await self.store.get(path)
+        except MetadataNotFoundError:
+            return default_s
+        try:
+            return int(data.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            raise MetadataFormatError(f"{path} holds {data[:40]!r}, not a number of seconds") from None
+
+    async def set_lost_bookie_recovery_delay(self, delay_s: int) -> None:
+        if isinstance(delay_s, bool) or not isinstance(delay_s, int) or delay_s < 0:
+            raise MetadataStoreError(f"lost bookie recovery delay must be a non-negative int, not {delay_s!r}")
+        path = self.paths.lost_bookie_recovery_delay
+        data = str(delay_s).encode("ascii")
+        while True:
+            try:
+                await self.store.set(path, data)
+                return
+            except MetadataNotFoundError:
+                pass
+            try:
+                await self.store.create(path, data, make_parents=True)
+                return
+            except MetadataExistsError:
+                continue
+
+    async def lost_bookie_recovery_delay_watched(self, default_s: int = 0) -> tuple[int, asyncio.Future]:
+        """(current delay, future of the next change event) for the auditor."""
+        version, changed = await self.store.exists_watched(self.paths.lost_bookie_recovery_delay)
+        if version is None:
+            return default_s, changed
+        return await self.get_lost_bookie_recovery_delay(default_s), changed
+
+    async def close(self) -> None:
+        self.store.remove_session_listener(self._on_session_state)
