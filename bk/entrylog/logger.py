@@ -18,6 +18,8 @@ import bisect
 import logging
 import os
 import threading
+from itertools import groupby
+from operator import itemgetter
 from typing import NamedTuple, Sequence
 
 from bk._native import load as load_kernel
@@ -29,6 +31,7 @@ from bk.fileio import DurableFile, ensure_dir, remove_file
 
 log = logging.getLogger("bk.entrylog")
 
+_LEDGER_PREFIX = itemgetter(slice(0, 8))  # an entry's ledger id bytes
 _READ_GUESS_BYTES = 4096  # first pread of read_entry: size + ids + most small entries
 
 
@@ -128,7 +131,7 @@ class EntryLogger:
                     k = 1
             if k:
                 cut = (locs[k] - locs[0]) if k < len(locs) else len(view)
-                self._append(view[:cut], entries[i:i + k])
+                self._append(view[:cut], entries[i:i + k], locs[:k])
                 out.extend(locs[:k])
                 view, locs, i = view[cut:], locs[k:], i + k
             if i == n:
@@ -137,17 +140,26 @@ class EntryLogger:
             shift = ((self.current_log_id << 32) | self._written_end) - locs[0]
             locs = [x + shift for x in locs]
 
-    def _append(self, data: memoryview, entries: list) -> None:
+    def _append(self, data: memoryview, entries: list, locs: list[int]) -> None:
+        """Write one run of whole records (`data`, framed `entries` at `locs`) to the
+        current log, then account them in its ledgers map."""
         f = self._current
         try:
             f.write(data)
         except StorageError:
             self._abandon_current()
             raise
+        # Per-ledger bytes from runs of equal ledger ids (batches come sorted by
+        # ledger, so this is a few groups, not a Python step per entry): a run's
+        # records are contiguous, so its bytes are the distance between locations.
         usage: dict[int, int] = {}
-        for e in entries:
-            lid = int.from_bytes(e[:8], "big", signed=True)
-            usage[lid] = usage.get(lid, 0) + len(e) + fmt.SIZE_FIELD_BYTES
+        end_loc = locs[0] + len(data)
+        pos = 0
+        for prefix, run in groupby(map(_LEDGER_PREFIX, entries)):
+            nxt = pos + len(list(run))
+            lid = int.from_bytes(prefix, "big", signed=True)
+            usage[lid] = usage.get(lid, 0) + (locs[nxt] if nxt < len(locs) else end_loc) - locs[pos]
+            pos = nxt
         with self._lock:
             cur = self._current_usage
             for lid, nbytes in usage.items():
