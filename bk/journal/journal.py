@@ -5,8 +5,9 @@ hot caller): it appends `(body, cb, ctx)` to a deque and, only when the writer
 is parked waiting for work, sets an Event to wake it. No lock, no Condition
 notify per record. The writer thread owns the open file and everything else.
 
-Group commit (STORAGE.md). The writer drains the whole queue into a group and
-keeps draining until the group holds `journal_buffered_writes_threshold_bytes`,
+Group commit (STORAGE.md). The writer drains the queue into a group and keeps
+draining until the group holds `journal_buffered_writes_threshold_bytes` (a deep
+queue is taken in threshold-sized groups, so a group's buffer stays bounded),
 or its oldest record has waited `journal_max_group_wait_ms`, or (with
 `journal_flush_when_queue_empty`) the queue is empty. While it waits for the
 group to fill it polls the queue every POLL_S instead of being woken per
@@ -120,18 +121,23 @@ class Journal:
 
     def log(self, body, cb: Callback, ctx: Any) -> None:
         """Queue one record; cb(ctx, None) once its group is durable, cb(ctx, exc) on failure."""
+        # hot path (once per add on the loop): one check, one deque append, and a
+        # wakeup only when the writer is parked
+        if self._reject is None and MIN_BODY_BYTES <= len(body) <= self._max_record_bytes:
+            self._append((body, cb, ctx))
+            if self._idle:
+                self._idle = False
+                self._wake.set()
+            return
+        self._log_rejected(body, cb, ctx)
+
+    def _log_rejected(self, body, cb: Callback, ctx: Any) -> None:
         n = len(body)
         if n < MIN_BODY_BYTES or n > self._max_record_bytes:
             raise BadRequestError(
                 f"journal record body is {n} bytes; it must hold ledger and entry ids "
                 f"({MIN_BODY_BYTES} bytes) and be at most {self._max_record_bytes} bytes")
-        if self._reject is not None:
-            self._fail_now(cb, ctx, self._reject)
-            return
-        self._append((body, cb, ctx))
-        if self._idle:
-            self._idle = False
-            self._wake.set()
+        self._fail_now(cb, ctx, self._reject)
 
     def last_mark(self) -> LogMark:
         """Position just after the last record handed to write()."""
@@ -185,6 +191,7 @@ class Journal:
         threshold = self._threshold_bytes
         flush_when_empty = self._flush_when_empty
         oldest = monotonic()  # estimate of when the oldest queued record arrived
+        avg_bytes = 9  # recent framed bytes per record: with the head record's size, sizes batches
         while True:
             if not queue:
                 if self._stopping:
@@ -206,11 +213,19 @@ class Journal:
             while True:
                 n = len(queue)
                 if n:
-                    taken = [popleft() for _ in range(n)]
+                    # take what fits the threshold (by the recent record size), not the
+                    # whole queue: bounds the group buffer when a deep queue of big records waits
+                    head = len(queue[0][0]) + 8
+                    fit = (threshold - group_bytes) // (head if head > avg_bytes else avg_bytes) + 1
+                    taken = [popleft() for _ in range(n if n < fit else fit)]
                     buf = self._frame_batch(taken, frame)
+                    if taken:
+                        avg_bytes = len(buf) // len(taken) or 1
                     items += taken
                     buffers.append(buf)
                     group_bytes += len(buf)
+                    if queue and group_bytes < threshold:
+                        continue  # more is queued: keep taking before any wait
                 if group_bytes >= threshold or self._stopping:
                     break
                 if flush_when_empty and not queue:
@@ -219,7 +234,10 @@ class Journal:
                 if now >= deadline:
                     break
                 sleep(min(deadline - now, POLL_S))
-            oldest = monotonic()  # anything queued from here on arrived after this drain
+            if not queue:
+                # records queued from here on arrived after this drain; leftovers
+                # (a full group left them behind) keep the older estimate
+                oldest = monotonic()
             if items:
                 self._write_group(items, buffers, group_bytes)
 

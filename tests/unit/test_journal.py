@@ -223,6 +223,46 @@ def test_records_arriving_during_fsync_form_the_next_group(tmp_path, monkeypatch
     assert [ctx for ctx, _ in c.done] == list(range(51))
 
 
+class InlineLoop:
+    """Stands in for the event loop: records each hand-over's group size, runs it inline."""
+
+    def __init__(self):
+        self.group_sizes: list[int] = []
+
+    def call_soon_threadsafe(self, fn, *args):
+        self.group_sizes.append(len(args[0]))
+        fn(*args)
+
+
+def test_deep_queue_of_big_records_forms_threshold_sized_groups(tmp_path, monkeypatch):
+    in_fsync, release = threading.Event(), threading.Event()
+    real_fsync = DurableFile.fsync
+    cfg = make_config(journal_buffered_writes_threshold_bytes=256 * 1024)
+    loop = InlineLoop()
+    j = Journal(str(tmp_path), cfg, loop=loop)
+    j.start()
+
+    def slow_fsync(self):
+        if not release.is_set():
+            in_fsync.set()
+            release.wait(10)
+        real_fsync(self)
+
+    monkeypatch.setattr(DurableFile, "fsync", slow_fsync)
+    c = Completions()
+    j.log(entry(1, 0, 100), c.cb, 0)
+    assert in_fsync.wait(10)
+    for i in range(1, 41):  # 40 x 64 KiB queue up behind the blocked fsync
+        j.log(entry(1, i, 64 * 1024), c.cb, i)
+    release.set()
+    c.wait(41)
+    j.stop()
+    assert [ctx for ctx, _ in c.done] == list(range(41))
+    # 256 KiB groups hold 4 records of 64 KiB + 8 bytes of framing (the 4th crosses it)
+    assert loop.group_sizes[0] == 1 and sum(loop.group_sizes) == 41
+    assert max(loop.group_sizes[1:]) <= 5 and len(loop.group_sizes) >= 9
+
+
 def test_threshold_flushes_without_waiting_for_max_wait(tmp_path):
     # a one-minute group wait: only the byte threshold can flush these records
     cfg = make_config(journal_max_group_wait_ms=60_000, journal_flush_when_queue_empty=False,
