@@ -18,7 +18,7 @@ import bisect
 import logging
 import os
 import threading
-from itertools import groupby
+from itertools import accumulate, groupby
 from operator import itemgetter
 from typing import NamedTuple, Sequence
 
@@ -32,7 +32,8 @@ from bk.fileio import DurableFile, ensure_dir, remove_file
 log = logging.getLogger("bk.entrylog")
 
 _LEDGER_PREFIX = itemgetter(slice(0, 8))  # an entry's ledger id bytes
-_READ_GUESS_BYTES = 4096  # first pread of read_entry: size + ids + most small entries
+_READ_GUESS_BYTES = 4096
+_FRAME_MAX_BYTES = 8 * 1024 * 1024  # add_entries frames at most this much at a time  # first pread of read_entry: size + ids + most small entries
 
 
 class DiskUsage(NamedTuple):
@@ -113,6 +114,21 @@ class EntryLogger:
                      if not fmt.MIN_ENTRY_BYTES <= n <= self.max_entry_bytes)
             raise ValueError(f"entry {i} of the batch is {sizes[i]} bytes; entries must be "
                              f"{fmt.MIN_ENTRY_BYTES}..{self.max_entry_bytes} bytes (max_frame_size_bytes)")
+        total = sum(sizes)
+        if total <= _FRAME_MAX_BYTES:
+            return self._add_framed(entries)
+        # Frame a big batch in slices: bounded extra memory, same records.
+        ends = list(accumulate(sizes))
+        out: list[int] = []
+        start = 0
+        while start < len(entries):
+            base = ends[start - 1] if start else 0
+            stop = max(start + 1, bisect.bisect_right(ends, base + _FRAME_MAX_BYTES, start))
+            out += self._add_framed(entries[start:stop])
+            start = stop
+        return out
+
+    def _add_framed(self, entries: list) -> list[int]:
         if self._current is None:
             self._open_new_log()
         # Fold the log id into the base, so the kernel's offsets are locations.

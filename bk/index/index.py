@@ -204,6 +204,8 @@ class IndexWriter:
         Sorted input beyond the last stored key is appended (LMDB's MDB_APPEND:
         no tree search per key), which is the flush thread's usual case."""
         txn = self._live()
+        if not isinstance(locations, list):
+            locations = list(locations)  # read twice below
         if not locations:
             return
         try:

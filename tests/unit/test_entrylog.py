@@ -360,3 +360,33 @@ def test_read_fd_cache_is_bounded(tmp_path, monkeypatch):
             assert el.read_entry(1, i, loc) == entry(1, i, 40_000)
             assert el._files.open_count() <= 3
     el.close()
+
+
+def test_ledgers_map_matches_the_records_for_interleaved_batches(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg())
+    rng = random.Random(11)
+    for b in range(60):
+        batch = [entry(rng.choice([1, 2, 3, 1 << 40]), b * 100 + i, rng.randrange(0, 3000))
+                 for i in range(rng.randrange(1, 20))]
+        if b % 3 == 0:
+            batch.sort()  # sorted batches: long runs of one ledger
+        el.add_entries([memoryview(e) for e in batch] if b % 5 == 0 else batch)
+    assert len(el.log_ids()) > 4
+    for log_id in el.log_ids():  # closed logs from their stored map, the current one from memory
+        from_records: dict = {}
+        for lid, _, _, size in el.scan(log_id):
+            from_records[lid] = from_records.get(lid, 0) + size + 4
+        assert el.ledgers_map(log_id) == from_records
+    el.close()
+
+
+def test_big_batches_are_framed_in_slices(tmp_path, monkeypatch):
+    monkeypatch.setattr(logger_mod, "_FRAME_MAX_BYTES", 5000)
+    el = EntryLogger([str(tmp_path)], cfg())
+    es = [entry(1, i, random.Random(i).randrange(0, 7000)) for i in range(60)]
+    locs = el.add_entries(es)
+    assert len(locs) == 60 and len(el.log_ids()) > 1
+    for i, (e, loc) in enumerate(zip(es, locs)):
+        assert el.read_entry(1, i, loc) == e
+    assert [r[2] for log_id in el.log_ids() for r in el.scan(log_id)] == locs
+    el.close()

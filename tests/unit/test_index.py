@@ -59,6 +59,10 @@ def test_sorted_batches_append_and_interleave(index):
     assert index.get_location(5, 998) == 1005 and index.get_location(5, 999) is None
     assert index.get_location(10, 500) == 1 and index.get_location(10, 2000) == 2
     assert index.location_count() == 1000 + 1000 + 500 + 1
+    with index.write() as w:  # any iterable
+        w.put_locations((12, e, e) for e in range(3))
+        w.put_locations([])
+    assert index.last_entry_id(12) == 2
 
 
 def test_last_entry_id_with_neighbour_ledgers(index):
