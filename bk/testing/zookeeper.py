@@ -194,7 +194,7 @@ class LocalZooKeeper:
             f"tickTime={self.tick_time_ms}",
             "maxClientCnxns=0",
             "admin.enableServer=false",
-            "4lw.commands.whitelist=ruok,stat,srvr,mntr,cons",
+            "4lw.commands.whitelist=ruok,stat,srvr,mntr,cons,conf",
             f"forceSync={'yes' if self.force_sync else 'no'}",
             "preAllocSize=4096",
             "autopurge.snapRetainCount=3",
@@ -257,7 +257,7 @@ class LocalZooKeeper:
                     f"ZooKeeper exited with code {code} during start; log {self.log_path}:\n{tail}"
                 )
             try:
-                if four_letter_word(self.host, self.port, "ruok", timeout_s=1.0) == b"imok":
+                if self._answering_server_is_ours():
                     return
             except OSError:
                 pass
@@ -268,6 +268,18 @@ class LocalZooKeeper:
                 )
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, 0.5)
+
+    def _answering_server_is_ours(self) -> bool:
+        # Another server already listening on the port would answer `ruok` too:
+        # check that the one answering uses our data directory.
+        if four_letter_word(self.host, self.port, "ruok", timeout_s=1.0) != b"imok":
+            return False
+        conf = four_letter_word(self.host, self.port, "conf", timeout_s=1.0).decode("utf-8", "replace")
+        ours = os.path.join(self.data_dir, "data")
+        return any(
+            line.startswith("dataDir=") and os.path.dirname(line[len("dataDir=") :].strip()) == ours
+            for line in conf.splitlines()
+        )
 
     def _terminate(self, timeout_s: float = 15.0) -> None:
         proc, self._proc = self._proc, None

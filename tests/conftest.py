@@ -1,0 +1,37 @@
+"""Fixtures shared by every test directory.
+
+`zk_server`: one real ZooKeeper for the whole session (bk.testing.zookeeper),
+as its connect string `127.0.0.1:<port>`. Tests must not share state through
+it: each uses its own root, e.g. from `zk_metadata_uri`
+(`zk://127.0.0.1:<port>/t-<random>/ledgers`). Without Java or ZooKeeper the
+tests that need it are skipped, unless BK_REQUIRE_ZK=1 makes that a failure.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory):
+    from bk.testing.zookeeper import LocalZooKeeper, ZooKeeperLaunchError
+
+    server = LocalZooKeeper(str(tmp_path_factory.mktemp("zookeeper")))
+    try:
+        server.start()
+    except ZooKeeperLaunchError as e:
+        if os.environ.get("BK_REQUIRE_ZK") == "1":
+            raise
+        pytest.skip(f"no local ZooKeeper: {e}")
+    try:
+        yield server.connect_string
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def zk_metadata_uri(zk_server) -> str:
+    """A metadata service URI with a root of its own on the session's ZooKeeper."""
+    return f"zk://{zk_server}/t-{uuid.uuid4().hex[:12]}/ledgers"
