@@ -11,15 +11,19 @@ split_frames(buf, start, max_frame) -> (list[(body_offset, body_len)], end, err)
     err 0: fine; 1: negative length at `end`; 2: length > max_frame at `end`.
     A bad length is reported as soon as its 4 bytes are present: the body is
     never waited for nor allocated.
-scan_add_requests(buf, start, max_frame) -> (items, end, err)
+scan_add_requests(buf, start, max_frame, record=tuple) -> (items, end, err, deferred)
     Like split_frames, but a well-formed ADD request (version 0..2, op ADD,
-    body >= 56 bytes, ledger id >= 0, entry id >= 0) comes back decoded as
-    `(flags, master_key, ledger_id, entry_id, entry_bytes, version)`; any other
-    frame as `(body_offset, body_len)` for the slow path. Equal master keys in
-    one call share one bytes object.
-scan_add_responses(buf, start, max_frame) -> (items, end, err)
-    A 24-byte ADD response (version 0..2) comes back as `(rc, ledger_id,
-    entry_id)`; any other frame as `(body_offset, body_len)`.
+    body >= 56 bytes, ledger id >= 0, entry id >= 0) comes back decoded as a
+    `record` of `(flags, master_key, ledger_id, entry_id, entry_bytes, version)`;
+    any other frame as a plain `(body_offset, body_len)` tuple, and `deferred`
+    lists the indexes of those in `items` (the caller's slow path). Equal
+    master keys in one call share one bytes object.
+scan_add_responses(buf, start, max_frame, record=tuple) -> (items, end, err, deferred)
+    A 24-byte ADD response (version 0..2) comes back as a `record` of
+    `(rc, ledger_id, entry_id)`; any other frame as in scan_add_requests.
+    `record` is `tuple` or a tuple subclass without instance fields (a
+    NamedTuple): records are filled in place, as tuple.__new__(record, values)
+    would build them, without a Python-level call per frame.
 encode_add_responses(items, version=2) -> bytes
     One buffer with a complete ADD response frame per `(rc, ledger_id, entry_id)`.
 crc32c(data, crc=0) -> int
@@ -27,12 +31,27 @@ crc32c(data, crc=0) -> int
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.ref cimport Py_INCREF
 from libc.string cimport memcmp
 from libc.stdint cimport uint32_t, int32_t, uint64_t, int64_t
 
 cdef extern from "crc32c.h" nogil:
     void bk_crc32c_init()
     uint32_t bk_crc32c_extend(uint32_t crc, const void *data, size_t length)
+
+cdef extern from *:
+    """
+    /* A tuple (or field-less tuple subclass) of n slots to fill with
+       PyTuple_SET_ITEM: what tuple.__new__(type, values) allocates. */
+    static PyObject *bk_codec_new_record(PyObject *type, Py_ssize_t n)
+    {
+        if (type == (PyObject *)&PyTuple_Type)
+            return PyTuple_New(n);
+        return ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
+    }
+    """
+    object bk_codec_new_record(object type, Py_ssize_t n)
 
 bk_crc32c_init()
 
@@ -102,6 +121,19 @@ cdef inline void _check_args(Py_ssize_t n, Py_ssize_t start, Py_ssize_t max_fram
         raise ValueError("max_frame must be >= 0")
 
 
+cdef _check_record(object record):
+    if record is tuple:
+        return
+    if not (isinstance(record, type) and issubclass(record, tuple)
+            and record.__basicsize__ == tuple.__basicsize__ and record.__dictoffset__ == 0):
+        raise TypeError(f"record must be tuple or a field-less tuple subclass, got {record!r}")
+
+
+cdef inline void _put(object rec, Py_ssize_t i, object value):
+    Py_INCREF(value)  # PyTuple_SET_ITEM steals a reference
+    PyTuple_SET_ITEM(rec, i, value)
+
+
 def split_frames(buf, Py_ssize_t start, Py_ssize_t max_frame):
     cdef Py_buffer view
     cdef const unsigned char *b
@@ -125,7 +157,7 @@ def split_frames(buf, Py_ssize_t start, Py_ssize_t max_frame):
         PyBuffer_Release(&view)
 
 
-def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame):
+def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple):
     cdef Py_buffer view
     cdef const unsigned char *b
     cdef const unsigned char *f
@@ -134,7 +166,10 @@ def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame):
     cdef uint32_t h, version, op, flags
     cdef int64_t ledger_id, entry_id
     cdef list out = []
+    cdef list deferred = []
     cdef bytes key = None
+    cdef object rec
+    _check_record(record)
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         n = view.len
@@ -159,20 +194,26 @@ def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame):
                     # Adds of one connection nearly always carry one ledger's key.
                     if key is None or memcmp(PyBytes_AS_STRING(key), f + 4, _KEY_LEN) != 0:
                         key = PyBytes_FromStringAndSize(<const char *>(f + 4), _KEY_LEN)
-                    out.append((flags, key, ledger_id, entry_id,
-                                PyBytes_FromStringAndSize(<const char *>(f + 4 + _KEY_LEN),
-                                                          length - 4 - _KEY_LEN),
-                                version))
+                    rec = bk_codec_new_record(record, 6)
+                    _put(rec, 0, flags)
+                    _put(rec, 1, key)
+                    _put(rec, 2, ledger_id)
+                    _put(rec, 3, entry_id)
+                    _put(rec, 4, PyBytes_FromStringAndSize(<const char *>(f + 4 + _KEY_LEN),
+                                                           length - 4 - _KEY_LEN))
+                    _put(rec, 5, version)
+                    out.append(rec)
                     pos += 4 + length
                     continue
+            deferred.append(len(out))
             out.append((pos + 4, length))
             pos += 4 + length
-        return out, pos, (st if st > 0 else 0)
+        return out, pos, (st if st > 0 else 0), deferred
     finally:
         PyBuffer_Release(&view)
 
 
-def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame):
+def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple):
     cdef Py_buffer view
     cdef const unsigned char *b
     cdef const unsigned char *f
@@ -180,6 +221,9 @@ def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame):
     cdef int st = -1
     cdef uint32_t h, version, op
     cdef list out = []
+    cdef list deferred = []
+    cdef object rec
+    _check_record(record)
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         n = view.len
@@ -196,12 +240,17 @@ def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame):
                 version = h >> 24
                 op = h if version == 0 else (h >> 16) & 0xff
                 if version <= _MAX_VERSION and op == _OP_ADD:
-                    out.append((<int32_t>_u32(f + 4), _i64(f + 8), _i64(f + 16)))
+                    rec = bk_codec_new_record(record, 3)
+                    _put(rec, 0, <int32_t>_u32(f + 4))
+                    _put(rec, 1, _i64(f + 8))
+                    _put(rec, 2, _i64(f + 16))
+                    out.append(rec)
                     pos += 4 + length
                     continue
+            deferred.append(len(out))
             out.append((pos + 4, length))
             pos += 4 + length
-        return out, pos, (st if st > 0 else 0)
+        return out, pos, (st if st > 0 else 0), deferred
     finally:
         PyBuffer_Release(&view)
 

@@ -29,6 +29,17 @@ _add_response = struct.Struct(">iIiqq")
 _add_response_body = struct.Struct(">Iiqq")
 
 
+_new = tuple.__new__
+
+
+def _check_record(record) -> None:
+    if record is tuple:
+        return
+    if not (isinstance(record, type) and issubclass(record, tuple)
+            and record.__basicsize__ == tuple.__basicsize__ and record.__dictoffset__ == 0):
+        raise TypeError(f"record must be tuple or a field-less tuple subclass, got {record!r}")
+
+
 def _view(buf, start: int, max_frame: int) -> memoryview:
     mv = memoryview(buf).cast("B")
     n = len(mv)
@@ -60,9 +71,10 @@ def split_frames(buf, start: int, max_frame: int):
     return out, pos, err
 
 
-def scan_add_requests(buf, start: int, max_frame: int):
+def scan_add_requests(buf, start: int, max_frame: int, record=tuple):
+    _check_record(record)
     mv = _view(buf, start, max_frame)
-    n, pos, out, err = len(mv), start, [], ERR_OK
+    n, pos, out, deferred, err = len(mv), start, [], [], ERR_OK
     unpack, unpack_ids = _length.unpack_from, _add_ids.unpack_from
     key = None
     while n - pos >= 4:
@@ -83,15 +95,18 @@ def scan_add_requests(buf, start: int, max_frame: int):
                 k = mv[off + 4:off + 4 + _KEY_LEN]
                 if key is None or key != k:
                     key = bytes(k)
-                out.append((flags, key, ledger_id, entry_id, bytes(mv[off + 4 + _KEY_LEN:pos]), version))
+                out.append(_new(record, (flags, key, ledger_id, entry_id,
+                                         bytes(mv[off + 4 + _KEY_LEN:pos]), version)))
                 continue
+        deferred.append(len(out))
         out.append((off, ln))
-    return out, pos, err
+    return out, pos, err, deferred
 
 
-def scan_add_responses(buf, start: int, max_frame: int):
+def scan_add_responses(buf, start: int, max_frame: int, record=tuple):
+    _check_record(record)
     mv = _view(buf, start, max_frame)
-    n, pos, out, err = len(mv), start, [], ERR_OK
+    n, pos, out, deferred, err = len(mv), start, [], [], ERR_OK
     unpack, unpack_body = _length.unpack_from, _add_response_body.unpack_from
     while n - pos >= 4:
         (ln,) = unpack(mv, pos)
@@ -107,10 +122,11 @@ def scan_add_responses(buf, start: int, max_frame: int):
             version = h >> 24
             op = h if version == 0 else (h >> 16) & 0xFF
             if version <= _MAX_VERSION and op == _OP_ADD:
-                out.append((rc, ledger_id, entry_id))
+                out.append(_new(record, (rc, ledger_id, entry_id)))
                 continue
+        deferred.append(len(out))
         out.append((off, ln))
-    return out, pos, err
+    return out, pos, err, deferred
 
 
 def encode_add_responses(items, version: int = 2) -> bytes:

@@ -38,7 +38,6 @@ _split_frames = _codec.split_frames
 _scan_add_requests = _codec.scan_add_requests
 _scan_add_responses = _codec.scan_add_responses
 _i32 = struct.Struct(">i")
-_new = tuple.__new__
 
 
 class FrameDecoder:
@@ -101,26 +100,31 @@ class FrameDecoder:
     def feed_requests(self, data) -> list:
         """Server side: request messages (or RequestDecodeError instances) completed by `data`.
 
-        ADD requests are decoded by the native kernel in one pass over the chunk;
-        other frames go through codec.decode_request.
+        The kernel decodes every well-formed ADD of the chunk straight into
+        AddRequest records in one pass; only the other frames (reads, malformed
+        adds) go through codec.decode_request.
         """
         buf = self._collect(data)
         if buf is None:
             return []
-        items, end, err = _scan_add_requests(buf, 0, self.max_frame_size_bytes)
-        mv = memoryview(buf)
-        out = [_new(AddRequest, it) if len(it) == 6 else _slow_request(mv, it) for it in items]
-        return self._settle(buf, end, err, out)
+        items, end, err, deferred = _scan_add_requests(buf, 0, self.max_frame_size_bytes, AddRequest)
+        if deferred:
+            mv = memoryview(buf)
+            for i in deferred:
+                items[i] = _slow_request(mv, items[i])
+        return self._settle(buf, end, err, items)
 
     def feed_responses(self, data) -> list:
         """Client side: response messages (or ResponseDecodeError instances) completed by `data`."""
         buf = self._collect(data)
         if buf is None:
             return []
-        items, end, err = _scan_add_responses(buf, 0, self.max_frame_size_bytes)
-        mv = memoryview(buf)
-        out = [_new(AddResponse, it) if len(it) == 3 else _slow_response(mv, it) for it in items]
-        return self._settle(buf, end, err, out)
+        items, end, err, deferred = _scan_add_responses(buf, 0, self.max_frame_size_bytes, AddResponse)
+        if deferred:
+            mv = memoryview(buf)
+            for i in deferred:
+                items[i] = _slow_response(mv, items[i])
+        return self._settle(buf, end, err, items)
 
 
 def _slow_request(mv: memoryview, item):

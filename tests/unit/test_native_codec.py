@@ -1,6 +1,8 @@
 """The codec kernel: the pure twin is the reference; the native build must agree."""
+import gc
 import random
 import struct
+from typing import NamedTuple
 
 import google_crc32c
 import pytest
@@ -15,6 +17,21 @@ KERNELS = [pytest.param(PURE, id="pure"),
 needs_native = pytest.mark.skipif(NATIVE is None, reason="native codec not built")
 
 KEY = bytes(range(20))
+
+
+class AddRecord(NamedTuple):
+    flags: int
+    master_key: bytes
+    ledger_id: int
+    entry_id: int
+    body: bytes
+    version: int
+
+
+class AddAck(NamedTuple):
+    rc: int
+    ledger_id: int
+    entry_id: int
 
 
 def frame(body: bytes) -> bytes:
@@ -71,8 +88,9 @@ def test_scan_add_requests_decodes_adds_and_defers_the_rest(k):
     neg = add_body(7, -1)
     read = struct.pack(">Iqq", header(2, 2), 7, 0)
     buf = bytearray(frame(a0) + frame(a1) + frame(read) + frame(v0) + frame(neg) + frame(a0[:55]))
-    items, end, err = k.scan_add_requests(buf, 0, 1 << 20)
-    assert (end, err) == (len(buf), 0)
+    items, end, err, deferred = k.scan_add_requests(buf, 0, 1 << 20)
+    assert (end, err, deferred) == (len(buf), 0, [2, 4, 5])
+    assert all(type(it) is tuple for it in items)
     assert items[0] == (2, KEY, 7, 0, a0[24:], 2)
     assert items[1] == (0, KEY, 7, 1, a1[24:], 2)
     assert items[2] == (len(a0) + len(a1) + 12, 20)
@@ -86,8 +104,36 @@ def test_scan_add_requests_decodes_adds_and_defers_the_rest(k):
 def test_scan_add_requests_rejects_bad_versions_and_ops(k):
     cases = [add_body(1, 1, version=3), add_body(1, 1, op=2), add_body(-4, 1),
              struct.pack(">I", 0x00000101) + add_body(1, 1)[4:]]  # v0 header 257 is no ADD
-    items, _, _ = k.scan_add_requests(b"".join(frame(c) for c in cases), 0, 1000)
-    assert all(len(it) == 2 for it in items)
+    items, _, _, deferred = k.scan_add_requests(b"".join(frame(c) for c in cases), 0, 1000)
+    assert all(len(it) == 2 for it in items) and deferred == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_records_are_built_in_the_given_tuple_type(k):
+    bodies = [add_body(3, i, bytes([i % 256]) * i) for i in range(300)]
+    buf = b"".join(frame(b) for b in bodies) + frame(b"other")
+    items, _, _, deferred = k.scan_add_requests(buf, 0, 1000, AddRecord)
+    del buf
+    gc.collect()  # records must be complete, tracked objects
+    assert deferred == [300]
+    assert all(type(it) is AddRecord for it in items[:300])
+    assert [it.entry_id for it in items[:300]] == list(range(300))
+    assert items[299].body == bodies[299][24:] and items[5] == AddRecord(0, KEY, 3, 5, bodies[5][24:], 2)
+    acks, _, _, deferred = k.scan_add_responses(k.encode_add_responses([(0, 3, 1)] * 3), 0, 24, AddAck)
+    assert acks == [AddAck(0, 3, 1)] * 3 and type(acks[0]) is AddAck and deferred == []
+
+
+class WithDict(tuple):
+    pass
+
+
+@pytest.mark.parametrize("k", KERNELS)
+@pytest.mark.parametrize("record", [list, WithDict, 5, None])
+def test_record_type_must_be_a_plain_tuple_layout(k, record):
+    with pytest.raises(TypeError):
+        k.scan_add_requests(frame(add_body(1, 1)), 0, 1000, record)
+    with pytest.raises(TypeError):
+        k.scan_add_responses(b"", 0, 1000, record)
 
 
 @pytest.mark.parametrize("k", KERNELS)
@@ -97,7 +143,7 @@ def test_encode_add_responses_layout(k, version):
     out = k.encode_add_responses(rows, version)
     h = header(version, 1)
     assert out == b"".join(struct.pack(">iIiqq", 24, h, *r) for r in rows)
-    assert k.scan_add_responses(out, 0, 24) == (rows, len(out), 0)
+    assert k.scan_add_responses(out, 0, 24) == (rows, len(out), 0, [])
     assert k.encode_add_responses([], version) == b""
 
 
@@ -120,8 +166,9 @@ def test_scan_add_responses_defers_other_frames(k):
     bad_version = struct.pack(">Iiqq", header(3, 1), 0, 5, 6)
     ok = struct.pack(">Iiqq", header(0, 1), -7, 5, 6)
     buf = b"".join(frame(x) for x in (read_err, add_long, bad_version, ok))
-    items, end, err = k.scan_add_responses(buf, 0, 100)
+    items, end, err, deferred = k.scan_add_responses(buf, 0, 100)
     assert items == [(4, 24), (32, 25), (61, 24), (-7, 5, 6)] and (end, err) == (len(buf), 0)
+    assert deferred == [0, 1, 2]
 
 
 @pytest.mark.parametrize("k", KERNELS)
@@ -168,6 +215,10 @@ def test_native_and_pure_agree_on_random_streams():
         max_frame = rng.choice([0, 24, 100, 300, 1 << 20])
         for fn in ("split_frames", "scan_add_requests", "scan_add_responses"):
             assert getattr(NATIVE, fn)(buf, start, max_frame) == getattr(PURE, fn)(buf, start, max_frame), fn
+        for fn, record in (("scan_add_requests", AddRecord), ("scan_add_responses", AddAck)):
+            got = getattr(NATIVE, fn)(buf, start, max_frame, record)
+            want = getattr(PURE, fn)(buf, start, max_frame, record)
+            assert got == want and [type(x) for x in got[0]] == [type(x) for x in want[0]], fn
 
 
 @needs_native
