@@ -22,12 +22,17 @@ import struct
 import zlib
 from enum import IntEnum
 
+import google_crc32c
+
 from bk import _native
 from bk.errors import BKError, DigestMismatchError
 from bk.proto.constants import ENTRY_HEADER_LENGTH, LAC_HEADER_LENGTH
 
 _codec = _native.load("codec")
 _crc32c = _codec.crc32c
+_g_value = google_crc32c.value
+_g_extend = google_crc32c.extend
+_CRC32C_COPY_MIN_BYTES = 8192
 _crc32 = zlib.crc32
 _compare = hmac.compare_digest
 
@@ -116,7 +121,15 @@ class DigestManager:
 
     @staticmethod
     def _digest_crc32c(header: bytes, payload) -> bytes:
-        return _u32.pack(_crc32c(payload, _crc32c(header)))
+        # google_crc32c (3-way interleaved, ~16 GB/s) takes only bytes; the kernel
+        # takes any buffer but runs one stream (~6 GB/s). Copying a view to bytes
+        # pays off only for large payloads (measured crossover ~8 KiB).
+        crc = _g_value(header)
+        if type(payload) is bytes:
+            return _u32.pack(_g_extend(crc, payload))
+        if len(payload) >= _CRC32C_COPY_MIN_BYTES:
+            return _u32.pack(_g_extend(crc, bytes(payload)))
+        return _u32.pack(_crc32c(payload, crc))
 
     def _digest_mac(self, header: bytes, payload) -> bytes:
         h = self._mac.copy()
