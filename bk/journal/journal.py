@@ -273,6 +273,12 @@ class Journal:
             self._enter_failed(e)
             self._deliver(items, e)
             return
+        except Exception as e:  # noqa: BLE001 - a bug below us must still fail, not hang, the adds
+            err = StorageError(f"unexpected error writing journal file {f.path}: {e!r}")
+            err.__cause__ = e
+            self._enter_failed(err)
+            self._deliver(items, err)
+            return
         self.groups_written += 1
         self.records_written += len(items)
         self.bytes_written += group_bytes
@@ -280,7 +286,9 @@ class Journal:
         if f.size >= self._max_file_bytes:
             try:
                 self._rotate()
-            except StorageError as e:
+            except Exception as e:  # noqa: BLE001 - no file to write to: fail later records
+                if not isinstance(e, StorageError):
+                    e = StorageError(f"unexpected error rotating journal {self.journal_dir}: {e!r}")
                 self._enter_failed(e)
 
     def _rotate(self) -> None:

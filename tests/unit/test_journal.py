@@ -331,15 +331,17 @@ def test_gc_deletes_files_behind_the_mark_only(tmp_path):
     c = Completions()
     for i in range(200):
         j.log(entry(3, i, 1000), c.cb, i)
-        if i == 99:
-            c.wait(100)
+        if i % 20 == 19:
+            c.wait(i + 1)  # small groups: the 64 KiB files fill over several of them
+        if i == 149:
             mark = j.last_mark()
     c.wait(200)
+    j.stop()  # no rotation may race with the listings below
     before = [fid for fid, _ in list_files(str(tmp_path))]
-    assert j.gc(mark) == sum(1 for fid in before if fid < mark.file_id)
+    assert mark.file_id >= 2
+    assert j.gc(mark) == sum(1 for fid in before if fid < mark.file_id) >= 1
     after = [fid for fid, _ in list_files(str(tmp_path))]
     assert after == [fid for fid in before if fid >= mark.file_id]
-    j.stop()
     # a mark beyond the current file never deletes the file being written
     j2 = Journal(str(tmp_path), cfg)
     j2.start()
@@ -419,7 +421,7 @@ def test_sync_data_true_fsyncs_once_per_group(tmp_path, monkeypatch):
     assert len(calls) == j.groups_written >= 1
 
 
-@pytest.mark.parametrize("where", ["write", "fsync", "disk_full"])
+@pytest.mark.parametrize("where", ["write", "fsync", "disk_full", "unexpected"])
 def test_io_error_fails_the_group_and_everything_after(tmp_path, monkeypatch, where):
     cfg = make_config()
     j = Journal(str(tmp_path), cfg)
@@ -431,6 +433,8 @@ def test_io_error_fails_the_group_and_everything_after(tmp_path, monkeypatch, wh
     def boom(self, *a):
         if where == "disk_full":
             raise DiskFullError(f"no space left on device while writing {self.path}")
+        if where == "unexpected":
+            raise RuntimeError("a bug below the journal")
         raise StorageError(f"I/O error while {where} {self.path}")
 
     if where == "fsync":
@@ -451,6 +455,26 @@ def test_io_error_fails_the_group_and_everything_after(tmp_path, monkeypatch, wh
     if where == "disk_full":
         assert isinstance(j.failed, DiskFullError)
     assert c.done[-1][0] == "after-failure"
+
+
+def test_rotation_failure_fails_later_records_only(tmp_path, monkeypatch):
+    cfg = make_config(journal_max_size_bytes=64 * 1024)
+    j = Journal(str(tmp_path), cfg)
+    j.start()
+
+    def no_space(self, file_id):
+        raise DiskFullError(f"no space left on device while creating journal file {file_id:x}")
+
+    monkeypatch.setattr(Journal, "_open_file", no_space)
+    c = Completions()
+    j.log(entry(1, 0, 70 * 1024), c.cb, "fills-the-file")
+    c.wait(1)
+    j.log(entry(1, 1), c.cb, "after-rotation-failed")
+    c.wait(2)
+    j.stop()
+    assert c.done[0] == ("fills-the-file", None)
+    assert c.done[1][0] == "after-rotation-failed" and isinstance(c.done[1][1], StorageError)
+    assert isinstance(j.failed, DiskFullError)
 
 
 def test_start_after_replay_of_a_wiped_directory_sorts_after_the_mark(tmp_path):
