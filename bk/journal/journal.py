@@ -109,8 +109,8 @@ class Journal:
 
     def start(self) -> None:
         """Open a new journal file (highest existing id + 1) and start the writer thread."""
-        if self._thread is not None:
-            raise RuntimeError("Journal already started")
+        if self._thread is not None or self._stopping:
+            raise RuntimeError("Journal already started (a stopped Journal is not restarted: make a new one)")
         ensure_dir(current_dir(self.journal_dir))
         existing = list_files(self.journal_dir)
         next_id = max(self._min_next_file_id, existing[-1][0] + 1 if existing else 1)

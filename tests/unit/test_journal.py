@@ -93,6 +93,8 @@ def test_log_before_start_and_after_stop_fails_the_callback(tmp_path):
     j.start()
     j.log(entry(1, 1), c.cb, "ok")
     j.stop()
+    with pytest.raises(RuntimeError):
+        j.start()
     j.log(entry(1, 2), c.cb, "late")
     assert [(ctx, exc is None) for ctx, exc in c.wait(3)] == [("early", False), ("ok", True), ("late", False)]
 
