@@ -1,0 +1,338 @@
+"""Bookie: the async facade the server calls; the only bridge between the event
+loop and the storage threads (journal writers, flush thread, read workers).
+
+Rules kept here (REPLICATION.md, "Rules a bookie must keep"):
+- An add is acknowledged only after the journal group holding it is fsynced
+  (journal on), or once it is in the write cache (journal off, BP-46 mode).
+- A fence is journaled and durable before `fence_ledger` returns; a fencing of
+  an unknown ledger creates it, fenced.
+- Fence and add are serialized per ledger: both run their checks on the loop
+  thread and go through the same journal, so an add accepted before a fence is
+  journaled (and acknowledged) before the fence; an add that had to wait for
+  write-cache space checks the fence again when it resumes.
+- Master keys are set once by the first add/fence/LAC write and compared in
+  constant time; a mismatch is EUA and changes nothing.
+- Explicit negatives (ENOLEDGER/ENOENTRY) are never answered for a ledger in
+  limbo: those become EUNKNOWNLEDGERSTATE.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from bk.config import BookieConfig
+from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, LedgerLimboError,
+                       NoSuchEntryError, NoSuchLedgerError, TooManyRequestsError)
+from bk.fileio import ensure_dir
+from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
+
+from .ledger_storage import LedgerStorage
+
+log = logging.getLogger(__name__)
+
+UNCLEAN_SHUTDOWN = "unclean_shutdown"
+NEEDS_INTEGRITY_CHECK = "needs_integrity_check"
+
+
+def _complete_future(fut: asyncio.Future, err: BaseException | None) -> None:
+    if fut.done():
+        return
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(err)
+
+
+def _ignore(ctx, err) -> None:
+    if err is not None:
+        log.error("journal meta-record failed: %s", err)
+
+
+class Bookie:
+    def __init__(self, config: BookieConfig):
+        self.config = config
+        self.bookie_id = config.bookie_id
+        self.storage: LedgerStorage | None = None
+        self.journals: list[Journal] = []
+        self.read_only = False
+        self.was_unclean_shutdown = False
+        self.replayed_records = 0
+        self.cut_journal_tails: list[str] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
+        self._write_data = config.journal_write_data
+        self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
+        self._running = False
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Open storage, replay the journals, start the writer/flush threads."""
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._open_and_replay)
+        for journal in self.journals:
+            journal.start()
+        storage = self.storage
+        storage.set_checkpoint_hooks(
+            lambda: [j.last_mark() for j in self.journals],
+            lambda marks: [j.gc(m) for j, m in zip(self.journals, marks)],
+        )
+        storage.start(self._loop)
+        # Persist what replay restored, so the old journal files can go.
+        await asyncio.to_thread(storage.checkpoint)
+        self._read_pool = ThreadPoolExecutor(self.config.num_read_worker_threads, thread_name_prefix="bk-read")
+        self._running = True
+
+    def _open_and_replay(self) -> None:
+        cfg = self.config
+        for d in (*cfg.journal_dirs, *cfg.ledger_dirs):
+            ensure_dir(os.path.join(d, "current"))
+        ensure_dir(cfg.resolved_index_dir)
+        self.storage = storage = LedgerStorage(cfg)
+        try:
+            self.was_unclean_shutdown = storage.get_flag(UNCLEAN_SHUTDOWN)
+            if self.was_unclean_shutdown:
+                log.warning("bookie %s was not shut down cleanly", self.bookie_id)
+            storage.set_flag_now(UNCLEAN_SHUTDOWN, True)
+            self.journals = [Journal(d, cfg, loop=self._loop, index=i) for i, d in enumerate(cfg.journal_dirs)]
+            start_marks = [storage.index.get_log_mark(i) or LogMark(0, 0) for i in range(len(self.journals))]
+            # Until replay is persisted, a checkpoint may only record the marks we
+            # started from: replaying again from them is harmless, skipping is not.
+            storage.set_checkpoint_hooks(lambda: list(start_marks), lambda marks: None)
+            t0 = time.monotonic()
+            for journal, mark in zip(self.journals, start_marks):
+                result = journal.replay(mark, self._replay_record)
+                self.replayed_records += result.records
+                if result.cut_tail:
+                    self.cut_journal_tails.append(result.cut_tail)
+            if self.replayed_records:
+                log.info("replayed %d journal records in %.2fs", self.replayed_records, time.monotonic() - t0)
+        except BaseException:
+            storage.entry_logger.close()
+            storage.close_index()
+            raise
+
+    def _replay_record(self, ledger_id: int, entry_id: int, body) -> None:
+        storage = self.storage
+        desc = storage.get_ledger(ledger_id) or storage.create_ledger(ledger_id)
+        if entry_id >= 0:
+            entry = bytes(body)
+            if not storage.put(ledger_id, entry_id, entry):
+                storage.checkpoint()
+                storage.put(ledger_id, entry_id, entry)
+            desc.learn_lac(entry)
+        elif entry_id == MASTER_KEY:
+            if desc.master_key is None:
+                storage.update_ledger(desc, master_key=bytes(body[16:]))
+        elif entry_id == FENCE:
+            storage.update_ledger(desc, fenced=True)
+        elif entry_id == EXPLICIT_LAC:
+            storage.update_ledger(desc, explicit_lac=bytes(body[16:]))
+        else:
+            log.warning("skipping unknown journal meta-record %d for ledger %d", entry_id, ledger_id)
+
+    async def stop(self) -> None:
+        """Drain the journals, checkpoint, clear the unclean-shutdown flag."""
+        if not self._running:
+            return
+        self._running = False
+        await asyncio.to_thread(self._stop_blocking)
+        if self._read_pool is not None:
+            self._read_pool.shutdown(wait=True)
+
+    def _stop_blocking(self) -> None:
+        for journal in self.journals:
+            journal.stop()
+        storage = self.storage
+        storage.stop()
+        storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
+        storage.close_index()
+
+    async def __aenter__(self) -> "Bookie":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    def _journal(self, ledger_id: int) -> Journal:
+        journals = self.journals
+        return journals[ledger_id % len(journals)] if len(journals) > 1 else journals[0]
+
+    # ------------------------------------------------------------ adds
+    def add_entry_cb(self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes,
+                     recovery: bool, cb, ctx, _deadline: float = 0.0) -> None:
+        """Add an entry; `cb(ctx, err)` runs once on the loop (maybe synchronously)."""
+        try:
+            if self.read_only:
+                raise BookieReadOnlyError(ledger_id=ledger_id, entry_id=entry_id)
+            if entry_id < 0:
+                raise BadRequestError("negative entry id on an add", ledger_id=ledger_id, entry_id=entry_id)
+            if len(entry) < 16 or int.from_bytes(entry[0:8], "big", signed=True) != ledger_id \
+                    or int.from_bytes(entry[8:16], "big", signed=True) != entry_id:
+                raise BadRequestError("entry body does not match its ledger/entry id",
+                                      ledger_id=ledger_id, entry_id=entry_id)
+            storage = self.storage
+            desc = storage.get_ledger(ledger_id)
+            if desc is None:
+                desc = storage.create_ledger(ledger_id)
+            new_key = desc.check_key(master_key)
+            desc.check_writable(recovery)
+            if new_key:
+                storage.update_ledger(desc, master_key=bytes(master_key))
+                self._journal(ledger_id).log(meta_body(ledger_id, MASTER_KEY, master_key), _ignore, None)
+            if not storage.put(ledger_id, entry_id, entry):
+                if not _deadline:
+                    _deadline = time.monotonic() + self._full_wait_s
+                elif time.monotonic() >= _deadline:
+                    raise TooManyRequestsError("write cache full: the bookie cannot flush fast enough",
+                                               ledger_id=ledger_id, entry_id=entry_id)
+                self._loop.create_task(self._add_when_room(ledger_id, entry_id, entry, master_key,
+                                                           recovery, cb, ctx, _deadline))
+                return
+            desc.learn_lac(entry)
+        except BookieError as err:
+            cb(ctx, err)
+            return
+        if self._write_data:
+            self._journal(ledger_id).log(entry, cb, ctx)
+        else:
+            cb(ctx, None)
+
+    async def _add_when_room(self, ledger_id, entry_id, entry, master_key, recovery, cb, ctx, deadline):
+        await self.storage.wait_for_room(max(0.0, deadline - time.monotonic()))
+        # Everything is checked again (fence included): the ledger may have been
+        # fenced while this add waited, and then it must not be acknowledged.
+        self.add_entry_cb(ledger_id, entry_id, entry, master_key, recovery, cb, ctx, deadline)
+
+    async def add_entry(self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes,
+                        recovery: bool = False) -> None:
+        fut = self._loop.create_future()
+        self.add_entry_cb(ledger_id, entry_id, entry, master_key, recovery, _complete_future, fut)
+        await fut
+
+    # ------------------------------------------------------------ fencing, LAC, limbo
+    def _key_checked(self, ledger_id: int, master_key: bytes, create: bool):
+        storage = self.storage
+        desc = storage.get_ledger(ledger_id)
+        if desc is None:
+            if not create:
+                raise NoSuchLedgerError(ledger_id=ledger_id)
+            desc = storage.create_ledger(ledger_id)
+        if desc.check_key(master_key):
+            storage.update_ledger(desc, master_key=bytes(master_key))
+            self._journal(ledger_id).log(meta_body(ledger_id, MASTER_KEY, master_key), _ignore, None)
+        return desc
+
+    async def fence_ledger(self, ledger_id: int, master_key: bytes) -> None:
+        """Fence (idempotent); returns once the fence is durable."""
+        desc = self._key_checked(ledger_id, master_key, create=True)
+        if desc.fenced:
+            if desc.fence_pending is not None:
+                await asyncio.shield(desc.fence_pending)
+            return
+        self.storage.update_ledger(desc, fenced=True)
+        fut = self._loop.create_future()
+        desc.fence_pending = fut
+        self._journal(ledger_id).log(meta_body(ledger_id, FENCE, b""), _complete_future, fut)
+        try:
+            await asyncio.shield(fut)
+        finally:
+            if desc.fence_pending is fut and fut.done():
+                desc.fence_pending = None
+
+    async def write_lac(self, ledger_id: int, master_key: bytes, lac_buf: bytes) -> None:
+        desc = self._key_checked(ledger_id, master_key, create=True)
+        self.storage.update_ledger(desc, explicit_lac=bytes(lac_buf))
+        fut = self._loop.create_future()
+        self._journal(ledger_id).log(meta_body(ledger_id, EXPLICIT_LAC, lac_buf), _complete_future, fut)
+        await fut
+
+    def read_lac(self, ledger_id: int) -> bytes | None:
+        """The explicit LAC buffer last written, or None."""
+        desc = self._existing(ledger_id)
+        if desc.explicit_lac is None and desc.limbo:
+            raise LedgerLimboError(ledger_id=ledger_id)
+        return desc.explicit_lac
+
+    def last_add_confirmed(self, ledger_id: int) -> int:
+        """The highest LAC piggybacked on any entry this bookie received (-1 if none)."""
+        desc = self._existing(ledger_id)
+        if desc.limbo:
+            raise LedgerLimboError(ledger_id=ledger_id)
+        return desc.lac
+
+    async def set_limbo(self, ledger_id: int, limbo: bool, *, fence: bool = False) -> None:
+        """Mark a ledger in limbo (and optionally fenced); durable on return."""
+        storage = self.storage
+        desc = storage.get_ledger(ledger_id) or storage.create_ledger(ledger_id)
+        changes = {"limbo": limbo}
+        if fence:
+            changes["fenced"] = True
+        storage.update_ledger(desc, **changes)
+        await asyncio.to_thread(storage.checkpoint)
+
+    # ------------------------------------------------------------ reads
+    def _existing(self, ledger_id: int):
+        desc = self.storage.get_ledger(ledger_id)
+        if desc is None:
+            raise NoSuchLedgerError(ledger_id=ledger_id)
+        return desc
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        return self.storage.get_ledger(ledger_id) is not None
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        desc = self.storage.get_ledger(ledger_id)
+        return desc is not None and desc.fenced
+
+    def is_limbo(self, ledger_id: int) -> bool:
+        desc = self.storage.get_ledger(ledger_id)
+        return desc is not None and desc.limbo
+
+    def last_entry_id(self, ledger_id: int) -> int | None:
+        self._existing(ledger_id)
+        return self.storage.last_entry_id(ledger_id)
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """The stored entry bytes; entry_id -1 = the last entry this bookie has."""
+        desc = self._existing(ledger_id)
+        storage = self.storage
+        if entry_id < 0:
+            if entry_id != -1:
+                raise BadRequestError("negative entry id on a read", ledger_id=ledger_id, entry_id=entry_id)
+            if desc.limbo:  # the true last entry may be one this bookie lost
+                raise LedgerLimboError(ledger_id=ledger_id)
+            last = storage.last_entry_id(ledger_id)
+            if last is None:
+                raise NoSuchEntryError(ledger_id=ledger_id, entry_id=-1)
+            entry_id = last
+        entry = storage.get_cached(ledger_id, entry_id)
+        if entry is None:
+            entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
+                                                     ledger_id, entry_id)
+            if entry is None:
+                if desc.limbo:
+                    raise LedgerLimboError(ledger_id=ledger_id, entry_id=entry_id)
+                raise NoSuchEntryError(ledger_id=ledger_id, entry_id=entry_id)
+        return entry
+
+    # ------------------------------------------------------------ admin
+    async def delete_ledger(self, ledger_id: int) -> bool:
+        """Forget a ledger locally; durable (checkpointed) on return."""
+        existed = self.storage.delete_ledger(ledger_id)
+        await asyncio.to_thread(self.storage.checkpoint)
+        return existed
+
+    async def checkpoint(self) -> None:
+        await asyncio.to_thread(self.storage.checkpoint)
+
+    def set_read_only(self, read_only: bool) -> None:
+        if read_only != self.read_only:
+            log.warning("bookie %s is now %s", self.bookie_id, "read-only" if read_only else "writable")
+        self.read_only = read_only
+
+    def stats(self) -> dict:
+        return {**self.storage.stats(), "read_only": self.read_only}

@@ -1,0 +1,301 @@
+"""LedgerStorage: write cache -> entry log -> index, with checkpoints.
+
+Invariants this module keeps:
+- Every entry put before `checkpoint()` starts is, when it returns, in an
+  fsynced entry log and in a committed index transaction.
+- A checkpoint persists, in the same LMDB transaction as the entry locations,
+  the journal log marks captured at the moment the write cache half was swapped.
+  Adds put an entry into the cache *before* journaling it, so every journal
+  record before those marks has its entry in the swapped half (or an earlier
+  one): replay from the marks never misses an acknowledged entry.
+- Ledger state changes (key, fence, limbo, explicit LAC, deletion) are made
+  under `_lock` together with the dirty set, so the snapshot taken at the swap
+  holds every change journaled before the marks.
+- A failed flush keeps its half (`_pending`) and retries it; nothing is dropped.
+  While it cannot flush, adds fill the other half and then get ETOOMANYREQUESTS.
+
+Threads: the owner (event loop) thread puts entries and changes ledger state;
+the flush thread runs checkpoints (LMDB write transactions live there while it
+runs); read workers call `read_from_storage`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Callable
+
+from bk.config import BookieConfig
+from bk.entrylog import EntryLogger
+from bk.errors import StorageError
+from bk.index import Index, LedgerState
+
+from .ledger_descriptor import LedgerDescriptor
+from .write_cache import ReadCache, WriteCache
+
+log = logging.getLogger(__name__)
+
+READ_AHEAD_MAX_BYTES = 1 << 20
+
+
+class _PendingFlush:
+    __slots__ = ("half", "marks", "dirty")
+
+    def __init__(self, half: WriteCache, marks: list, dirty: dict):
+        self.half = half
+        self.marks = marks
+        self.dirty = dirty  # ledger_id -> LedgerState, or None for a deleted ledger
+
+
+class LedgerStorage:
+    def __init__(self, config: BookieConfig):
+        self.config = config
+        self._half_bytes = config.write_cache_max_size_bytes // 2
+        self.index = Index(config.resolved_index_dir, config)
+        try:
+            self.entry_logger = EntryLogger(config.ledger_dirs, config)
+        except BaseException:
+            self.index.close()
+            raise
+        self.read_cache = ReadCache(config.read_cache_max_size_bytes)
+        self._lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
+        self._active = WriteCache(self._half_bytes)
+        self._pending: _PendingFlush | None = None
+        self._ledgers: dict[int, LedgerDescriptor] = {
+            lid: LedgerDescriptor(lid, st) for lid, st in self.index.ledgers()
+        }
+        self._dirty: dict[int, LedgerDescriptor | None] = {}
+        self._mark_source: Callable[[], list] = lambda: []
+        self._after_checkpoint: Callable[[list], None] = lambda marks: None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._room_waiters: list[asyncio.Future] = []
+        self._flush_event = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.last_checkpoint_error: BaseException | None = None
+        self.checkpoints = 0
+        self._last_marks: list | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def set_checkpoint_hooks(self, mark_source: Callable[[], list], after: Callable[[list], None]) -> None:
+        """mark_source() -> journal log marks now; after(marks) once they are persisted."""
+        self._mark_source = mark_source
+        self._after_checkpoint = after
+
+    def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._flush_loop, name="bk-flush", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the flush thread after a final checkpoint; close files."""
+        if self._thread is not None:
+            self._stopping = True
+            self._flush_event.set()
+            self._thread.join()
+            self._thread = None
+        self.checkpoint()
+        self.entry_logger.close()
+
+    def close_index(self) -> None:
+        self.index.close()
+
+    # ------------------------------------------------------------ ledger state
+    def get_ledger(self, ledger_id: int) -> LedgerDescriptor | None:
+        return self._ledgers.get(ledger_id)
+
+    def ledger_ids(self) -> list[int]:
+        return list(self._ledgers)
+
+    def create_ledger(self, ledger_id: int) -> LedgerDescriptor:
+        desc = self._ledgers.get(ledger_id)
+        if desc is None:
+            with self._lock:
+                desc = self._ledgers[ledger_id] = LedgerDescriptor(ledger_id)
+                self._dirty[ledger_id] = desc
+        return desc
+
+    def update_ledger(self, desc: LedgerDescriptor, **changes) -> None:
+        """Change persisted fields of a ledger (master_key, fenced, limbo, explicit_lac)."""
+        with self._lock:
+            for name, value in changes.items():
+                setattr(desc, name, value)
+            self._dirty[desc.ledger_id] = desc
+
+    def delete_ledger(self, ledger_id: int) -> bool:
+        with self._lock:
+            existed = self._ledgers.pop(ledger_id, None) is not None
+            self._active.delete_ledger(ledger_id)
+            self._dirty[ledger_id] = None
+        self.read_cache.delete_ledger(ledger_id)
+        return existed
+
+    # ------------------------------------------------------------ writes
+    def put(self, ledger_id: int, entry_id: int, entry: bytes) -> bool:
+        """Put an entry in the write cache; False when both halves are full."""
+        with self._lock:
+            active = self._active
+            if not active.has_room(len(entry)):
+                if self._pending is not None:
+                    return False
+                self._swap_locked()
+                self._flush_event.set()
+                active = self._active
+            active.put(ledger_id, entry_id, entry)
+        return True
+
+    def _swap_locked(self) -> None:
+        marks = self._mark_source()  # read before the swap: see module docstring
+        dirty = {lid: (d.state() if d is not None else None) for lid, d in self._dirty.items()}
+        self._dirty = {}
+        self._pending = _PendingFlush(self._active, marks, dirty)
+        self._active = WriteCache(self._half_bytes)
+
+    async def wait_for_room(self, timeout_s: float) -> bool:
+        """On the owner loop: wait until a flush frees a half (or timeout)."""
+        if self._pending is None:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._room_waiters.append(fut)
+        self._flush_event.set()
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            return self._pending is None
+        return True
+
+    def _wake_room_waiters(self) -> None:
+        waiters, self._room_waiters = self._room_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    # ------------------------------------------------------------ checkpoint
+    def request_checkpoint(self) -> None:
+        self._flush_event.set()
+
+    def checkpoint(self) -> None:
+        """Flush everything put so far; persist marks and ledger state. Blocking."""
+        with self._checkpoint_lock:
+            with self._lock:
+                pending_before = self._pending
+            if pending_before is not None:
+                self._flush(pending_before)
+            with self._lock:
+                if self._active.count or self._dirty or self._pending is not None:
+                    if self._pending is None:
+                        self._swap_locked()
+                    pending = self._pending
+                else:  # nothing to write, but the journal may have moved on
+                    marks = self._mark_source()
+                    pending = None if marks == self._last_marks else _PendingFlush(WriteCache(0), marks, {})
+            if pending is not None:
+                self._flush(pending)
+
+    def _flush(self, p: _PendingFlush) -> None:
+        items = p.half.sorted_items()
+        if items:
+            locations = self.entry_logger.add_entries([e for _, _, e in items])
+            self.entry_logger.flush()
+        with self.index.write() as w:
+            if items:
+                w.put_locations([(lid, eid, loc) for (lid, eid, _), loc in zip(items, locations)])
+            for lid, state in p.dirty.items():
+                if state is None:
+                    w.delete_ledger(lid)
+                else:
+                    w.put_ledger(lid, state)
+            for i, mark in enumerate(p.marks):
+                w.set_log_mark(i, mark)
+        with self._lock:
+            if self._pending is p:
+                self._pending = None
+        self._last_marks = p.marks
+        self.checkpoints += 1
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake_room_waiters)
+        if p.marks:
+            self._after_checkpoint(p.marks)
+
+    def _flush_loop(self) -> None:
+        interval_s = self.config.flush_interval_ms / 1000.0
+        backoff_s = 0.0
+        while not self._stopping:
+            self._flush_event.wait(timeout=max(interval_s, backoff_s))
+            self._flush_event.clear()
+            if self._stopping:
+                break
+            try:
+                self.checkpoint()
+                self.last_checkpoint_error = None
+                backoff_s = 0.0
+            except StorageError as e:  # disk full, I/O error, index full: keep the data, retry
+                self.last_checkpoint_error = e
+                backoff_s = min(max(backoff_s * 2, 0.1), 5.0)
+                log.error("checkpoint failed (will retry in %.1fs): %s", backoff_s, e)
+                time.sleep(backoff_s)
+
+    # ------------------------------------------------------------ reads
+    def get_cached(self, ledger_id: int, entry_id: int) -> bytes | None:
+        entry = self._active.get(ledger_id, entry_id)
+        if entry is None:
+            pending = self._pending
+            if pending is not None:
+                entry = pending.half.get(ledger_id, entry_id)
+            if entry is None:
+                entry = self.read_cache.get(ledger_id, entry_id)
+        return entry
+
+    def read_from_storage(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """Index + entry log lookup (blocking; read worker threads). None = not stored."""
+        # The caches are checked again here: an entry may have moved from the
+        # write cache to the entry log between the caller's check and now, and the
+        # index only has it once the flush committed.
+        entry = self.get_cached(ledger_id, entry_id)
+        if entry is not None:
+            return entry
+        location = self.index.get_location(ledger_id, entry_id)
+        if location is None:
+            return self.get_cached(ledger_id, entry_id)
+        batch = max(1, self.config.read_ahead_batch_size)
+        run = self.entry_logger.read_run(location, batch, READ_AHEAD_MAX_BYTES)
+        if not run or run[0][0] != ledger_id or run[0][1] != entry_id:
+            # read_run does not know which ids to expect; the strict read does.
+            return self.entry_logger.read_entry(ledger_id, entry_id, location)
+        self.read_cache.put_many((lid, eid, e) for lid, eid, e, _ in run if lid == ledger_id)
+        return run[0][2]
+
+    def last_entry_id(self, ledger_id: int) -> int | None:
+        """The highest entry id this bookie stores for the ledger, or None."""
+        best = self.index.last_entry_id(ledger_id)
+        for cache in (self._active, (self._pending.half if self._pending else None)):
+            if cache is not None:
+                last = cache.last_entry_id(ledger_id)
+                if last is not None and (best is None or last > best):
+                    best = last
+        return best
+
+    # ------------------------------------------------------------ state flags
+    def get_flag(self, name: str) -> bool:
+        return self.index.get_flag(name)
+
+    def set_flag_now(self, name: str, value: bool) -> None:
+        """Persist a bookie state flag at once (start/stop, not while flushing)."""
+        with self._checkpoint_lock:
+            with self.index.write() as w:
+                w.set_flag(name, value)
+
+    def stats(self) -> dict:
+        pending = self._pending
+        return {
+            "write_cache_bytes": self._active.size_bytes + (pending.half.size_bytes if pending else 0),
+            "read_cache_bytes": self.read_cache.size_bytes,
+            "ledgers": len(self._ledgers),
+            "checkpoints": self.checkpoints,
+        }
+
+
+
+__all__ = ["LedgerStorage", "LedgerState"]

@@ -1,0 +1,402 @@
+"""Bookie facade + LedgerStorage: adds, reads, keys, fences, LAC, limbo, restart."""
+import asyncio
+import hashlib
+import os
+
+import pytest
+
+from bk.bookie import UNCLEAN_SHUTDOWN, Bookie
+from bk.config import load_config
+from bk.errors import (BadRequestError, BookieReadOnlyError, LedgerFencedError, LedgerLimboError,
+                       NoSuchEntryError, NoSuchLedgerError, StorageError, TooManyRequestsError,
+                       UnauthorizedAccessError)
+
+KEY = hashlib.sha1(b"ledger" + b"pw").digest()
+OTHER_KEY = hashlib.sha1(b"ledger" + b"other").digest()
+
+
+def entry(ledger_id: int, entry_id: int, payload: bytes = b"", lac: int = -1) -> bytes:
+    payload = payload or f"payload-{ledger_id}-{entry_id}".encode()
+    return (ledger_id.to_bytes(8, "big", signed=True) + entry_id.to_bytes(8, "big", signed=True)
+            + lac.to_bytes(8, "big", signed=True) + len(payload).to_bytes(8, "big") + payload)
+
+
+def make_config(tmp_path, **kw):
+    base = dict(journal_dirs=[str(tmp_path / "journal")], ledger_dirs=[str(tmp_path / "ledgers")],
+                flush_interval_ms=60_000, write_cache_max_size_bytes="4MiB")
+    base.update(kw)
+    return load_config(overrides=base, env={})
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def started(cfg) -> Bookie:
+    b = Bookie(cfg)
+    await b.start()
+    return b
+
+
+def test_add_read_roundtrip_from_cache_and_entry_log(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            for eid in range(50):
+                await b.add_entry(1, eid, entry(1, eid), KEY)
+            assert await b.read_entry(1, 7) == entry(1, 7)  # from the write cache
+            await b.checkpoint()
+            assert await b.read_entry(1, 8) == entry(1, 8)  # from the entry log
+            assert await b.read_entry(1, 9) == entry(1, 9)  # read-ahead hit
+            assert b.storage.read_cache.hits >= 1
+            assert await b.read_entry(1, -1) == entry(1, 49)
+            with pytest.raises(NoSuchEntryError):
+                await b.read_entry(1, 50)
+            with pytest.raises(NoSuchLedgerError):
+                await b.read_entry(2, 0)
+            with pytest.raises(BadRequestError):
+                await b.read_entry(1, -2)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_restart_after_clean_stop_keeps_everything(tmp_path):
+    cfg = make_config(tmp_path)
+
+    async def write():
+        b = await started(cfg)
+        assert b.storage.get_flag(UNCLEAN_SHUTDOWN)
+        for lid in (3, 4):
+            for eid in range(20):
+                await b.add_entry(lid, eid, entry(lid, eid), KEY)
+        await b.fence_ledger(4, KEY)
+        await b.stop()
+
+    async def check():
+        b = await started(cfg)
+        try:
+            assert not b.was_unclean_shutdown
+            for lid in (3, 4):
+                for eid in range(20):
+                    assert await b.read_entry(lid, eid) == entry(lid, eid)
+            assert b.is_fenced(4) and not b.is_fenced(3)
+            with pytest.raises(UnauthorizedAccessError):
+                await b.add_entry(3, 20, entry(3, 20), OTHER_KEY)
+        finally:
+            await b.stop()
+    run(write())
+    run(check())
+
+
+def test_master_key_set_once_and_mismatch_changes_nothing(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            await b.add_entry(1, 0, entry(1, 0), KEY)
+            with pytest.raises(UnauthorizedAccessError):
+                await b.add_entry(1, 1, entry(1, 1), OTHER_KEY)
+            with pytest.raises(NoSuchEntryError):
+                await b.read_entry(1, 1)
+            with pytest.raises(UnauthorizedAccessError):
+                await b.fence_ledger(1, OTHER_KEY)
+            assert not b.is_fenced(1)
+            with pytest.raises(UnauthorizedAccessError):
+                await b.write_lac(1, OTHER_KEY, b"x" * 20)
+            assert b.read_lac(1) is None
+            with pytest.raises(BadRequestError):
+                await b.add_entry(1, 1, entry(1, 1), b"short")
+            assert "KEY" not in repr(b.storage.get_ledger(1)).upper().replace("HAS_KEY", "")
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_bad_requests_store_nothing(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            with pytest.raises(BadRequestError):
+                await b.add_entry(1, -5, entry(1, -5), KEY)
+            with pytest.raises(BadRequestError):
+                await b.add_entry(1, 0, entry(2, 0), KEY)  # body names another ledger
+            with pytest.raises(BadRequestError):
+                await b.add_entry(1, 0, entry(1, 1), KEY)  # body names another entry
+            with pytest.raises(BadRequestError):
+                await b.add_entry(1, 0, b"tiny", KEY)
+            assert not b.ledger_exists(1) and not b.ledger_exists(2)
+            with pytest.raises(NoSuchLedgerError):
+                await b.read_entry(1, 0)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_fence_blocks_normal_adds_but_not_recovery_adds(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            await b.add_entry(5, 0, entry(5, 0), KEY)
+            await b.fence_ledger(5, KEY)
+            await b.fence_ledger(5, KEY)  # idempotent
+            with pytest.raises(LedgerFencedError):
+                await b.add_entry(5, 1, entry(5, 1), KEY)
+            await b.add_entry(5, 1, entry(5, 1), KEY, recovery=True)
+            assert await b.read_entry(5, 1) == entry(5, 1)
+            # fencing an unknown ledger creates it, fenced
+            await b.fence_ledger(77, KEY)
+            assert b.ledger_exists(77) and b.is_fenced(77)
+            with pytest.raises(NoSuchEntryError):
+                await b.read_entry(77, -1)
+            with pytest.raises(LedgerFencedError):
+                await b.add_entry(77, 0, entry(77, 0), KEY)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_add_racing_a_fence_is_not_acknowledged_after_it(tmp_path):
+    """Adds issued before a fence complete no later than the fence; after it, EFENCED."""
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            order = []
+
+            async def add(eid):
+                try:
+                    await b.add_entry(6, eid, entry(6, eid), KEY)
+                    order.append(("ack", eid))
+                except LedgerFencedError:
+                    order.append(("fenced", eid))
+
+            async def fence():
+                await b.fence_ledger(6, KEY)
+                order.append(("fence", None))
+
+            tasks = [asyncio.ensure_future(add(e)) for e in range(20)]
+            tasks.append(asyncio.ensure_future(fence()))
+            tasks += [asyncio.ensure_future(add(e)) for e in range(20, 40)]
+            await asyncio.gather(*tasks)
+            fence_at = order.index(("fence", None))
+            acked_after = [e for kind, e in order[fence_at:] if kind == "ack"]
+            assert acked_after == []
+            assert sorted(e for k, e in order if k == "fenced") == list(range(20, 40))
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_fence_and_key_survive_restart_without_checkpoint(tmp_path):
+    """Stop the journals without a final checkpoint: replay must bring back entries,
+    key and fence (the unclean-shutdown flag stays set)."""
+    cfg = make_config(tmp_path)
+
+    async def write():
+        b = await started(cfg)
+        for eid in range(30):
+            await b.add_entry(8, eid, entry(8, eid, lac=eid - 1), KEY)
+        await b.fence_ledger(8, KEY)
+        await b.write_lac(8, KEY, b"explicit-lac-buffer")
+        # crash-like: journals drained and closed, nothing checkpointed
+        for j in b.journals:
+            j.stop()
+        b.storage._stopping = True
+        b.storage._flush_event.set()
+        b.storage.entry_logger.close()
+        b.storage.close_index()
+
+    async def check():
+        b = await started(cfg)
+        try:
+            assert b.was_unclean_shutdown
+            assert b.replayed_records >= 30
+            for eid in range(30):
+                assert await b.read_entry(8, eid) == entry(8, eid, lac=eid - 1)
+            assert b.is_fenced(8)
+            assert b.read_lac(8) == b"explicit-lac-buffer"
+            assert b.last_add_confirmed(8) == 28
+            with pytest.raises(UnauthorizedAccessError):
+                await b.fence_ledger(8, OTHER_KEY)
+        finally:
+            await b.stop()
+    run(write())
+    run(check())
+
+
+def test_explicit_and_piggybacked_lac(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            for eid in range(5):
+                await b.add_entry(9, eid, entry(9, eid, lac=eid - 1), KEY)
+            assert b.last_add_confirmed(9) == 3
+            assert b.read_lac(9) is None
+            await b.write_lac(9, KEY, b"lacbuf")
+            assert b.read_lac(9) == b"lacbuf"
+            with pytest.raises(NoSuchLedgerError):
+                b.read_lac(10)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_limbo_turns_negatives_into_unknown(tmp_path):
+    cfg = make_config(tmp_path)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            await b.add_entry(11, 0, entry(11, 0), KEY)
+            await b.set_limbo(11, True, fence=True)
+            assert await b.read_entry(11, 0) == entry(11, 0)  # what it has, it serves
+            with pytest.raises(LedgerLimboError):
+                await b.read_entry(11, 1)
+            with pytest.raises(LedgerLimboError):
+                await b.read_entry(11, -1)
+            with pytest.raises(LedgerLimboError):
+                b.last_add_confirmed(11)
+            with pytest.raises(LedgerFencedError):
+                await b.add_entry(11, 1, entry(11, 1), KEY)
+            await b.add_entry(11, 1, entry(11, 1), KEY, recovery=True)
+        finally:
+            await b.stop()
+        b = await started(cfg)
+        try:
+            assert b.is_limbo(11) and b.is_fenced(11)
+            await b.set_limbo(11, False)
+            with pytest.raises(NoSuchEntryError):
+                await b.read_entry(11, 2)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_delete_ledger(tmp_path):
+    cfg = make_config(tmp_path)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            for eid in range(10):
+                await b.add_entry(12, eid, entry(12, eid), KEY)
+            await b.checkpoint()
+            await b.add_entry(12, 10, entry(12, 10), KEY)
+            assert await b.delete_ledger(12)
+            with pytest.raises(NoSuchLedgerError):
+                await b.read_entry(12, 3)
+            assert not await b.delete_ledger(12)
+        finally:
+            await b.stop()
+        b = await started(cfg)
+        try:
+            assert not b.ledger_exists(12)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_journal_off_mode_acks_from_cache_and_keeps_meta_in_journal(tmp_path):
+    cfg = make_config(tmp_path, journal_write_data=False)
+
+    async def main():
+        b = await started(cfg)
+        for eid in range(10):
+            await b.add_entry(13, eid, entry(13, eid), KEY)
+        await b.fence_ledger(13, KEY)
+        journal_records = []
+        # Entries never reached the journal; the key and the fence did.
+        for j in b.journals:
+            j.stop()
+        b.storage._stopping = True
+        b.storage._flush_event.set()
+        b.storage.entry_logger.close()
+        b.storage.close_index()
+        from bk.journal import Journal, LogMark
+        Journal(cfg.journal_dirs[0], cfg).replay(LogMark(0, 0), lambda l, e, body: journal_records.append(e))
+        assert all(e < 0 for e in journal_records) and len(journal_records) == 2
+        b2 = await started(cfg)
+        try:
+            assert b2.is_fenced(13)
+            with pytest.raises(NoSuchEntryError):  # lost with the cache: BP-46's problem
+                await b2.read_entry(13, 0)
+        finally:
+            await b2.stop()
+    run(main())
+
+
+def test_read_only_refuses_adds(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            b.set_read_only(True)
+            with pytest.raises(BookieReadOnlyError):
+                await b.add_entry(1, 0, entry(1, 0), KEY)
+            await b.fence_ledger(1, KEY)  # fences still work
+            b.set_read_only(False)
+            with pytest.raises(LedgerFencedError):
+                await b.add_entry(1, 0, entry(1, 0), KEY)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_write_cache_full_waits_then_too_many_requests_and_loses_nothing(tmp_path):
+    cfg = make_config(tmp_path, write_cache_max_size_bytes="2MiB", write_cache_full_wait_ms=200,
+                      flush_interval_ms=50)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            real = b.storage.entry_logger.add_entries
+
+            def broken(entries):
+                raise StorageError("simulated disk failure")
+            b.storage.entry_logger.add_entries = broken
+            payload = b"x" * 60_000
+            acked, refused = [], []
+            for eid in range(60):  # 3.6 MB > both halves
+                try:
+                    await b.add_entry(14, eid, entry(14, eid, payload), KEY)
+                    acked.append(eid)
+                except TooManyRequestsError:
+                    refused.append(eid)
+            assert acked and refused
+            assert b.storage.last_checkpoint_error is not None
+            b.storage.entry_logger.add_entries = real  # the disk recovers
+            await b.checkpoint()
+            for eid in acked:
+                assert await b.read_entry(14, eid) == entry(14, eid, payload)
+            nxt = refused[0]
+            await b.add_entry(14, nxt, entry(14, nxt, payload), KEY)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_many_ledgers_large_volume_and_rotation(tmp_path):
+    cfg = make_config(tmp_path, entry_log_size_limit_bytes="256KiB", journal_max_size_bytes="256KiB",
+                      write_cache_max_size_bytes="2MiB", flush_interval_ms=100)
+
+    async def main():
+        b = await started(cfg)
+        expected = {}
+        try:
+            futs = []
+            for i in range(3000):
+                lid, eid = i % 7, i // 7
+                data = entry(lid, eid, os.urandom(200 + (i % 5) * 100))
+                expected[(lid, eid)] = data
+                futs.append(b.add_entry(lid, eid, data, KEY))
+            await asyncio.gather(*futs)
+        finally:
+            await b.stop()
+        assert len(b.storage.entry_logger.log_ids()) > 1
+        b2 = await started(cfg)
+        try:
+            for (lid, eid), data in expected.items():
+                assert await b2.read_entry(lid, eid) == data
+            journal_files = os.listdir(os.path.join(cfg.journal_dirs[0], "current"))
+            assert len([f for f in journal_files if f.endswith(".txn")]) <= 3
+        finally:
+            await b2.stop()
+    run(main())
