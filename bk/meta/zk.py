@@ -175,10 +175,11 @@ class ZooKeeperStore(MetadataStore):
         return fut
 
     def _wrap_watch(self, kind: str, path: str, watcher: Watcher):
+        """(kazoo-side wrapper, newly made?) forwarding one watch event to the loop."""
         key = (kind, path, watcher)
         wrapper = self._wrappers.get(key)
         if wrapper is not None:
-            return wrapper
+            return wrapper, False
         loop = self._loop
 
         def deliver(event: WatchEvent) -> None:  # on the loop
@@ -195,37 +196,45 @@ class ZooKeeperStore(MetadataStore):
                 pass
 
         self._wrappers[key] = wrapper
-        return wrapper
+        return wrapper, True
 
-    async def _read(self, op: str, path: str, start):
-        for attempt in range(_READ_RETRIES):
-            try:
-                return await self._bridge(start, op, path)
-            except MetadataStoreError as e:
-                if not getattr(e, "connection_loss", False) or attempt == _READ_RETRIES - 1:
-                    raise
-                await asyncio.sleep(0.1 * 2**attempt)
+    async def _read(self, op: str, kind: str, path: str, watch: Watcher | None, call):
+        """A read, retried on connection loss; `call(kazoo_watcher)` starts the kazoo op.
+        kazoo (and the server) keep a watch only when the read succeeds, so a wrapper
+        made for a failed read is forgotten again."""
+        wrapper, made = self._wrap_watch(kind, path, watch) if watch else (None, False)
+        try:
+            for attempt in range(_READ_RETRIES):
+                try:
+                    return await self._bridge(lambda: call(wrapper), op, path)
+                except MetadataStoreError as e:
+                    if not getattr(e, "connection_loss", False) or attempt == _READ_RETRIES - 1:
+                        raise
+                    await asyncio.sleep(0.1 * 2**attempt)
+        except BaseException:
+            if made and self._wrappers.get((kind, path, watch)) is wrapper:
+                del self._wrappers[(kind, path, watch)]
+            raise
 
     # ------------------------------------------------------------------ reads
     async def get(self, path: str, watch: Watcher | None = None) -> tuple[bytes, int]:
         validate_path(path)
         client = self._require_client()
-        w = self._wrap_watch("data", path, watch) if watch else None
-        data, stat = await self._read("get", path, lambda: client.get_async(path, watch=w))
+        data, stat = await self._read("get", "data", path, watch, lambda w: client.get_async(path, watch=w))
         return data, stat.version
 
     async def exists(self, path: str, watch: Watcher | None = None) -> int | None:
         validate_path(path)
         client = self._require_client()
-        w = self._wrap_watch("data", path, watch) if watch else None
-        stat = await self._read("exists", path, lambda: client.exists_async(path, watch=w))
+        stat = await self._read("exists", "data", path, watch, lambda w: client.exists_async(path, watch=w))
         return None if stat is None else stat.version
 
     async def children(self, path: str, watch: Watcher | None = None) -> list[str]:
         validate_path(path)
         client = self._require_client()
-        w = self._wrap_watch("child", path, watch) if watch else None
-        names = await self._read("children", path, lambda: client.get_children_async(path, watch=w))
+        names = await self._read(
+            "children", "child", path, watch, lambda w: client.get_children_async(path, watch=w)
+        )
         return sorted(names)
 
     # ------------------------------------------------------------------ writes

@@ -24,7 +24,7 @@ import test_meta_store  # noqa: E402
 from test_meta_store import StoreEnv, run_async  # noqa: E402
 
 from bk.errors import MetadataStoreError  # noqa: E402
-from bk.meta import open_store  # noqa: E402
+from bk.meta import EventType, SessionState, open_store  # noqa: E402
 from bk.testing.zookeeper import LocalZooKeeper, four_letter_word  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -91,16 +91,38 @@ async def test_zk_store_survives_a_server_restart(tmp_path):
         store = await open_store(zk.metadata_uri(), session_timeout_s=10.0)
         try:
             await store.create("/kept", b"v")
+            _, _, dropped = await store.get_watched("/kept")
             states = []
             store.add_session_listener(states.append)
             zk.stop()
+            # kazoo drops every watch when the connection goes: each fires once, so
+            # the watcher knows to re-read and re-arm
+            assert (await asyncio.wait_for(dropped, 30)).type is EventType.DISCONNECTED
             zk = LocalZooKeeper(str(tmp_path), zk.port).start()
             for _ in range(200):
-                if states and states[-1].value == "connected":
+                if states and states[-1] is SessionState.CONNECTED:
                     break
                 await asyncio.sleep(0.1)
             assert await store.get("/kept") == (b"v", 0)
+            assert SessionState.SUSPENDED in states and states[-1] is SessionState.CONNECTED
         finally:
             await store.close()
     finally:
         zk.stop()
+
+
+@run_async
+async def test_failed_watched_reads_leave_no_watch_behind(zk_metadata_uri):
+    from bk.errors import MetadataNotFoundError
+
+    store = await open_store(zk_metadata_uri)
+    try:
+        with pytest.raises(MetadataNotFoundError):
+            await store.get("/missing", lambda event: None)
+        with pytest.raises(MetadataNotFoundError):
+            await store.children("/missing", lambda event: None)
+        assert store._wrappers == {}  # white-box: no forwarding entry for a watch ZooKeeper never set
+        await store.exists("/missing", lambda event: None)  # this one is set (fires on create)
+        assert len(store._wrappers) == 1
+    finally:
+        await store.close()
