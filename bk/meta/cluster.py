@@ -21,11 +21,6 @@ LEDGER_MANAGER_VERSION = 1
 LAYOUT_FORMAT_VERSION = 2
 LAYOUT_DATA = f"{LAYOUT_FORMAT_VERSION}\n{LEDGER_MANAGER_CLASS}:{LEDGER_MANAGER_VERSION}".encode("ascii")
 
-# Top-level children of the root that are not part of the ledger hierarchy.
-RESERVED_NAMES = frozenset(
-    {"available", "cookies", "underreplication", "idgen", "idgen-long", "INSTANCEID", "LAYOUT", "ledgers"}
-)
-
 
 @dataclass(frozen=True)
 class MetadataPaths:
