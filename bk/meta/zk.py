@@ -85,7 +85,9 @@ def translate_error(exc: BaseException, op: str, path: str) -> BaseException:
 
 
 class ZooKeeperStore(MetadataStore):
-    """One ZooKeeper session (a KazooClient). Open with `await ZooKeeperStore.connect(...)`."""
+    """One ZooKeeper session (a KazooClient). Open with `await ZooKeeperStore.connect(...)`
+    and use it from the event loop that opened it: results and watch events are
+    delivered to that loop."""
 
     def __init__(
         self,
