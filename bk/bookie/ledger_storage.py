@@ -8,15 +8,17 @@ Invariants this module keeps:
   Adds put an entry into the cache *before* journaling it, so every journal
   record before those marks has its entry in the swapped half (or an earlier
   one): replay from the marks never misses an acknowledged entry.
-- Ledger state changes (key, fence, limbo, explicit LAC, deletion) are made
-  under `_lock` together with the dirty set, so the snapshot taken at the swap
-  holds every change journaled before the marks.
+- Only the owner (event loop) thread mutates the write cache and ledger state,
+  and only it swaps halves: the flush thread asks it to (`_on_owner`). So the
+  snapshot of dirty ledger state taken at a swap holds every change journaled
+  before the captured marks, and the add path needs no lock.
 - A failed flush keeps its half (`_pending`) and retries it; nothing is dropped.
   While it cannot flush, adds fill the other half and then get ETOOMANYREQUESTS.
 
-Threads: the owner (event loop) thread puts entries and changes ledger state;
-the flush thread runs checkpoints (LMDB write transactions live there while it
-runs); read workers call `read_from_storage`.
+Threads: the owner (event loop) thread puts entries, changes ledger state and
+swaps halves; the flush thread runs checkpoints (LMDB write transactions live
+there while it runs); read workers call `read_from_storage`. Before `start()`
+(replay) the thread that calls is the owner.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ class LedgerStorage:
             self.index.close()
             raise
         self.read_cache = ReadCache(config.read_cache_max_size_bytes)
-        self._lock = threading.Lock()
+        self._owner_thread: int | None = None
         self._checkpoint_lock = threading.Lock()
         self._active = WriteCache(self._half_bytes)
         self._pending: _PendingFlush | None = None
@@ -85,7 +87,9 @@ class LedgerStorage:
         self._after_checkpoint = after
 
     def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Start the flush thread; the calling thread (running `loop`) becomes the owner."""
         self._loop = loop
+        self._owner_thread = threading.get_ident()
         self._thread = threading.Thread(target=self._flush_loop, name="bk-flush", daemon=True)
         self._thread.start()
 
@@ -109,44 +113,41 @@ class LedgerStorage:
     def ledger_ids(self) -> list[int]:
         return list(self._ledgers)
 
+    # The methods below run on the owner thread only.
     def create_ledger(self, ledger_id: int) -> LedgerDescriptor:
         desc = self._ledgers.get(ledger_id)
         if desc is None:
-            with self._lock:
-                desc = self._ledgers[ledger_id] = LedgerDescriptor(ledger_id)
-                self._dirty[ledger_id] = desc
+            desc = self._ledgers[ledger_id] = LedgerDescriptor(ledger_id)
+            self._dirty[ledger_id] = desc
         return desc
 
     def update_ledger(self, desc: LedgerDescriptor, **changes) -> None:
         """Change persisted fields of a ledger (master_key, fenced, limbo, explicit_lac)."""
-        with self._lock:
-            for name, value in changes.items():
-                setattr(desc, name, value)
-            self._dirty[desc.ledger_id] = desc
+        for name, value in changes.items():
+            setattr(desc, name, value)
+        self._dirty[desc.ledger_id] = desc
 
     def delete_ledger(self, ledger_id: int) -> bool:
-        with self._lock:
-            existed = self._ledgers.pop(ledger_id, None) is not None
-            self._active.delete_ledger(ledger_id)
-            self._dirty[ledger_id] = None
+        existed = self._ledgers.pop(ledger_id, None) is not None
+        self._active.delete_ledger(ledger_id)
+        self._dirty[ledger_id] = None
         self.read_cache.delete_ledger(ledger_id)
         return existed
 
     # ------------------------------------------------------------ writes
     def put(self, ledger_id: int, entry_id: int, entry: bytes) -> bool:
-        """Put an entry in the write cache; False when both halves are full."""
-        with self._lock:
+        """Put an entry in the write cache (owner thread); False when both halves are full."""
+        active = self._active
+        if active.size_bytes + len(entry) > active.max_size_bytes and active.count:
+            if self._pending is not None:
+                return False
+            self._swap()
+            self._flush_event.set()
             active = self._active
-            if not active.has_room(len(entry)):
-                if self._pending is not None:
-                    return False
-                self._swap_locked()
-                self._flush_event.set()
-                active = self._active
-            active.put(ledger_id, entry_id, entry)
+        active.put(ledger_id, entry_id, entry)
         return True
 
-    def _swap_locked(self) -> None:
+    def _swap(self) -> None:
         marks = self._mark_source()  # read before the swap: see module docstring
         dirty = {lid: (d.state() if d is not None else None) for lid, d in self._dirty.items()}
         self._dirty = {}
@@ -179,20 +180,44 @@ class LedgerStorage:
     def checkpoint(self) -> None:
         """Flush everything put so far; persist marks and ledger state. Blocking."""
         with self._checkpoint_lock:
-            with self._lock:
-                pending_before = self._pending
-            if pending_before is not None:
-                self._flush(pending_before)
-            with self._lock:
-                if self._active.count or self._dirty or self._pending is not None:
-                    if self._pending is None:
-                        self._swap_locked()
-                    pending = self._pending
-                else:  # nothing to write, but the journal may have moved on
-                    marks = self._mark_source()
-                    pending = None if marks == self._last_marks else _PendingFlush(WriteCache(0), marks, {})
+            pending = self._pending
             if pending is not None:
                 self._flush(pending)
+            pending = self._on_owner(self._swap_for_checkpoint)
+            if pending is not None:
+                self._flush(pending)
+
+    def _swap_for_checkpoint(self) -> _PendingFlush | None:
+        if self._pending is not None:  # put() swapped since
+            return self._pending
+        if self._active.count or self._dirty:
+            self._swap()
+            return self._pending
+        marks = self._mark_source()  # nothing to write, but the journal may have moved on
+        return None if marks == self._last_marks else _PendingFlush(WriteCache(0), marks, {})
+
+    def _on_owner(self, fn):
+        """Run fn on the owner thread and wait for its result."""
+        loop = self._loop
+        if loop is None or self._owner_thread == threading.get_ident() or loop.is_closed():
+            return fn()
+        done = threading.Event()
+        box: list = []
+
+        def call():
+            try:
+                box.append(fn())
+            except BaseException as e:  # handed to the waiting thread
+                box.append(e)
+            finally:
+                done.set()
+        loop.call_soon_threadsafe(call)
+        while not done.wait(0.5):
+            if loop.is_closed() or not loop.is_running():  # nobody left to race with
+                return fn()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
 
     def _flush(self, p: _PendingFlush) -> None:
         items = p.half.sorted_items()
@@ -209,9 +234,8 @@ class LedgerStorage:
                     w.put_ledger(lid, state)
             for i, mark in enumerate(p.marks):
                 w.set_log_mark(i, mark)
-        with self._lock:
-            if self._pending is p:
-                self._pending = None
+        if self._pending is p:  # only the flush side clears it; the owner only sets it from None
+            self._pending = None
         self._last_marks = p.marks
         self.checkpoints += 1
         if self._loop is not None and not self._loop.is_closed():

@@ -39,9 +39,8 @@ class WriteCache:
             self._last[ledger_id] = entry_id
         elif entry_id > self._last[ledger_id]:
             self._last[ledger_id] = entry_id
-        old = entries.get(entry_id)
-        if old is not None:  # a rewrite (recovery add) replaces the bytes
-            self.size_bytes -= len(old)
+        if entry_id in entries:  # a rewrite (recovery add) replaces the bytes
+            self.size_bytes -= len(entries[entry_id])
             self.count -= 1
         entries[entry_id] = entry
         self.size_bytes += len(entry)

@@ -104,8 +104,10 @@ def test_master_key_set_once_and_mismatch_changes_nothing(tmp_path):
             with pytest.raises(UnauthorizedAccessError):
                 await b.write_lac(1, OTHER_KEY, b"x" * 20)
             assert b.read_lac(1) is None
-            with pytest.raises(BadRequestError):
+            with pytest.raises(UnauthorizedAccessError):  # not the stored key, whatever its length
                 await b.add_entry(1, 1, entry(1, 1), b"short")
+            with pytest.raises(BadRequestError):  # a first key must be 20 bytes
+                await b.add_entry(2, 0, entry(2, 0), b"short")
             assert "KEY" not in repr(b.storage.get_ledger(1)).upper().replace("HAS_KEY", "")
         finally:
             await b.stop()
