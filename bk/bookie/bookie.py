@@ -316,6 +316,12 @@ class Bookie:
         self._existing(ledger_id)
         return self.storage.last_entry_id(ledger_id)
 
+    def read_cached(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The entry if a cache holds it (no I/O), else None: the server's fast path."""
+        if self.storage.get_ledger(ledger_id) is None:
+            return None
+        return self.storage.get_cached(ledger_id, entry_id)
+
     async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The stored entry bytes; entry_id -1 = the last entry this bookie has."""
         desc = self._existing(ledger_id)

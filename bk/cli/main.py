@@ -1,0 +1,51 @@
+"""`bk`: the command line.
+
+    bk bookie --conf bookie.toml [--set key=value ...]     run one bookie
+    bk standalone [--bookies 3] [--data-dir DIR]           local ZooKeeper + bookies
+    bk shell [--metadata-uri URI] <command> ...            admin and test commands
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from bk.errors import BKError
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import bookie as bookie_cmd
+    from . import shell as shell_cmd
+    from . import standalone as standalone_cmd
+
+    p = argparse.ArgumentParser(prog="bk", description="bk: Apache BookKeeper's distributed log storage, in Python.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    bookie_cmd.add_parser(sub)
+    standalone_cmd.add_parser(sub)
+    shell_cmd.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        return args.func(args) or 0
+    except BKError as e:
+        print(f"bk {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

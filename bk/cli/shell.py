@@ -1,0 +1,255 @@
+"""`bk shell`: admin and test commands against a cluster's metadata and bookies.
+
+The metadata URI comes from --metadata-uri, else --conf FILE's
+metadata_service_uri, else BK_METADATA_SERVICE_URI. Output is human-readable on
+stdout; --json prints one JSON document for scripts. Exit code 0 on success,
+1 on failure (the error on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+import time
+
+from bk import eventloop
+from bk.errors import BKError, ConfigError
+
+COMMANDS = {}
+
+
+def command(name: str, help: str):
+    def register(fn):
+        COMMANDS[name] = (fn, help)
+        return fn
+    return register
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("shell", help="admin and test commands", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--metadata-uri", help="zk://host:port/ledgers (default: --conf or BK_METADATA_SERVICE_URI)")
+    p.add_argument("--conf", metavar="FILE", help="a bookie TOML file to take metadata_service_uri from")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    cmds = p.add_subparsers(dest="shell_command", metavar="SHELL_COMMAND")
+    cmds.required = True
+
+    c = cmds.add_parser("initnewcluster", help="create the cluster's znodes (INSTANCEID, LAYOUT, ...)")
+    c.add_argument("--if-needed", action="store_true", help="succeed quietly when already initialised")
+    c = cmds.add_parser("listbookies", help="list registered bookies")
+    c.add_argument("--readonly", action="store_true", help="list read-only bookies instead of writable ones")
+    c.add_argument("--all", action="store_true", help="list writable and read-only bookies")
+    cmds.add_parser("listledgers", help="list ledger ids")
+    c = cmds.add_parser("ledgermetadata", help="show one ledger's metadata")
+    c.add_argument("ledger_id", type=int)
+    c = cmds.add_parser("simpletest", help="write and read back a ledger; prints entries/s")
+    c.add_argument("--ensemble", type=int, default=3)
+    c.add_argument("--write-quorum", type=int, default=2)
+    c.add_argument("--ack-quorum", type=int, default=2)
+    c.add_argument("--entries", type=int, default=1000)
+    c.add_argument("--entry-size", type=int, default=1024)
+    c.add_argument("--in-flight", type=int, default=1000, help="adds outstanding at once")
+    c.add_argument("--keep", action="store_true", help="do not delete the ledger afterwards")
+    c = cmds.add_parser("readledger", help="print a ledger's entries")
+    c.add_argument("ledger_id", type=int)
+    c.add_argument("--first", type=int, default=0)
+    c.add_argument("--last", type=int, default=None, help="default: the last confirmed entry")
+    c.add_argument("--password", default="", help="the ledger's password (default empty)")
+    c.add_argument("--recover", action="store_true", help="open with recovery (fences and closes an open ledger)")
+    c.add_argument("--format", choices=["text", "hex", "base64"], default="text")
+    c = cmds.add_parser("deleteledger", help="delete a ledger")
+    c.add_argument("ledger_id", type=int)
+    c.add_argument("--force", action="store_true", help="do not ask")
+    p.set_defaults(func=run)
+
+
+def metadata_uri(args) -> str:
+    if args.metadata_uri:
+        return args.metadata_uri
+    if args.conf:
+        from bk.config import load_config
+        return load_config(args.conf).metadata_service_uri
+    uri = os.environ.get("BK_METADATA_SERVICE_URI")
+    if uri:
+        return uri
+    raise ConfigError("no metadata service: give --metadata-uri URI, --conf FILE or set BK_METADATA_SERVICE_URI")
+
+
+def run(args) -> int:
+    fn = globals()["cmd_" + args.shell_command]
+    uri = metadata_uri(args)
+    try:
+        result = eventloop.run(fn(uri, args))
+    except BKError as e:
+        if args.json:
+            print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
+        print(f"bk shell {args.shell_command}: error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    elif isinstance(result, dict) and "text" in result:
+        print(result["text"])
+    return 0 if not (isinstance(result, dict) and result.get("ok") is False) else 1
+
+
+async def _store(uri: str):
+    from bk.meta import open_store
+    return await open_store(uri)
+
+
+# ---------------------------------------------------------------- commands
+async def cmd_initnewcluster(uri, args):
+    from bk.meta.cluster import init_new_cluster, is_initialized, read_instance_id
+    store = await _store(uri)
+    try:
+        if await is_initialized(store):
+            if not args.if_needed:
+                raise BKError(f"the cluster at {uri} is already initialised (instance {await read_instance_id(store)})")
+            instance = await read_instance_id(store)
+            return {"ok": True, "instance_id": instance, "created": False, "text": f"already initialised: {instance}"}
+        instance = await init_new_cluster(store)
+        return {"ok": True, "instance_id": instance, "created": True, "text": f"initialised cluster {instance} at {uri}"}
+    finally:
+        await store.close()
+
+
+async def cmd_listbookies(uri, args):
+    from bk.meta.registration import RegistrationManager
+    store = await _store(uri)
+    try:
+        rm = RegistrationManager(store)
+        writable = sorted(await rm.writable_bookies())
+        readonly = sorted(await rm.readonly_bookies())
+        await rm.close()
+    finally:
+        await store.close()
+    if args.all:
+        lines = [f"{b} (writable)" for b in writable] + [f"{b} (read-only)" for b in readonly]
+        return {"writable": writable, "readonly": readonly, "text": "\n".join(lines) or "no bookies"}
+    chosen = readonly if args.readonly else writable
+    kind = "read-only" if args.readonly else "writable"
+    return {"bookies": chosen, "text": "\n".join(chosen) or f"no {kind} bookies"}
+
+
+async def cmd_listledgers(uri, args):
+    from bk.meta.ledger_manager import LedgerManager
+    store = await _store(uri)
+    try:
+        ids = sorted(await LedgerManager(store).list_ledger_ids())
+    finally:
+        await store.close()
+    return {"ledgers": ids, "text": "\n".join(map(str, ids)) or "no ledgers"}
+
+
+def metadata_dict(ledger_id, md, version) -> dict:
+    return {
+        "ledger_id": ledger_id, "version": version, "state": md.state.name,
+        "ensemble_size": md.ensemble_size, "write_quorum_size": md.write_quorum_size,
+        "ack_quorum_size": md.ack_quorum_size, "last_entry_id": md.last_entry_id, "length": md.length,
+        "digest_type": md.digest_type.name if md.digest_type is not None else None,
+        "ctime": md.ctime, "segments": [{"first_entry_id": s[0], "bookies": list(s[1])} for s in md.segments],
+        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in md.custom.items()},
+    }
+
+
+async def cmd_ledgermetadata(uri, args):
+    from bk.meta.ledger_manager import LedgerManager
+    store = await _store(uri)
+    try:
+        md, version = await LedgerManager(store).read_ledger_metadata(args.ledger_id)
+    finally:
+        await store.close()
+    d = metadata_dict(args.ledger_id, md, version)
+    lines = [f"ledger {args.ledger_id} (znode version {version})",
+             f"  state          {d['state']}",
+             f"  quorums        E={md.ensemble_size} WQ={md.write_quorum_size} AQ={md.ack_quorum_size}",
+             f"  last entry id  {md.last_entry_id}   length {md.length} bytes",
+             f"  digest         {d['digest_type']}",
+             f"  created        {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(md.ctime / 1000)) if md.ctime else '?'}",
+             "  segments:"]
+    lines += [f"    from entry {s['first_entry_id']:>8}: {', '.join(s['bookies'])}" for s in d["segments"]]
+    d["text"] = "\n".join(lines)
+    return d
+
+
+async def cmd_simpletest(uri, args):
+    from bk.client import BookKeeper
+    payload = os.urandom(args.entry_size)
+    async with BookKeeper(uri) as bkc:
+        lh = await bkc.create_ledger(ensemble_size=args.ensemble, write_quorum_size=args.write_quorum,
+                                     ack_quorum_size=args.ack_quorum, digest_type="CRC32C", password=b"")
+        sem = asyncio.Semaphore(args.in_flight)
+        lat: list[float] = []
+
+        async def one():
+            t = time.perf_counter()
+            try:
+                await lh.add_entry(payload)
+            finally:
+                sem.release()
+            lat.append(time.perf_counter() - t)
+        t0 = time.perf_counter()
+        tasks = []
+        for _ in range(args.entries):
+            await sem.acquire()
+            tasks.append(asyncio.ensure_future(one()))
+        await asyncio.gather(*tasks)
+        write_s = time.perf_counter() - t0
+        await lh.close()
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"", recovery=False)
+        t1 = time.perf_counter()
+        entries = await rh.read_entries(0, rh.last_add_confirmed) if args.entries else []
+        read_s = time.perf_counter() - t1
+        bad = sum(1 for e in entries if bytes(e.data) != payload)
+        if len(entries) != args.entries or bad:
+            raise BKError(f"read back {len(entries)} entries ({bad} differ), wrote {args.entries}")
+        if not args.keep:
+            await bkc.delete_ledger(lh.ledger_id)
+    lat.sort()
+    pct = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000) if lat else (lambda q: 0.0)
+    d = {"ok": True, "ledger_id": lh.ledger_id, "entries": args.entries, "entry_size": args.entry_size,
+         "ensemble": args.ensemble, "write_quorum": args.write_quorum, "ack_quorum": args.ack_quorum,
+         "write_entries_per_s": round(args.entries / write_s) if write_s else None,
+         "write_mb_per_s": round(args.entries * args.entry_size / write_s / 1e6, 2) if write_s else None,
+         "read_entries_per_s": round(args.entries / read_s) if read_s else None,
+         "add_latency_ms": {"p50": round(pct(0.5), 3), "p99": round(pct(0.99), 3)}}
+    d["text"] = (f"wrote {args.entries} entries of {args.entry_size} B to ledger {lh.ledger_id} "
+                 f"(E={args.ensemble} WQ={args.write_quorum} AQ={args.ack_quorum}): "
+                 f"{d['write_entries_per_s']:,} entries/s, {d['write_mb_per_s']} MB/s, "
+                 f"add p50 {d['add_latency_ms']['p50']} ms p99 {d['add_latency_ms']['p99']} ms; "
+                 f"read back {d['read_entries_per_s']:,} entries/s, all identical")
+    return d
+
+
+def _render(data: bytes, fmt: str) -> str:
+    if fmt == "hex":
+        return data.hex()
+    if fmt == "base64":
+        return base64.b64encode(data).decode()
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+async def cmd_readledger(uri, args):
+    from bk.client import BookKeeper
+    async with BookKeeper(uri) as bkc:
+        rh = await bkc.open_ledger(args.ledger_id, password=args.password.encode(), recovery=args.recover)
+        last = rh.last_add_confirmed if args.last is None else args.last
+        entries = await rh.read_entries(args.first, last) if last >= args.first else []
+    rows = [{"entry_id": e.entry_id, "data": _render(bytes(e.data), args.format if args.json else args.format)}
+            for e in entries]
+    text = "\n".join(f"{r['entry_id']}\t{r['data']}" for r in rows) or "no entries"
+    return {"ledger_id": args.ledger_id, "entries": rows, "text": text}
+
+
+async def cmd_deleteledger(uri, args):
+    from bk.client import BookKeeper
+    if not args.force and sys.stdin.isatty():
+        answer = input(f"delete ledger {args.ledger_id}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            return {"ok": False, "text": "not deleted"}
+    async with BookKeeper(uri) as bkc:
+        await bkc.delete_ledger(args.ledger_id)
+    return {"ok": True, "ledger_id": args.ledger_id, "text": f"deleted ledger {args.ledger_id}"}

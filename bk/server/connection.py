@@ -1,0 +1,168 @@
+"""BookieConnection: the asyncio Protocol adapter between a socket and the codec.
+
+One instance per client connection. Bytes in go through the sans-I/O
+FrameDecoder (a malformed frame length closes this connection only); decoded
+requests go to the RequestProcessor. Responses are queued and written once per
+loop iteration, so every ADD completed by one journal group (delivered in one
+loop callback) leaves in one write: ADD responses are encoded together by the
+codec kernel.
+
+Backpressure: when more than `max_pending_requests_per_connection` requests or
+`max_pending_bytes_per_connection` bytes are in flight, or the socket's send
+buffer is full (the client is not reading), the connection stops reading; it
+resumes at half the limit. Requests beyond twice the request limit (possible
+inside one large read) are refused with ETOOMANYREQUESTS.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from bk.errors import ProtocolError
+from bk.proto import (PROTOCOL_VERSION, BadFrameLengthError, FrameDecoder, MessageEncodeError, RequestDecodeError,
+                      encode_add_responses, error_response_for)
+
+log = logging.getLogger(__name__)
+
+
+class BookieConnection(asyncio.Protocol):
+    def __init__(self, server):
+        self.server = server
+        self.processor = server.processor
+        cfg = server.config
+        self.decoder = FrameDecoder(cfg.max_frame_size_bytes)
+        self.max_pending = cfg.max_pending_requests_per_connection
+        self.max_pending_bytes = cfg.max_pending_bytes_per_connection
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.pending = 0
+        self.pending_bytes = 0
+        self.closed = False
+        self._out: list[bytes] = []
+        self._add_rows: list[tuple[int, int, int]] = []
+        self._flush_scheduled = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._loop = asyncio.get_event_loop()
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    # ------------------------------------------------------------ asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        self._out.clear()
+        self._add_rows.clear()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            items = self.decoder.feed_requests(data)
+        except BadFrameLengthError as e:
+            log.warning("closing connection from %s: %s", self.peer, e)
+            for item in e.frames:  # complete requests before the bad length still count
+                self._dispatch(item)
+            self._flush()
+            self.transport.close()
+            return
+        except ProtocolError as e:
+            log.warning("closing connection from %s: %s", self.peer, e)
+            self.transport.abort()
+            return
+        dispatch = self._dispatch
+        for item in items:
+            dispatch(item)
+        if not self._reading_paused and (self.pending >= self.max_pending
+                                         or self.pending_bytes >= self.max_pending_bytes):
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def pause_writing(self) -> None:  # the client is not reading its responses
+        self._writing_paused = True
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._maybe_resume()
+
+    # ------------------------------------------------------------ requests
+    def _dispatch(self, item) -> None:
+        if isinstance(item, RequestDecodeError):
+            try:
+                self.send(error_response_for(item))
+            except MessageEncodeError:  # AUTH has no error layout
+                log.warning("closing connection from %s: %s", self.peer, item)
+                self.transport.close()
+            return
+        self.processor.dispatch(item, self)
+
+    def begin(self, nbytes: int) -> bool:
+        """Account a request in flight; False when it must be refused (overload)."""
+        if self.pending >= 2 * self.max_pending:
+            return False
+        self.pending += 1
+        self.pending_bytes += nbytes
+        self.idle.clear()
+        return True
+
+    def end(self, nbytes: int) -> None:
+        self.pending -= 1
+        self.pending_bytes -= nbytes
+        if self.pending == 0:
+            self.idle.set()
+        if self._reading_paused:
+            self._maybe_resume()
+
+    def _maybe_resume(self) -> None:
+        if (self._reading_paused and not self._writing_paused and not self.closed
+                and self.pending <= self.max_pending // 2 and self.pending_bytes <= self.max_pending_bytes // 2):
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    # ------------------------------------------------------------ responses
+    def send(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        if self._add_rows:  # keep responses in completion order
+            self._out.append(encode_add_responses(self._add_rows))
+            self._add_rows = []
+        self._out.append(frame)
+        self._schedule_flush()
+
+    def send_add_response(self, rc: int, ledger_id: int, entry_id: int, version: int) -> None:
+        if self.closed:
+            return
+        if version == PROTOCOL_VERSION:
+            self._add_rows.append((rc, ledger_id, entry_id))
+            self._schedule_flush()
+        else:
+            from bk.proto import AddResponse, encode_response
+            self.send(encode_response(AddResponse(rc, ledger_id, entry_id), version))
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.closed:
+            return
+        if self._add_rows:
+            self._out.append(encode_add_responses(self._add_rows))
+            self._add_rows = []
+        if self._out:
+            out, self._out = self._out, []
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def close(self) -> None:
+        self._flush()
+        if self.transport is not None and not self.closed:
+            self.transport.close()

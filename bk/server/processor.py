@@ -1,0 +1,177 @@
+"""RequestProcessor: op code -> handler, between the codec and the Bookie.
+
+ADDs take the synchronous callback path (`Bookie.add_entry_cb`): no task or
+future per add; the journal's group completion calls `_add_done` for each add
+of the group in one loop callback. Reads and the other ops run as tasks.
+
+Every handler answers exactly once, with the request's ids and version, and
+turns a BookieError into its wire code; anything unexpected is logged and
+answered EIO (never an explicit negative).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from bk.errors import BookieError, BookieIOError, NoSuchEntryError, TooManyRequestsError
+from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest, BatchReadRequest,
+                      BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse, ReadLacRequest,
+                      ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest, WriteLacResponse,
+                      encode_response)
+
+log = logging.getLogger(__name__)
+
+_EIO = BookieIOError.code
+FREE_DISK_SPACE, TOTAL_DISK_SPACE = 0x1, 0x2
+
+
+def _code(err: BaseException) -> int:
+    if isinstance(err, BookieError):
+        return err.code
+    log.error("unexpected error serving a request: %r", err, exc_info=err)
+    return _EIO
+
+
+class RequestProcessor:
+    def __init__(self, bookie, config):
+        self.bookie = bookie
+        self.config = config
+        self._tasks: set[asyncio.Task] = set()
+        self._handlers = {
+            AddRequest: self._add,
+            ReadRequest: self._spawn_read,
+            BatchReadRequest: self._spawn(self._batch_read),
+            ReadLacRequest: self._spawn(self._read_lac),
+            WriteLacRequest: self._spawn(self._write_lac),
+            GetBookieInfoRequest: self._spawn(self._bookie_info),
+            AuthRequest: self._auth,
+        }
+
+    def dispatch(self, req, conn) -> None:
+        self._handlers[type(req)](req, conn)
+
+    # ------------------------------------------------------------ adds
+    def _add(self, req: AddRequest, conn) -> None:
+        nbytes = len(req.body)
+        if not conn.begin(nbytes):
+            conn.send_add_response(TooManyRequestsError.code, req.ledger_id, req.entry_id, req.version)
+            return
+        self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.body, req.master_key,
+                                 bool(req.flags & FLAG_RECOVERY_ADD), self._add_done,
+                                 (conn, req.ledger_id, req.entry_id, req.version, nbytes))
+
+    @staticmethod
+    def _add_done(ctx, err) -> None:
+        conn, ledger_id, entry_id, version, nbytes = ctx
+        conn.end(nbytes)
+        conn.send_add_response(0 if err is None else _code(err), ledger_id, entry_id, version)
+
+    # ------------------------------------------------------------ everything else
+    def _spawn(self, handler):
+        def start(req, conn) -> None:
+            if not conn.begin(0):
+                conn.send(encode_response(self._overloaded(req), req.version))
+                return
+            task = asyncio.ensure_future(self._run(handler, req, conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return start
+
+    def _spawn_read(self, req: ReadRequest, conn) -> None:
+        # A plain read of a cached entry is answered without a task.
+        if not req.flags & FLAG_DO_FENCING and req.entry_id >= 0:
+            entry = self.bookie.read_cached(req.ledger_id, req.entry_id)
+            if entry is not None:
+                conn.send(encode_response(ReadResponse(0, req.ledger_id, req.entry_id, entry), req.version))
+                return
+        self._spawn(self._read)(req, conn)
+
+    async def _run(self, handler, req, conn) -> None:
+        try:
+            response = await handler(req)
+        except Exception as err:  # every request gets an answer
+            response = self._error(req, _code(err))
+        finally:
+            conn.end(0)
+        conn.send(encode_response(response, req.version))
+
+    @staticmethod
+    def _error(req, rc: int):
+        if isinstance(req, ReadRequest):
+            return ReadResponse(rc, req.ledger_id, req.entry_id)
+        if isinstance(req, BatchReadRequest):
+            return BatchReadResponse(rc, req.ledger_id, req.start_entry_id, req.request_id, [])
+        if isinstance(req, ReadLacRequest):
+            return ReadLacResponse(rc, req.ledger_id)
+        if isinstance(req, WriteLacRequest):
+            return WriteLacResponse(rc, req.ledger_id)
+        return GetBookieInfoResponse(rc)
+
+    def _overloaded(self, req):
+        return self._error(req, TooManyRequestsError.code)
+
+    async def _read(self, req: ReadRequest):
+        bookie = self.bookie
+        if req.flags & FLAG_DO_FENCING:
+            # Durable before the answer; the answer still carries the entry.
+            await bookie.fence_ledger(req.ledger_id, req.master_key)
+        try:
+            body = await bookie.read_entry(req.ledger_id, req.entry_id)
+        except BookieError as err:
+            return ReadResponse(err.code, req.ledger_id, req.entry_id)
+        return ReadResponse(0, req.ledger_id, req.entry_id, body)
+
+    async def _batch_read(self, req: BatchReadRequest):
+        bookie = self.bookie
+        if req.flags & FLAG_DO_FENCING:
+            await bookie.fence_ledger(req.ledger_id, req.master_key)
+        entries: list[bytes] = []
+        size = 24  # the response's fixed part
+        max_size = req.max_size or self.config.max_frame_size_bytes
+        max_size = min(max_size, self.config.max_frame_size_bytes)
+        eid = req.start_entry_id
+        while len(entries) < max(1, req.max_count):
+            try:
+                entry = await bookie.read_entry(req.ledger_id, eid)
+            except NoSuchEntryError:
+                if not entries:
+                    raise
+                break
+            if entries and size + 4 + len(entry) > max_size:
+                break
+            entries.append(entry)
+            size += 4 + len(entry)
+            eid += 1
+        return BatchReadResponse(0, req.ledger_id, req.start_entry_id, req.request_id, entries)
+
+    async def _read_lac(self, req: ReadLacRequest):
+        bookie = self.bookie
+        lac_buf = bookie.read_lac(req.ledger_id)
+        try:
+            last_entry = await bookie.read_entry(req.ledger_id, -1)
+        except NoSuchEntryError:
+            last_entry = None
+        return ReadLacResponse(0, req.ledger_id, lac_buf, last_entry)
+
+    async def _write_lac(self, req: WriteLacRequest):
+        await self.bookie.write_lac(req.ledger_id, req.master_key, req.lac_buf)
+        return WriteLacResponse(0, req.ledger_id)
+
+    async def _bookie_info(self, req: GetBookieInfoRequest):
+        free = total = 0
+        for d in self.config.ledger_dirs:
+            st = os.statvfs(d)
+            free += st.f_bavail * st.f_frsize
+            total += st.f_blocks * st.f_frsize
+        return GetBookieInfoResponse(0, free if req.requested_info & FREE_DISK_SPACE else 0,
+                                     total if req.requested_info & TOTAL_DISK_SPACE else 0)
+
+    def _auth(self, req: AuthRequest, conn) -> None:
+        log.warning("closing connection from %s: authentication is not supported", conn.peer)
+        conn.close()
+
+    async def drain(self) -> None:
+        """Wait for every running request task."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
