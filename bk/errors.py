@@ -160,6 +160,18 @@ class NoSuchLedgerMetadataError(ClientError):
     """The ledger has no metadata (never created, or deleted)."""
 
 
+class IncorrectParameterError(ClientError, ValueError):
+    """A client call with bad arguments: quorum sizes, an entry range past the LAC, an entry too large."""
+
+
+class BookieConnectionError(BookieIOError):
+    """Client side, never on the wire: a bookie could not be reached or its connection was lost."""
+
+
+class BookieTimeoutError(BookieIOError):
+    """Client side, never on the wire: a bookie did not answer a request in time."""
+
+
 class MetadataStoreError(BKError):
     """The metadata store (ZooKeeper) failed or is unreachable."""
 
