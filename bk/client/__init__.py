@@ -1,0 +1,25 @@
+"""The BookKeeper client: create, write, close, open, read and delete ledgers.
+
+    from bk.client import BookKeeper
+    async with BookKeeper("zk://127.0.0.1:2181/ledgers") as bkc:   # or await BookKeeper.connect(uri)
+        lh = await bkc.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2,
+                                     digest_type="CRC32C", password=b"secret")
+        eid = await lh.add_entry(b"payload")
+        await lh.close()
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"secret")
+        entries = await rh.read_entries(0, rh.last_add_confirmed)
+
+Modules: bookkeeper (BookKeeper), ledger_handle (LedgerHandle: adds, ensemble
+change, close), read_handle (ReadHandle), read_ops (entry/range/LAC reads),
+quorum (write sets, coverage, ADD framing), placement (EnsemblePlacementPolicy),
+bookie_client (per-bookie connections and request matching).
+"""
+from bk.client.bookie_client import BookieClient, BookieClientPool
+from bk.client.bookkeeper import BookKeeper
+from bk.client.ledger_handle import LedgerHandle
+from bk.client.placement import EnsemblePlacementPolicy
+from bk.client.read_handle import ReadHandle
+from bk.client.read_ops import LedgerEntry
+
+__all__ = ["BookKeeper", "BookieClient", "BookieClientPool", "EnsemblePlacementPolicy", "LedgerEntry",
+           "LedgerHandle", "ReadHandle"]

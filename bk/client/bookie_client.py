@@ -1,0 +1,423 @@
+"""Per-bookie connections: one asyncio connection per bookie, many requests in flight.
+
+`BookieClient` owns the connection to one bookie; `BookieClientPool` hands out
+one client per bookie id. Requests are callback based (no task or future per
+request on the add path): `callback(response, error)` gets exactly one of a
+decoded response message or an exception, exactly once.
+
+Matching (v2 has no transaction id, PROTOCOL.md): a response is matched to the
+oldest pending request with the same key - `(ADD, ledger, entry)`,
+`(READ, ledger, entry)`, `(BATCH_READ, request_id)`, `(READ_LAC, ledger)`,
+`(WRITE_LAC, ledger)`, `(GET_BOOKIE_INFO,)`. Two requests with one key carry the
+same question, so even when a bookie answers them out of order each answer is
+a correct answer to either. A READ of entry -1 is matched under entry -1; an
+answer naming a real entry id with no request under that id falls back to a
+pending `-1` read of the ledger.
+
+Invariants:
+- Writes are coalesced: frames queued during one loop iteration leave in one
+  `writelines` call (and frames queued while connecting leave on connect).
+- Connection loss (or a malformed response, which drops the connection) fails
+  every pending request of that bookie with BookieConnectionError; the next
+  request reconnects on demand.
+- Timeouts are swept, not armed per request: each timeout value keeps a deque
+  of requests in send order (so in deadline order) and one timer per client
+  expires the heads. A request that times out fails with BookieTimeoutError and
+  is forgotten; a late answer to it is dropped or matched to a newer request
+  with the same key (which asked the same question).
+- A completed request drops its callback at once, so the deadline queue never
+  pins payloads.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import struct
+from collections import deque
+from typing import Callable
+
+from bk.errors import BookieConnectionError, BookieTimeoutError, ProtocolError
+from bk.meta.registration import split_bookie_id
+from bk.proto import (
+    DEFAULT_MAX_FRAME_SIZE_BYTES, FLAG_DO_FENCING, AddResponse, BadFrameLengthError, BatchReadRequest,
+    BatchReadResponse, FrameDecoder, GetBookieInfoRequest, GetBookieInfoResponse, OpCode, ReadLacRequest,
+    ReadLacResponse, ReadRequest, ReadResponse, ResponseDecodeError, WriteLacRequest, WriteLacResponse,
+    encode_request,
+)
+from bk.proto.constants import MASTER_KEY_LENGTH
+
+log = logging.getLogger(__name__)
+
+ADD, READ, READ_LAC, WRITE_LAC, INFO, BATCH = (
+    int(OpCode.ADD_ENTRY), int(OpCode.READ_ENTRY), int(OpCode.READ_LAC), int(OpCode.WRITE_LAC),
+    int(OpCode.GET_BOOKIE_INFO), int(OpCode.BATCH_READ_ENTRY))
+
+Callback = Callable[[object, "BaseException | None"], None]
+
+_read_req = struct.Struct(">iIqq")
+_READ_HEADER = (2 << 24) | (READ << 16)
+# A bookie that failed within this many seconds is "suspect": readers try it last.
+SUSPECT_S = 5.0
+
+
+class _Request:
+    __slots__ = ("key", "callback", "deadline")
+
+    def __init__(self, key, callback, deadline):
+        self.key = key
+        self.callback = callback  # None once answered, failed or expired
+        self.deadline = deadline
+
+
+class _BookieProtocol(asyncio.Protocol):
+    """The transport adapter of one connection; forwards to its BookieClient."""
+
+    __slots__ = ("client", "decoder", "transport")
+
+    def __init__(self, client: "BookieClient"):
+        self.client = client
+        self.decoder = FrameDecoder(client.max_frame_size_bytes)
+        self.transport = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data) -> None:
+        try:
+            items = self.decoder.feed_responses(data)
+        except BadFrameLengthError as e:
+            self.client._dispatch_all(self, e.frames)
+            self.client._protocol_error(self, e)
+            return
+        self.client._dispatch_all(self, items)
+
+    def connection_lost(self, exc) -> None:
+        self.client._connection_lost(self, exc)
+
+
+class BookieClient:
+    """The connection to one bookie and its pending requests."""
+
+    def __init__(self, bookie_id: str, *, add_timeout_s: float = 10.0, read_timeout_s: float = 10.0,
+                 connect_timeout_s: float = 10.0, max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
+                 address: tuple[str, int] | None = None):
+        self.bookie_id = bookie_id
+        self.host, self.port = address or split_bookie_id(bookie_id)
+        self.add_timeout_s = float(add_timeout_s)
+        self.read_timeout_s = float(read_timeout_s)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.max_frame_size_bytes = max_frame_size_bytes
+        self._loop = asyncio.get_running_loop()
+        self._protocol: _BookieProtocol | None = None
+        self._connect_task: asyncio.Task | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._pending: dict[tuple, deque] = {}
+        self._pending_count = 0
+        self._deadlines: dict[float, deque] = {}
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._request_ids = itertools.count(1)
+        self._closed = False
+        self.last_failure_at: float | None = None  # loop time of the last timeout / connection failure
+        self.connects = 0  # connections made (tests and stats)
+
+    def __repr__(self) -> str:
+        state = "connected" if self._protocol else ("connecting" if self._connect_task else "idle")
+        return f"BookieClient({self.bookie_id}, {state}, {self._pending_count} pending)"
+
+    @property
+    def connected(self) -> bool:
+        return self._protocol is not None
+
+    @property
+    def pending_count(self) -> int:
+        return self._pending_count
+
+    def suspect(self) -> bool:
+        """True if this bookie failed recently (readers try it last)."""
+        at = self.last_failure_at
+        return at is not None and self._loop.time() - at < SUSPECT_S
+
+    # ------------------------------------------------------------ requests
+    def send_add(self, frame: bytes, ledger_id: int, entry_id: int, callback: Callback,
+                 timeout_s: float | None = None) -> None:
+        """Send a complete ADD request frame (see ledger_handle's framing)."""
+        self._send((ADD, ledger_id, entry_id), frame, callback,
+                   self.add_timeout_s if timeout_s is None else timeout_s)
+
+    def send_read(self, ledger_id: int, entry_id: int, callback: Callback, *, flags: int = 0,
+                  master_key: bytes | None = None, timeout_s: float | None = None) -> None:
+        """READ of one entry (-1 = the bookie's last entry); fencing reads carry the key."""
+        if flags == 0 and master_key is None and ledger_id >= 0 and entry_id >= -1:
+            frame = _read_req.pack(20, _READ_HEADER, ledger_id, entry_id)
+        else:
+            if flags & FLAG_DO_FENCING and (master_key is None or len(master_key) != MASTER_KEY_LENGTH):
+                raise ValueError("a fencing read needs the ledger's 20-byte master key")
+            frame = encode_request(ReadRequest(flags, ledger_id, entry_id, master_key))
+        self._send((READ, ledger_id, entry_id), frame, callback,
+                   self.read_timeout_s if timeout_s is None else timeout_s)
+
+    def send_batch_read(self, ledger_id: int, start_entry_id: int, max_count: int, max_size_bytes: int,
+                        callback: Callback, *, flags: int = 0, master_key: bytes | None = None,
+                        timeout_s: float | None = None) -> int:
+        """BATCH_READ from `start_entry_id`; returns the request id it is matched by."""
+        request_id = next(self._request_ids)
+        frame = encode_request(BatchReadRequest(flags, ledger_id, start_entry_id, request_id, max_count,
+                                                max_size_bytes, master_key))
+        self._send((BATCH, request_id), frame, callback, self.read_timeout_s if timeout_s is None else timeout_s)
+        return request_id
+
+    def send_read_lac(self, ledger_id: int, callback: Callback, timeout_s: float | None = None) -> None:
+        self._send((READ_LAC, ledger_id), encode_request(ReadLacRequest(0, ledger_id)), callback,
+                   self.read_timeout_s if timeout_s is None else timeout_s)
+
+    def send_write_lac(self, ledger_id: int, master_key: bytes, lac: int, lac_buf: bytes, callback: Callback,
+                       timeout_s: float | None = None) -> None:
+        frame = encode_request(WriteLacRequest(0, master_key, ledger_id, lac, lac_buf))
+        self._send((WRITE_LAC, ledger_id), frame, callback, self.add_timeout_s if timeout_s is None else timeout_s)
+
+    def send_bookie_info(self, requested_info: int, callback: Callback, timeout_s: float | None = None) -> None:
+        self._send((INFO,), encode_request(GetBookieInfoRequest(0, requested_info)), callback,
+                   self.read_timeout_s if timeout_s is None else timeout_s)
+
+    def call(self, send: Callable, *args, **kwargs) -> asyncio.Future:
+        """Run one `send_*` method and return a future of its response (errors raise)."""
+        fut = self._loop.create_future()
+
+        def done(response, err) -> None:
+            if fut.done():
+                return
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(response)
+
+        send(*args, done, **kwargs)
+        return fut
+
+    def _send(self, key: tuple, frame: bytes, callback: Callback, timeout_s: float) -> None:
+        if self._closed:
+            callback(None, BookieConnectionError(f"bookie {self.bookie_id}: client is closed"))
+            return
+        req = _Request(key, callback, self._loop.time() + timeout_s)
+        queue = self._pending.get(key)
+        if queue is None:
+            self._pending[key] = deque((req,))
+        else:
+            queue.append(req)
+        self._pending_count += 1
+        by_deadline = self._deadlines.get(timeout_s)
+        if by_deadline is None:
+            by_deadline = self._deadlines[timeout_s] = deque()
+        by_deadline.append(req)
+        if self._sweep_handle is None:
+            self._arm_sweep()
+        self._out.append(frame)
+        if self._protocol is not None:
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+        elif self._connect_task is None:
+            self._connect_task = self._loop.create_task(self._connect(), name=f"connect-{self.bookie_id}")
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        protocol = self._protocol
+        if protocol is None or not self._out:
+            return
+        out, self._out = self._out, []
+        protocol.transport.writelines(out)
+
+    # ------------------------------------------------------------ connection
+    async def _connect(self) -> None:
+        try:
+            _, protocol = await asyncio.wait_for(
+                self._loop.create_connection(lambda: _BookieProtocol(self), self.host, self.port),
+                self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as e:
+            self._connect_task = None
+            why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
+            self._fail_all(BookieConnectionError(f"cannot connect to bookie {self.bookie_id}: {why}"))
+            return
+        except asyncio.CancelledError:
+            self._connect_task = None
+            raise
+        self._connect_task = None
+        if self._closed:
+            protocol.transport.close()
+            return
+        sock = protocol.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self._protocol = protocol
+        self.connects += 1
+        self._flush()
+
+    def _connection_lost(self, protocol: _BookieProtocol, exc) -> None:
+        if protocol is not self._protocol:
+            return
+        self._protocol = None
+        why = f": {exc}" if exc else ""
+        self._fail_all(BookieConnectionError(f"connection to bookie {self.bookie_id} lost{why}"))
+
+    def _protocol_error(self, protocol: _BookieProtocol, err: ProtocolError) -> None:
+        log.warning("bookie %s sent malformed data, dropping the connection: %s", self.bookie_id, err)
+        if protocol is self._protocol:
+            self._protocol = None
+            self._fail_all(BookieConnectionError(f"bookie {self.bookie_id} sent a malformed response: {err}"))
+        protocol.transport.abort()
+
+    def _fail_all(self, err: BaseException) -> None:
+        """Fail every pending request (they were all sent on the connection that is gone)."""
+        self.last_failure_at = self._loop.time()
+        pending, self._pending = self._pending, {}
+        self._pending_count = 0
+        self._out = []
+        self._deadlines.clear()
+        for queue in pending.values():
+            for req in queue:
+                self._complete(req, None, err)
+
+    def close(self) -> None:
+        """Fail everything pending and drop the connection; the client cannot be reused."""
+        self._closed = True
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+            self._connect_task = None
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        protocol, self._protocol = self._protocol, None
+        self._fail_all(BookieConnectionError(f"bookie {self.bookie_id}: client closed"))
+        if protocol is not None:
+            protocol.transport.close()
+
+    # ------------------------------------------------------------ responses
+    def _dispatch_all(self, protocol: _BookieProtocol, items) -> None:
+        if protocol is not self._protocol:
+            return
+        pending = self._pending
+        for msg in items:
+            t = type(msg)
+            if t is AddResponse:
+                key = (ADD, msg.ledger_id, msg.entry_id)
+            elif t is ReadResponse:
+                key = (READ, msg.ledger_id, msg.entry_id)
+                if key not in pending:
+                    key = (READ, msg.ledger_id, -1)
+            elif t is BatchReadResponse:
+                key = (BATCH, msg.request_id)
+            elif t is ReadLacResponse:
+                key = (READ_LAC, msg.ledger_id)
+            elif t is WriteLacResponse:
+                key = (WRITE_LAC, msg.ledger_id)
+            elif t is GetBookieInfoResponse:
+                key = (INFO,)
+            elif t is ResponseDecodeError:
+                self._protocol_error(protocol, msg)
+                return
+            else:  # AUTH answers: we never authenticate
+                log.debug("bookie %s: ignoring %r", self.bookie_id, msg)
+                continue
+            queue = pending.get(key)
+            if queue is None:
+                log.debug("bookie %s: no pending request for %r (late answer?)", self.bookie_id, msg)
+                continue
+            req = queue.popleft()
+            if not queue:
+                del pending[key]
+            self._pending_count -= 1
+            self._complete(req, msg, None)
+
+    @staticmethod
+    def _complete(req: _Request, msg, err) -> None:
+        callback = req.callback
+        if callback is None:
+            return
+        req.callback = None
+        try:
+            callback(msg, err)
+        except Exception:  # a caller's bug must not break the connection
+            log.exception("request callback failed")
+
+    # ------------------------------------------------------------ timeouts
+    def _arm_sweep(self) -> None:
+        tick = min(self.add_timeout_s, self.read_timeout_s, *self._deadlines) / 8
+        self._sweep_handle = self._loop.call_later(min(max(tick, 0.005), 0.5), self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweep_handle = None
+        now = self._loop.time()
+        expired = []
+        for queue in self._deadlines.values():
+            while queue and (queue[0].callback is None or queue[0].deadline <= now):
+                req = queue.popleft()
+                if req.callback is not None:
+                    expired.append(req)
+        for req in expired:
+            queue = self._pending.get(req.key)
+            if queue is None or req.callback is None:
+                continue
+            queue.remove(req)
+            if not queue:
+                del self._pending[req.key]
+            self._pending_count -= 1
+            self.last_failure_at = now
+            self._complete(req, None, BookieTimeoutError(
+                f"bookie {self.bookie_id} did not answer {_describe(req.key)} in time"))
+        if any(self._deadlines.values()):
+            self._arm_sweep()
+
+
+def _describe(key: tuple) -> str:
+    op = OpCode(key[0]).name
+    if key[0] in (ADD, READ):
+        return f"{op} of ledger {key[1]} entry {key[2]}"
+    if key[0] == BATCH:
+        return f"{op} request {key[1]}"
+    return f"{op}" + (f" of ledger {key[1]}" if len(key) > 1 else "")
+
+
+class BookieClientPool:
+    """One BookieClient per bookie id, created on first use."""
+
+    def __init__(self, *, add_timeout_s: float = 10.0, read_timeout_s: float = 10.0, connect_timeout_s: float = 10.0,
+                 max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
+                 resolve: Callable[[str], tuple[str, int]] | None = None):
+        self.add_timeout_s = add_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_frame_size_bytes = max_frame_size_bytes
+        self._resolve = resolve
+        self._clients: dict[str, BookieClient] = {}
+        self._closed = False
+
+    def get(self, bookie_id: str) -> BookieClient:
+        client = self._clients.get(bookie_id)
+        if client is None:
+            if self._closed:
+                raise BookieConnectionError(f"bookie {bookie_id}: the client pool is closed")
+            address = self._resolve(bookie_id) if self._resolve is not None else None
+            client = self._clients[bookie_id] = BookieClient(
+                bookie_id, add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
+                connect_timeout_s=self.connect_timeout_s, max_frame_size_bytes=self.max_frame_size_bytes,
+                address=address)
+        return client
+
+    def suspect(self, bookie_id: str) -> bool:
+        client = self._clients.get(bookie_id)
+        return client is not None and client.suspect()
+
+    def clients(self) -> dict[str, BookieClient]:
+        return dict(self._clients)
+
+    def close(self) -> None:
+        self._closed = True
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            client.close()

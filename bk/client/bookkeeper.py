@@ -1,0 +1,190 @@
+"""BookKeeper: the client entry point (create, open, delete, list ledgers).
+
+    async with BookKeeper("zk://127.0.0.1:2181/ledgers") as bkc:     # or "mem://name/ledgers"
+        lh = await bkc.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2,
+                                     digest_type="CRC32C", password=b"secret")
+        await lh.add_entry(b"payload")
+        await lh.close()
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"secret")
+        entries = await rh.read_entries(0, rh.last_add_confirmed)
+
+One BookKeeper owns one metadata session (its store), one connection per
+bookie (BookieClientPool) and the placement policy. Every ledger handle it
+creates shares them; closing the BookKeeper fails whatever is still in flight.
+
+The password and digest type are stored in the ledger metadata (as BookKeeper
+does), so any client that knows the password can open or recover the ledger;
+open_ledger checks the password against the stored one before talking to any
+bookie.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Mapping
+
+from bk.errors import IncorrectParameterError, MetadataExistsError, UnauthorizedAccessError
+from bk.meta import open_store
+from bk.meta.ledger_manager import LedgerManager
+from bk.meta.ledger_metadata import DigestType as MetadataDigestType, LedgerMetadata
+from bk.meta.registration import RegistrationManager
+from bk.proto import DEFAULT_MAX_FRAME_SIZE_BYTES, DigestManager, DigestType, master_key, parse_digest_type
+
+from .bookie_client import BookieClientPool
+from .ledger_handle import LedgerHandle
+from .placement import EnsemblePlacementPolicy
+from .quorum import check_quorum_sizes
+from .read_handle import ReadHandle
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADD_TIMEOUT_S = 10.0
+DEFAULT_READ_TIMEOUT_S = 10.0
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_READ_WINDOW_ENTRIES = 256
+
+
+def _password(password) -> bytes:
+    if isinstance(password, str):
+        raise IncorrectParameterError("ledger passwords are bytes; encode the string first (BookKeeper uses UTF-8)")
+    if not isinstance(password, (bytes, bytearray, memoryview)):
+        raise IncorrectParameterError(f"password must be bytes, not {type(password).__name__}")
+    return bytes(password)
+
+
+class BookKeeper:
+    def __init__(self, metadata_uri: str, *, add_timeout_s: float = DEFAULT_ADD_TIMEOUT_S,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 read_window_entries: int = DEFAULT_READ_WINDOW_ENTRIES,
+                 max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
+                 placement: EnsemblePlacementPolicy | None = None, store_options: Mapping | None = None):
+        for name, value in (("add_timeout_s", add_timeout_s), ("read_timeout_s", read_timeout_s),
+                            ("connect_timeout_s", connect_timeout_s)):
+            if not value > 0:
+                raise IncorrectParameterError(f"{name} must be > 0, got {value!r}")
+        if read_window_entries < 1:
+            raise IncorrectParameterError(f"read_window_entries must be >= 1, got {read_window_entries!r}")
+        self.metadata_uri = metadata_uri
+        self.add_timeout_s = float(add_timeout_s)
+        self.read_timeout_s = float(read_timeout_s)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.read_window_entries = int(read_window_entries)
+        self.max_frame_size_bytes = int(max_frame_size_bytes)
+        self.placement = placement or EnsemblePlacementPolicy()
+        self._store_options = dict(store_options or {})
+        self.store = None
+        self.ledger_manager: LedgerManager | None = None
+        self.registration: RegistrationManager | None = None
+        self.pool: BookieClientPool | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+    @classmethod
+    async def connect(cls, metadata_uri: str, **options) -> "BookKeeper":
+        return await cls(metadata_uri, **options).start()
+
+    async def start(self) -> "BookKeeper":
+        if self.store is not None:
+            return self
+        self.store = await open_store(self.metadata_uri, **self._store_options)
+        self.ledger_manager = LedgerManager(self.store)
+        self.registration = RegistrationManager(self.store, reregister_on_expiry=False)
+        self.pool = BookieClientPool(add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
+                                     connect_timeout_s=self.connect_timeout_s,
+                                     max_frame_size_bytes=self.max_frame_size_bytes)
+        return self
+
+    async def close(self) -> None:
+        """Drop every bookie connection (failing what is in flight) and the metadata session."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.pool is not None:
+            self.pool.close()
+        if self.registration is not None:
+            await self.registration.close()
+        if self.store is not None:
+            await self.store.close()
+
+    async def __aenter__(self) -> "BookKeeper":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _check_started(self) -> None:
+        if self._closed:
+            raise IncorrectParameterError("this BookKeeper client is closed")
+        if self.store is None:
+            raise IncorrectParameterError("BookKeeper client not started: use `async with` or BookKeeper.connect()")
+
+    # ------------------------------------------------------------ ledgers
+    async def create_ledger(self, ensemble_size: int = 3, write_quorum_size: int = 2, ack_quorum_size: int = 2,
+                            digest_type="CRC32C", password: bytes = b"",
+                            custom_metadata: Mapping[str, bytes] | None = None) -> LedgerHandle:
+        """A new OPEN ledger on `ensemble_size` random writable bookies, ready for adds."""
+        self._check_started()
+        check_quorum_sizes(ensemble_size, write_quorum_size, ack_quorum_size)
+        dtype = parse_digest_type(digest_type)
+        password = _password(password)
+        writable = await self.registration.writable_bookies()
+        ensemble = self.placement.new_ensemble(ensemble_size, writable)
+        metadata = LedgerMetadata.new(ensemble, write_quorum_size, ack_quorum_size,
+                                      digest_type=MetadataDigestType(int(dtype)), password=password,
+                                      custom_metadata=dict(custom_metadata or {}))
+        while True:
+            ledger_id = await self.ledger_manager.generate_ledger_id()
+            try:
+                version = await self.ledger_manager.create_ledger_metadata(ledger_id, metadata)
+                break
+            except MetadataExistsError:  # an id taken by a ledger created with an explicit id
+                log.warning("ledger id %d already has metadata; generating another", ledger_id)
+        digest = DigestManager(ledger_id, dtype, password)
+        return LedgerHandle(self, ledger_id, metadata, version, digest, master_key(password))
+
+    async def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = False,
+                          digest_type=None) -> ReadHandle:
+        """A handle for reading ledger `ledger_id`.
+
+        recovery=False never fences and never changes the metadata: an open
+        ledger is read up to the LAC its bookies report (a tailing reader).
+        recovery=True fences the ledger and closes it (REPLICATION.md, ledger
+        recovery) - not available yet: raises NotImplementedError.
+
+        A wrong password (checked against the one in the metadata) raises
+        UnauthorizedAccessError before any bookie is contacted. `digest_type`
+        is only used for ledgers whose metadata does not name one."""
+        self._check_started()
+        password = _password(password)
+        metadata, version = await self.ledger_manager.read_ledger_metadata(ledger_id)
+        if metadata.password is not None and not hmac.compare_digest(metadata.password, password):
+            raise UnauthorizedAccessError(f"wrong password for ledger {ledger_id}", ledger_id=ledger_id)
+        if metadata.digest_type is not None:
+            dtype = DigestType(int(metadata.digest_type))
+        else:
+            dtype = parse_digest_type(digest_type if digest_type is not None else "CRC32C")
+        if recovery and not metadata.is_closed:
+            raise NotImplementedError(
+                f"ledger {ledger_id} is not closed and open_ledger(recovery=True) (fencing and ledger recovery)"
+                " is not implemented yet; open with recovery=False to tail it up to its last add confirmed")
+        handle = ReadHandle(self, ledger_id, metadata, version, DigestManager(ledger_id, dtype, password),
+                            master_key(password))
+        if not metadata.is_closed:
+            await handle.read_last_add_confirmed()
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Remove the ledger's metadata (bookies drop its entries in their garbage collection)."""
+        self._check_started()
+        await self.ledger_manager.remove_ledger_metadata(ledger_id)
+
+    async def list_ledgers(self) -> list[int]:
+        """Every ledger id in the cluster, ascending."""
+        self._check_started()
+        return await self.ledger_manager.list_ledger_ids()
+
+    async def get_ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        self._check_started()
+        metadata, _ = await self.ledger_manager.read_ledger_metadata(ledger_id)
+        return metadata

@@ -1,0 +1,356 @@
+"""LedgerHandle: the single writer of a ledger (add, ensemble change, close) - REPLICATION.md.
+
+Adds. `add_entry` gives the entry the next id, frames it once (digest, the
+current LAC piggybacked, the cumulative length; AddFramer) and sends that frame
+to its write set. An entry is acknowledged once AQ bookies of its write set
+answered EOK under the current ensemble; completions are delivered strictly in
+entry-id order and the LAC advances along the contiguous acknowledged prefix.
+
+Ensemble change. Any failure of a bookie in the ensemble other than EFENCED/EUA
+(timeout, connection loss, EIO, EREADONLY, ETOOMANYREQUESTS, ...) marks it
+failed and freezes completions - so the LAC L cannot move - and one task per
+ledger (serialized) replaces every failed bookie by a writable bookie outside
+the ensemble, CASes the segment `L+1 -> new ensemble` into the metadata
+(replacing a last segment that already starts at L+1), then, for every
+unacknowledged entry, forgets the acks of the indexes whose bookie changed and
+sends the entry to the new bookies. Only then are completions released, so no
+entry is acknowledged on the strength of an ensemble the metadata store does
+not have. Entries added during the change go to the bookies of the current
+ensemble that have not failed, and to the replacements afterwards. Failures
+seen during the CAS trigger another round with the same start L+1.
+
+Fatal errors. EFENCED (another client recovered the ledger), EUA (wrong key),
+a CAS that finds the ledger IN_RECOVERY or CLOSED (fenced out), or no
+replacement bookies (NotEnoughBookiesError) end writing: every pending add and
+every later add fails with that error class. Each such error carries
+`outcome_unknown`: True when the entry had been sent to some bookie (it may or
+may not be in the ledger after recovery - its message says so), False when it
+was never sent (it is certainly not in the ledger).
+
+Close. Waits for every pending add and any ensemble change, then CASes
+OPEN -> CLOSED with lastEntryId = LAC and its length. Closing a closed handle is
+a no-op; adds after close() started raise LedgerClosedError.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import deque
+
+from bk.errors import (
+    BKError, BookieError, IncorrectParameterError, LedgerClosedError, LedgerFencedError, MetadataFormatError,
+    MetadataStoreError, MetadataVersionError, NoSuchLedgerMetadataError, NotEnoughBookiesError, UnauthorizedAccessError,
+    error_for_code,
+)
+from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
+from bk.proto import DigestManager, StatusCode
+
+from .quorum import AddFramer, PendingAdd, in_write_set
+from .read_handle import ReadHandle
+
+log = logging.getLogger(__name__)
+
+EOK = int(StatusCode.EOK)
+EFENCED = int(StatusCode.EFENCED)
+EUA = int(StatusCode.EUA)
+
+OPEN, CLOSING, CLOSED = "open", "closing", "closed"
+METADATA_RETRIES = 6
+METADATA_RETRY_FIRST_S = 0.05
+
+
+def _error(cls: type, message: str, ledger_id: int, entry_id: int | None, outcome_unknown: bool) -> BKError:
+    err = cls(message, ledger_id=ledger_id, entry_id=entry_id) if issubclass(cls, BookieError) else cls(message)
+    err.outcome_unknown = outcome_unknown
+    return err
+
+
+class LedgerHandle(ReadHandle):
+    def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
+                 master_key: bytes):
+        super().__init__(bk, ledger_id, metadata, version, digest, master_key)
+        self._loop = asyncio.get_running_loop()
+        self._framer = AddFramer(digest, master_key, bk.max_frame_size_bytes)
+        self._max_payload_bytes = self._framer.max_payload_bytes()
+        self._E = metadata.ensemble_size
+        self._WQ = metadata.write_quorum_size
+        self._AQ = metadata.ack_quorum_size
+        self._set_ensemble(metadata.last_segment[1])
+        self._lac = metadata.last_entry_id
+        self._length_confirmed = metadata.length
+        self._last_add_pushed = self._lac
+        self._length_pushed = self._length_confirmed
+        self._pending: deque[PendingAdd] = deque()
+        self._failed_bookies: set[str] = set()  # in the ensemble, waiting to be replaced
+        self._avoid: set[str] = set()  # every bookie that failed for this handle
+        self._changing = False  # completions frozen until the metadata has the new ensemble
+        self._change_task: asyncio.Task | None = None
+        self._fatal: tuple[type, str] | None = None
+        self._state = OPEN
+        self._close_task: asyncio.Task | None = None
+        self._drain_waiter: asyncio.Future | None = None
+        self.ensemble_changes = 0
+
+    # ------------------------------------------------------------ state
+    @property
+    def last_add_pushed(self) -> int:
+        return self._last_add_pushed
+
+    @property
+    def length(self) -> int:
+        """Payload bytes of entries 0..LAC."""
+        return self._length_confirmed
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        """The bookies new entries go to."""
+        return self._ensemble
+
+    @property
+    def pending_adds(self) -> int:
+        return len(self._pending)
+
+    def _last_readable(self) -> int:
+        return self._lac
+
+    def _set_ensemble(self, ensemble) -> None:
+        self._ensemble = tuple(ensemble)
+        self._index = {b: i for i, b in enumerate(self._ensemble)}
+
+    # ------------------------------------------------------------ adds
+    async def add_entry(self, data) -> int:
+        """Append `data`; returns its entry id once AQ bookies stored it."""
+        return await self.async_add_entry(data)
+
+    def async_add_entry(self, data) -> asyncio.Future:
+        """Start an add and return the future of its entry id (for pipelining without tasks)."""
+        if self._state is not OPEN:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed: no more adds")
+        if self._fatal is not None:
+            cls, why = self._fatal
+            raise _error(cls, f"{why}; this add was not written", self.ledger_id, None, False)
+        if type(data) is not bytes:
+            if not isinstance(data, (bytearray, memoryview)):
+                raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
+            data = bytes(data)
+        if len(data) > self._max_payload_bytes:
+            raise IncorrectParameterError(
+                f"entry of {len(data)} bytes is larger than {self._max_payload_bytes} bytes"
+                f" (max_frame_size_bytes {self._framer.max_frame_size_bytes} less the ADD headers)")
+        entry_id = self._last_add_pushed + 1
+        self._last_add_pushed = entry_id
+        self._length_pushed += len(data)
+        frame = self._framer.frame(entry_id, self._lac, self._length_pushed, data)
+        future = self._loop.create_future()
+        op = PendingAdd(entry_id, frame, future, self._length_pushed)
+        self._pending.append(op)
+        E = self._E
+        self._send(op, [(entry_id + i) % E for i in range(self._WQ)])
+        return future
+
+    def _send(self, op: PendingAdd, indexes) -> None:
+        ensemble, failed, pool = self._ensemble, self._failed_bookies, self._bk.pool
+        for i in indexes:
+            bookie = ensemble[i]
+            if bookie in failed:
+                continue  # sent to its replacement once the ensemble change is in the metadata
+            try:
+                client = pool.get(bookie)
+            except BKError as e:  # the BookKeeper client was closed
+                self._fail(type(e), f"ledger {self.ledger_id}: {e}")
+                return
+            op.sent = True
+            client.send_add(op.frame, self.ledger_id, op.entry_id,
+                            functools.partial(self._add_response, op, bookie))
+
+    def _add_response(self, op: PendingAdd, bookie: str, response, err) -> None:
+        if err is None and response.rc == EOK:
+            if op.frame is None:
+                return  # already completed or failed
+            i = self._index.get(bookie)
+            if i is None or bookie in self._failed_bookies or not in_write_set(i, op.entry_id, self._E, self._WQ):
+                return  # an answer from a bookie that is (being) replaced
+            if op.ack(i) >= self._AQ and self._pending and self._pending[0] is op:
+                self._deliver()
+            return
+        if self._fatal is not None or self._state is CLOSED:
+            return
+        rc = None if err is not None else response.rc
+        if rc == EFENCED:
+            self._fail(LedgerFencedError, f"ledger {self.ledger_id} is fenced (bookie {bookie}): another client"
+                       " opened it with recovery; this writer can add nothing more")
+        elif rc == EUA:
+            self._fail(UnauthorizedAccessError, f"bookie {bookie} refused the master key of ledger"
+                       f" {self.ledger_id} (wrong password?)")
+        else:
+            self._bookie_failed(bookie, err or error_for_code(rc, ledger_id=self.ledger_id, entry_id=op.entry_id))
+
+    def _deliver(self) -> None:
+        """Complete the acknowledged prefix of the pending adds, in entry-id order."""
+        if self._changing:
+            return
+        pending, aq = self._pending, self._AQ
+        while pending and pending[0].ack_count >= aq:
+            op = pending.popleft()
+            self._lac = op.entry_id
+            self._length_confirmed = op.length
+            op.frame = None
+            if not op.future.done():
+                op.future.set_result(op.entry_id)
+        if not pending:
+            self._wake_drain()
+
+    def _fail(self, cls: type, why: str) -> None:
+        """Fatal for the writer: fail every pending add and refuse every later one."""
+        if self._fatal is not None:
+            return
+        log.warning("ledger %d: writer stops: %s", self.ledger_id, why)
+        self._fatal = (cls, why)
+        pending = list(self._pending)
+        self._pending.clear()
+        for op in pending:
+            op.frame = None
+            if op.future.done():
+                continue
+            if op.sent:
+                msg = (f"{why}; entry {op.entry_id} was in flight: its outcome is unknown"
+                       " (it may or may not be in the ledger after recovery)")
+            else:
+                msg = f"{why}; entry {op.entry_id} was not written"
+            op.future.set_exception(_error(cls, msg, self.ledger_id, op.entry_id, op.sent))
+        self._wake_drain()
+
+    # ------------------------------------------------------------ ensemble change
+    def _bookie_failed(self, bookie: str, err: BaseException) -> None:
+        if bookie not in self._index or bookie in self._failed_bookies:
+            return  # replaced already, or already being replaced
+        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, err)
+        self._failed_bookies.add(bookie)
+        self._avoid.add(bookie)
+        self._changing = True
+        if self._change_task is None:
+            self._change_task = self._loop.create_task(self._ensemble_change(),
+                                                       name=f"ensemble-change-{self.ledger_id}")
+
+    async def _ensemble_change(self) -> None:
+        retries = 0
+        try:
+            while self._fatal is None and self._failed_bookies:
+                failed = set(self._failed_bookies)
+                start = self._lac + 1  # frozen while _changing
+                old = self._ensemble
+                try:
+                    writable = await self._bk.registration.writable_bookies()
+                    new = tuple(self._bk.placement.replace_bookies(old, failed, writable, avoid=self._avoid))
+                    metadata, version = await self._bk.ledger_manager.update_ledger_metadata(
+                        self.ledger_id, functools.partial(self._change_metadata, start, old, new))
+                except (NotEnoughBookiesError, LedgerFencedError, NoSuchLedgerMetadataError,
+                        MetadataFormatError) as e:
+                    self._fail(type(e) if not isinstance(e, MetadataFormatError) else LedgerFencedError,
+                               f"ledger {self.ledger_id}: ensemble change failed: {e}")
+                    return
+                except (MetadataStoreError, MetadataVersionError) as e:
+                    retries += 1
+                    if retries > METADATA_RETRIES:
+                        self._fail(type(e), f"ledger {self.ledger_id}: ensemble change failed: {e}")
+                        return
+                    log.warning("ledger %d: ensemble change: %s; retrying", self.ledger_id, e)
+                    await asyncio.sleep(METADATA_RETRY_FIRST_S * 2 ** (retries - 1))
+                    continue
+                retries = 0
+                if self._fatal is not None:
+                    return
+                self._update_metadata(metadata, version)
+                self._apply_ensemble(old, new, failed)
+                log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, start, list(new))
+        finally:
+            self._change_task = None
+            if self._fatal is not None or not self._failed_bookies:
+                self._changing = False
+                if self._fatal is None:
+                    self._deliver()
+            self._wake_drain()
+
+    def _change_metadata(self, start: int, old: tuple, new: tuple, current: LedgerMetadata):
+        if current.state is not LedgerState.OPEN:
+            raise LedgerFencedError(f"ledger {self.ledger_id} is {current.state.name} in the metadata:"
+                                    " another client is recovering or closed it (this writer is fenced out)")
+        last_first, last_ensemble = current.last_segment
+        if (last_first, last_ensemble) == (start, new):
+            return None  # our own earlier attempt got through
+        if last_ensemble != old:
+            raise LedgerFencedError(f"ledger {self.ledger_id}: the last segment in the metadata is"
+                                    f" {list(last_ensemble)}, this writer uses {list(old)}: another client changed it")
+        return current.with_ensemble_change(start, new)
+
+    def _apply_ensemble(self, old: tuple, new: tuple, replaced: set) -> None:
+        self._set_ensemble(new)
+        self._failed_bookies -= replaced
+        self.ensemble_changes += 1
+        changed = [i for i in range(self._E) if old[i] != new[i]]
+        E, WQ = self._E, self._WQ
+        for op in list(self._pending):
+            indexes = [i for i in changed if in_write_set(i, op.entry_id, E, WQ)]
+            if indexes:
+                for i in indexes:
+                    op.unack(i)
+                self._send(op, indexes)
+
+    # ------------------------------------------------------------ close
+    def _wake_drain(self) -> None:
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _drain(self) -> None:
+        while self._pending or self._change_task is not None:
+            self._drain_waiter = self._loop.create_future()
+            await self._drain_waiter
+        self._drain_waiter = None
+
+    async def close(self) -> None:
+        """Wait for outstanding adds, then CAS the ledger CLOSED at its LAC. Idempotent."""
+        if self._state is CLOSED:
+            return
+        self._state = CLOSING
+        if self._close_task is None:
+            self._close_task = self._loop.create_task(self._close(), name=f"close-{self.ledger_id}")
+        task = self._close_task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done() and self._close_task is task and self._state is not CLOSED:
+                self._close_task = None  # e.g. the metadata store was down: close() may be retried
+
+    async def _close(self) -> None:
+        await self._drain()
+        lac, length = self._lac, self._length_confirmed
+
+        def close_metadata(current: LedgerMetadata):
+            if current.state is LedgerState.CLOSED:
+                if (current.last_entry_id, current.length) == (lac, length):
+                    return None
+                raise LedgerFencedError(
+                    f"ledger {self.ledger_id} was closed by another client at entry {current.last_entry_id}"
+                    f" (length {current.length}); this writer's LAC is {lac}")
+            if current.state is LedgerState.IN_RECOVERY:
+                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
+            return current.with_closed(lac, length)
+
+        try:
+            metadata, version = await self._bk.ledger_manager.update_ledger_metadata(self.ledger_id, close_metadata)
+        except (LedgerFencedError, NoSuchLedgerMetadataError):
+            self._state = CLOSED
+            raise
+        self._update_metadata(metadata, version)
+        self._state = CLOSED
+        log.debug("ledger %d closed at entry %d (%d bytes)", self.ledger_id, lac, length)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state is CLOSED
+
+    async def read_last_add_confirmed(self) -> int:
+        """The writer knows its LAC."""
+        return self._lac

@@ -1,0 +1,116 @@
+"""Quorum arithmetic shared by the writer, the readers and ledger recovery (REPLICATION.md).
+
+- Write set of entry e in an ensemble of E bookies with write quorum WQ: the
+  ensemble indexes `(e + i) mod E` for `i = 0..WQ-1` (round robin).
+- An entry is acknowledged once AQ bookies of its write set answered EOK.
+- Quorum coverage of a cohort of n members: covered once `n - AQ + 1` members
+  have a property, i.e. every possible ack quorum inside the cohort contains
+  one of them (fencing covers the ensemble, n = E; a negative read covers the
+  write set, n = WQ).
+
+`AddFramer` builds the complete ADD request frame of an entry once; the same
+bytes go to every bookie of its write set and are resent unchanged after an
+ensemble change (the frame names no bookie).
+"""
+from __future__ import annotations
+
+import struct
+
+from bk.errors import IncorrectParameterError
+from bk.proto import DigestManager
+from bk.proto.constants import ENTRY_HEADER_LENGTH, MASTER_KEY_LENGTH, OpCode
+
+_entry_header = struct.Struct(">qqqq")
+_frame_head = struct.Struct(">iI")
+# header(4) + master key(20) + entry header(32) + digest(N) + payload
+_ADD_FIXED_BYTES = 4 + MASTER_KEY_LENGTH + ENTRY_HEADER_LENGTH
+
+
+def check_quorum_sizes(ensemble_size: int, write_quorum_size: int, ack_quorum_size: int) -> None:
+    for name, value in (("ensemble_size", ensemble_size), ("write_quorum_size", write_quorum_size),
+                        ("ack_quorum_size", ack_quorum_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise IncorrectParameterError(f"{name} must be an int, got {value!r}")
+    if not ensemble_size >= write_quorum_size >= ack_quorum_size >= 1:
+        raise IncorrectParameterError(
+            f"need ensemble_size ({ensemble_size}) >= write_quorum_size ({write_quorum_size})"
+            f" >= ack_quorum_size ({ack_quorum_size}) >= 1")
+
+
+def write_set(entry_id: int, ensemble_size: int, write_quorum_size: int) -> tuple[int, ...]:
+    """Ensemble indexes that store `entry_id`, in preference order."""
+    return tuple((entry_id + i) % ensemble_size for i in range(write_quorum_size))
+
+
+def in_write_set(index: int, entry_id: int, ensemble_size: int, write_quorum_size: int) -> bool:
+    return (index - entry_id) % ensemble_size < write_quorum_size
+
+
+def coverage(cohort_size: int, ack_quorum_size: int) -> int:
+    """How many members must have a property before no ack quorum lacks it."""
+    return cohort_size - ack_quorum_size + 1
+
+
+class AddFramer:
+    """Frames entries of one ledger into ADD request frames (PROTOCOL.md layouts)."""
+
+    __slots__ = ("ledger_id", "master_key", "digest", "digest_length", "max_frame_size_bytes", "_header")
+
+    def __init__(self, digest_manager: DigestManager, master_key: bytes, max_frame_size_bytes: int, flags: int = 0):
+        if len(master_key) != MASTER_KEY_LENGTH:
+            raise IncorrectParameterError(f"master key must be {MASTER_KEY_LENGTH} bytes")
+        self.ledger_id = digest_manager.ledger_id
+        self.master_key = master_key
+        self.digest = digest_manager.digest
+        self.digest_length = digest_manager.digest_length
+        self.max_frame_size_bytes = max_frame_size_bytes
+        self._header = (2 << 24) | (int(OpCode.ADD_ENTRY) << 16) | flags
+
+    def max_payload_bytes(self) -> int:
+        return self.max_frame_size_bytes - _ADD_FIXED_BYTES - self.digest_length
+
+    def frame(self, entry_id: int, lac: int, total_length: int, payload: bytes) -> bytes:
+        """`len | header | master_key | ledger entry lac length | digest | payload`."""
+        header = _entry_header.pack(self.ledger_id, entry_id, lac, total_length)
+        digest = self.digest(header, payload)
+        body_bytes = _ADD_FIXED_BYTES + len(digest) + len(payload)
+        return b"".join((_frame_head.pack(body_bytes, self._header), self.master_key, header, digest, payload))
+
+    def frame_with_flags(self, flags: int, entry_id: int, lac: int, total_length: int, payload: bytes) -> bytes:
+        """Like `frame` but with other header flags (FLAG_RECOVERY_ADD for recovery writes)."""
+        frame = self.frame(entry_id, lac, total_length, payload)
+        header = (2 << 24) | (int(OpCode.ADD_ENTRY) << 16) | flags
+        return frame[:4] + struct.pack(">I", header) + frame[8:]
+
+
+class PendingAdd:
+    """One entry between add_entry and its completion.
+
+    `acked` is a bit mask over ensemble indexes of the bookies that answered
+    EOK under the current ensemble; `ack_count` its population. An ensemble
+    change clears the bits of the indexes whose bookie changed.
+    """
+
+    __slots__ = ("entry_id", "frame", "future", "length", "acked", "ack_count", "sent")
+
+    def __init__(self, entry_id: int, frame: bytes, future, length: int):
+        self.entry_id = entry_id
+        self.frame = frame
+        self.future = future
+        self.length = length  # cumulative ledger length including this entry
+        self.acked = 0
+        self.ack_count = 0
+        self.sent = False  # sent to at least one bookie: its outcome is unknown if it fails
+
+    def ack(self, index: int) -> int:
+        bit = 1 << index
+        if not self.acked & bit:
+            self.acked |= bit
+            self.ack_count += 1
+        return self.ack_count
+
+    def unack(self, index: int) -> None:
+        bit = 1 << index
+        if self.acked & bit:
+            self.acked &= ~bit
+            self.ack_count -= 1

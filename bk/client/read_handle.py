@@ -1,0 +1,143 @@
+"""ReadHandle: reading a ledger without writing it (a tailing reader when the ledger is open).
+
+A ReadHandle never fences and never changes metadata. What it may read:
+- a CLOSED ledger: `0..lastEntryId`;
+- an OPEN (or IN_RECOVERY) ledger: `0..last_add_confirmed`, where the LAC is
+  learnt from the bookies of the last segment (`read_last_add_confirmed`) and
+  only grows.
+
+Why the metadata is re-read after learning a LAC: a writer puts a new segment
+into the metadata store before it acknowledges any entry of that segment, and
+an entry's piggybacked LAC names only acknowledged entries. So metadata read
+after the LAC answers arrived describes every entry up to that LAC. A new
+segment also bounds the LAC from below: the writer starts it at its LAC + 1.
+"""
+from __future__ import annotations
+
+import logging
+
+from bk.errors import BookieIOError, IncorrectParameterError
+from bk.meta.ledger_metadata import LedgerMetadata
+from bk.proto import DigestManager
+
+from .read_ops import LedgerEntry, ReadRangeOp, read_lac_from
+
+log = logging.getLogger(__name__)
+
+
+def check_entry_id(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise IncorrectParameterError(f"{name} must be an int, got {value!r}")
+    return value
+
+
+class ReadHandle:
+    def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
+                 master_key: bytes):
+        self._bk = bk
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self._version = version
+        self._digest = digest
+        self._master_key = master_key
+        self._lac = metadata.last_entry_id if metadata.is_closed else -1
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(ledger_id={self.ledger_id}, state={self.metadata.state.name},"
+                f" lac={self._lac})")
+
+    # ------------------------------------------------------------ state
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the ledger is closed in the metadata this handle knows."""
+        return self.metadata.is_closed
+
+    @property
+    def length(self) -> int | None:
+        """A closed ledger's final payload length; None while the ledger is open."""
+        return self.metadata.length if self.metadata.is_closed else None
+
+    @property
+    def digest_type(self):
+        return self._digest.digest_type
+
+    def _last_readable(self) -> int:
+        return self.metadata.last_entry_id if self.metadata.is_closed else self._lac
+
+    def _update_metadata(self, metadata: LedgerMetadata, version: int) -> None:
+        if version >= self._version:
+            self.metadata, self._version = metadata, version
+            if metadata.is_closed:
+                self._lac = metadata.last_entry_id
+
+    def replicas(self, entry_id: int) -> list[str]:
+        """The write set of `entry_id` (bookie ids) in preference order."""
+        md = self.metadata
+        ensemble = md.ensemble_for(entry_id)
+        size = md.ensemble_size
+        return [ensemble[(entry_id + i) % size] for i in range(md.write_quorum_size)]
+
+    # ------------------------------------------------------------ reads
+    async def read_entries(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
+        """Entries `first..last` (inclusive), in order, digest-verified.
+
+        Reading past the LAC of an open ledger, or past lastEntryId of a closed
+        one, raises IncorrectParameterError: those ids may never exist."""
+        first = check_entry_id("first_entry_id", first_entry_id)
+        last = check_entry_id("last_entry_id", last_entry_id)
+        if first < 0 or last < first:
+            raise IncorrectParameterError(
+                f"ledger {self.ledger_id}: bad entry range {first}..{last} (need 0 <= first <= last)")
+        bound = self._last_readable()
+        if last > bound:
+            what = "lastEntryId" if self.metadata.is_closed else "last add confirmed"
+            raise IncorrectParameterError(
+                f"ledger {self.ledger_id}: cannot read entries {first}..{last}: its {what} is {bound}"
+                + ("" if self.metadata.is_closed else " (read_last_add_confirmed() learns a newer one)"))
+        op = ReadRangeOp(self._bk.pool, self._digest, first, last, self.replicas, self._bk.read_window_entries)
+        return await op.start()
+
+    async def read_entry(self, entry_id: int) -> LedgerEntry:
+        return (await self.read_entries(entry_id, entry_id))[0]
+
+    async def read_last_add_confirmed(self) -> int:
+        """Learn the LAC from the bookies of the last segment (closed ledger: lastEntryId).
+
+        The answer never goes backwards. Raises a BookieIOError-type error only
+        when no bookie of the last segment could be asked at all."""
+        if self.metadata.is_closed:
+            return self.metadata.last_entry_id
+        lm = self._bk.ledger_manager
+        for _ in range(3):
+            first, ensemble = self.metadata.last_segment
+            answers = await read_lac_from(self._bk.pool, self._digest, ensemble)
+            metadata, version = await lm.read_ledger_metadata(self.ledger_id)
+            self._update_metadata(metadata, version)
+            if self.metadata.is_closed:
+                return self._lac
+            floor = self.metadata.last_segment[0] - 1
+            if answers.lac is not None or answers.negative:
+                self._lac = max(self._lac, floor, answers.lac if answers.lac is not None else -1)
+                return self._lac
+            if self.metadata.last_segment == (first, ensemble):
+                self._lac = max(self._lac, floor)
+                if floor >= 0 or not answers.errors:
+                    return self._lac
+                detail = "; ".join(f"{b}: {e}" for b, e in answers.errors)
+                raise BookieIOError(f"ledger {self.ledger_id}: no bookie of the last segment answered ({detail})",
+                                    ledger_id=self.ledger_id)
+            # The writer moved to a new segment meanwhile: ask its bookies.
+        return self._lac
+
+    async def close(self) -> None:
+        """A read handle holds nothing on the bookies: closing it only forgets it."""
+
+    async def __aenter__(self) -> "ReadHandle":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,212 @@
+"""Reading entries: one entry replica by replica, a range with a window of reads in flight,
+and the LAC a ledger's bookies know.
+
+Entry read (ReadEntryOp): ask the first bookie of the entry's write set
+(bookies that failed recently go last); on an error, a timeout, an explicit
+negative or a bad digest ask the next one. The outcome:
+- an EOK whose digest, ledger id and entry id verify -> the entry;
+- otherwise, if any replica returned bytes that failed verification ->
+  DigestMismatchError (a copy exists but none is valid);
+- otherwise, if every replica answered ENOENTRY/ENOLEDGER -> NoSuchEntryError;
+- otherwise the error of the last replica that failed for another reason
+  (EIO-typed: timeout, connection loss, EIO, ...), naming every replica's answer.
+
+Range read (ReadRangeOp): at most `window` entry reads in flight; results are
+placed by entry id, so the list comes back in order; the first failure fails
+the range (reads still in flight finish and are ignored).
+
+LAC read: READ of entry -1 to every bookie of the last segment; each EOK is
+digest-checked and contributes the LAC piggybacked in it; explicit negatives
+count as answers with nothing to add. The caller takes the maximum.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, NamedTuple, Sequence
+
+from bk.errors import (
+    BKError, BookieError, BookieIOError, DigestMismatchError, NoSuchEntryError, error_for_code,
+)
+from bk.proto import DigestManager, StatusCode
+
+EOK = int(StatusCode.EOK)
+NEGATIVE = (int(StatusCode.ENOENTRY), int(StatusCode.ENOLEDGER))
+
+
+class LedgerEntry(NamedTuple):
+    entry_id: int
+    data: bytes
+
+
+def order_replicas(bookies: Sequence[str], pool) -> list[str]:
+    """Write-set order, with bookies that failed recently moved to the end."""
+    healthy = [b for b in bookies if not pool.suspect(b)]
+    if len(healthy) == len(bookies):
+        return list(bookies)
+    return healthy + [b for b in bookies if pool.suspect(b)]
+
+
+class ReadEntryOp:
+    """Reads one entry from its replicas; `callback(entry_id, LedgerEntry | None, error)` once."""
+
+    __slots__ = ("pool", "digest", "ledger_id", "entry_id", "replicas", "callback", "flags", "master_key",
+                 "_next", "_answers", "_negatives", "_digest_errors", "_last_error", "lac", "length")
+
+    def __init__(self, pool, digest: DigestManager, entry_id: int, replicas: Sequence[str],
+                 callback: Callable, *, flags: int = 0, master_key: bytes | None = None):
+        self.pool = pool
+        self.digest = digest
+        self.ledger_id = digest.ledger_id
+        self.entry_id = entry_id
+        self.replicas = list(replicas)
+        self.callback = callback
+        self.flags = flags
+        self.master_key = master_key
+        self._next = 0
+        self._answers: list[str] = []
+        self._negatives = 0
+        self._digest_errors = 0
+        self._last_error: BKError | None = None
+        self.lac = -1  # piggybacked LAC and cumulative length of the entry read
+        self.length = 0
+
+    def start(self) -> "ReadEntryOp":
+        self._try_next()
+        return self
+
+    def _try_next(self) -> None:
+        if self._next >= len(self.replicas):
+            self._finish_failed()
+            return
+        bookie = self.replicas[self._next]
+        self._next += 1
+        try:
+            client = self.pool.get(bookie)
+            client.send_read(self.ledger_id, self.entry_id, self._on_response, flags=self.flags,
+                             master_key=self.master_key)
+        except BKError as e:
+            self._on_response(None, e)
+
+    def _on_response(self, response, err) -> None:
+        bookie = self.replicas[self._next - 1]
+        if err is not None:
+            self._last_error = err
+            self._answers.append(f"{bookie}: {err}")
+        elif response.rc == EOK:
+            try:
+                self.lac, self.length, payload = self.digest.verify_entry(self.entry_id, response.body)
+            except DigestMismatchError as e:
+                self._digest_errors += 1
+                self._answers.append(f"{bookie}: {e}")
+            else:
+                self.callback(self.entry_id, LedgerEntry(self.entry_id, bytes(payload)), None)
+                return
+        elif response.rc in NEGATIVE:
+            self._negatives += 1
+            self._answers.append(f"{bookie}: {StatusCode(response.rc).name}")
+        else:
+            err = error_for_code(response.rc, ledger_id=self.ledger_id, entry_id=self.entry_id)
+            self._last_error = err
+            self._answers.append(f"{bookie}: {err.name}")
+        self._try_next()
+
+    def _finish_failed(self) -> None:
+        where = f"ledger {self.ledger_id} entry {self.entry_id}"
+        detail = "; ".join(self._answers) or "no replicas"
+        if self._digest_errors:
+            err: BKError = DigestMismatchError(f"{where}: no replica has a valid copy ({detail})")
+        elif self._negatives == len(self.replicas):
+            err = NoSuchEntryError(f"{where}: no such entry on any replica ({detail})",
+                                   ledger_id=self.ledger_id, entry_id=self.entry_id)
+        else:
+            last = self._last_error
+            cls = type(last) if isinstance(last, BookieError) else BookieIOError
+            err = cls(f"{where}: no replica could be read ({detail})", ledger_id=self.ledger_id,
+                      entry_id=self.entry_id)
+        self.callback(self.entry_id, None, err)
+
+
+class ReadRangeOp:
+    """Reads `first..last` with at most `window` entry reads in flight."""
+
+    def __init__(self, pool, digest: DigestManager, first: int, last: int,
+                 replicas_for: Callable[[int], Sequence[str]], window: int):
+        self.pool = pool
+        self.digest = digest
+        self.first = first
+        self.last = last
+        self.replicas_for = replicas_for
+        self.window = max(1, window)
+        self.results: list[LedgerEntry | None] = [None] * (last - first + 1)
+        self.future = asyncio.get_running_loop().create_future()
+        self._next = first
+        self._in_flight = 0
+        self._done = 0
+
+    def start(self) -> asyncio.Future:
+        if self.last < self.first:
+            self.future.set_result([])
+        else:
+            self._fill()
+        return self.future
+
+    def _fill(self) -> None:
+        while self._in_flight < self.window and self._next <= self.last and not self.future.done():
+            entry_id = self._next
+            self._next += 1
+            self._in_flight += 1
+            replicas = order_replicas(self.replicas_for(entry_id), self.pool)
+            ReadEntryOp(self.pool, self.digest, entry_id, replicas, self._entry_done).start()
+
+    def _entry_done(self, entry_id: int, entry, err) -> None:
+        self._in_flight -= 1
+        if self.future.done():
+            return
+        if err is not None:
+            self.future.set_exception(err)
+            return
+        self.results[entry_id - self.first] = entry
+        self._done += 1
+        if self._done == len(self.results):
+            self.future.set_result(self.results)
+        else:
+            self._fill()
+
+
+class LacAnswers(NamedTuple):
+    lac: int | None  # the highest valid LAC seen, None if no bookie returned a valid entry
+    valid: int  # EOK answers with a valid entry
+    negative: int  # explicit ENOENTRY / ENOLEDGER
+    errors: list  # (bookie, error) for everything else
+
+
+async def read_lac_from(pool, digest: DigestManager, bookies: Sequence[str], *, flags: int = 0,
+                        master_key: bytes | None = None) -> LacAnswers:
+    """READ entry -1 on every bookie (fencing when `flags` says so) and collect the LACs."""
+    futures = []
+    for bookie in bookies:
+        try:
+            client = pool.get(bookie)
+            futures.append(client.call(client.send_read, digest.ledger_id, -1, flags=flags, master_key=master_key))
+        except BKError as e:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(e)
+            futures.append(fut)
+    answers = await asyncio.gather(*futures, return_exceptions=True)
+    best, valid, negative, errors = None, 0, 0, []
+    for bookie, answer in zip(bookies, answers):
+        if isinstance(answer, BaseException):
+            errors.append((bookie, answer))
+        elif answer.rc == EOK:
+            try:
+                _, lac, _, _ = digest.unpack_entry(answer.body)
+            except DigestMismatchError as e:
+                errors.append((bookie, e))
+                continue
+            valid += 1
+            best = lac if best is None else max(best, lac)
+        elif answer.rc in NEGATIVE:
+            negative += 1
+        else:
+            errors.append((bookie, error_for_code(answer.rc, ledger_id=digest.ledger_id, entry_id=-1)))
+    return LacAnswers(best, valid, negative, errors)
