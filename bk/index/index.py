@@ -10,14 +10,14 @@ IndexFullError (naming index_map_size_bytes), any other lmdb.Error StorageError.
 """
 from __future__ import annotations
 
-import operator
+import bisect
 import threading
-from struct import error as struct_error
 from contextlib import contextmanager
 from typing import Iterator
 
 import lmdb
 
+from bk._native import load as _load_kernel
 from bk.config import BookieConfig
 from bk.errors import CorruptedStorageError, IndexFullError, StorageError
 from bk.fileio import ensure_dir
@@ -25,6 +25,8 @@ from bk.index import state as st
 from bk.index.state import LedgerState, LogMark
 
 _MAX_READERS = 256
+_ABOVE_ANY_VALUE = b"\xff" * 9  # sorts after every 8-byte location value
+_kernel = _load_kernel("index")
 
 
 class Index:
@@ -198,34 +200,50 @@ class IndexWriter:
             raise RuntimeError("index writer used outside its write() block")
         return self._txn
 
-    def put_locations(self, locations: list[tuple[int, int, int]]) -> None:
-        """Store (ledger_id, entry_id, location) triples, replacing existing ones.
-
-        Sorted input beyond the last stored key is appended (LMDB's MDB_APPEND:
-        no tree search per key), which is the flush thread's usual case."""
-        txn = self._live()
+    def put_locations(self, locations) -> None:
+        """Store (ledger_id, entry_id, location) triples, replacing existing ones."""
         if not isinstance(locations, list):
-            locations = list(locations)  # read twice below
+            locations = list(locations)
         if not locations:
+            self._live()
             return
         try:
-            keys = [st.LOCATION_KEY.pack(lid, eid) for lid, eid, _ in locations]
-            values = [st.U64.pack(loc) for _, _, loc in locations]
-        except (struct_error, TypeError, ValueError) as e:
-            raise ValueError(f"bad location triple ({e}); ids must be 0..2**63-1, "
-                             "locations 0..2**64-1") from None
-        # Ids above 2**63-1 packed as u64 have a top bit set: check every key at C speed.
-        joined = b"".join(keys)
-        if max(joined[0::16]) >= 0x80 or max(joined[8::16]) >= 0x80:
-            raise ValueError("bad location triple: ids must be 0..2**63-1")
-        ascending = all(map(operator.lt, keys, keys[1:]))
+            ledger_ids, entry_ids, locs = map(list, zip(*locations, strict=True))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"bad location triple ({e}); each must be (ledger_id, entry_id, location)") from None
+        self.put_location_lists(ledger_ids, entry_ids, locs)
+
+    def put_location_lists(self, ledger_ids: list, entry_ids: list, locations: list) -> None:
+        """Store locations given as three parallel lists, replacing existing ones.
+
+        The index kernel packs every key and value in one call and says whether
+        the keys ascend. Ascending keys beyond the last stored key are appended
+        (LMDB's MDB_APPEND: no tree search per key, full pages); in a sorted
+        flush that is the part of the batch past the highest stored key (usually
+        the newest ledger's run), the rest is put normally."""
+        txn = self._live()
+        try:
+            items, ascending = _kernel.location_items(ledger_ids, entry_ids, locations)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"bad location ({e}); ids must be 0..2**63-1, locations 0..2**64-1") from None
+        if not items:
+            return
         idx = self._index
         try:
             cur = txn.cursor(db=idx._locations)
-            append = ascending and (not cur.last() or cur.key() < keys[0])
-            consumed, added = cur.putmulti(zip(keys, values), append=append)
-            if append and added != len(keys):  # cannot happen given the checks above
-                raise StorageError(f"LMDB index at {idx.path}: append stored {added} of {len(keys)} locations")
+            split = 0  # items[split:] go past the last stored key
+            if ascending and cur.last():
+                split = bisect.bisect_right(items, (cur.key(), _ABOVE_ANY_VALUE))
+            if not ascending:
+                cur.putmulti(items)
+                return
+            if split:
+                cur.putmulti(items[:split] if split < len(items) else items)
+            if split < len(items):
+                tail = items[split:] if split else items
+                consumed, added = cur.putmulti(tail, append=True)
+                if added != len(tail):  # cannot happen given the checks above
+                    raise StorageError(f"LMDB index at {idx.path}: append stored {added} of {len(tail)} locations")
         except lmdb.Error as e:
             raise idx._error(e, "storing locations") from e
 
