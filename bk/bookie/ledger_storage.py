@@ -220,13 +220,13 @@ class LedgerStorage:
         return box[0]
 
     def _flush(self, p: _PendingFlush) -> None:
-        items = p.half.sorted_items()
-        if items:
-            locations = self.entry_logger.add_entries([e for _, _, e in items])
+        ledger_ids, entry_ids, entries = p.half.sorted_columns()
+        if entries:
+            locations = self.entry_logger.add_entries(entries)
             self.entry_logger.flush()
         with self.index.write() as w:
-            if items:
-                w.put_locations([(lid, eid, loc) for (lid, eid, _), loc in zip(items, locations)])
+            if entries:
+                w.put_location_lists(ledger_ids, entry_ids, locations)
             for lid, state in p.dirty.items():
                 if state is None:
                     w.delete_ledger(lid)

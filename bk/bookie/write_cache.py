@@ -16,16 +16,24 @@ import threading
 
 
 class WriteCache:
-    """Entries by ledger then entry id; sizes counted in payload bytes."""
+    """Entries by ledger then entry id; sizes counted in payload bytes.
 
-    __slots__ = ("max_size_bytes", "size_bytes", "count", "_ledgers", "_last")
+    Each ledger's dict keeps arrival order, and adds usually arrive in entry
+    order: then its keys are already sorted and a flush takes them as they are.
+    A ledger gets into `_unordered` only when an entry arrives below the highest
+    one it has (a rewrite of an existing entry keeps its place, so it does not
+    count); only those ledgers are sorted at flush time.
+    """
+
+    __slots__ = ("max_size_bytes", "size_bytes", "count", "_ledgers", "_last", "_unordered")
 
     def __init__(self, max_size_bytes: int):
         self.max_size_bytes = max_size_bytes
         self.size_bytes = 0
         self.count = 0
         self._ledgers: dict[int, dict[int, bytes]] = {}
-        self._last: dict[int, int] = {}
+        self._last: dict[int, int] = {}  # highest entry id per ledger
+        self._unordered: set[int] = set()  # ledgers whose dict order is not entry order
 
     def has_room(self, nbytes: int) -> bool:
         # An empty half accepts any single entry, so an entry larger than a half
@@ -35,14 +43,19 @@ class WriteCache:
     def put(self, ledger_id: int, entry_id: int, entry: bytes) -> None:
         entries = self._ledgers.get(ledger_id)
         if entries is None:
-            entries = self._ledgers[ledger_id] = {}
+            self._ledgers[ledger_id] = {entry_id: entry}
             self._last[ledger_id] = entry_id
-        elif entry_id > self._last[ledger_id]:
-            self._last[ledger_id] = entry_id
-        if entry_id in entries:  # a rewrite (recovery add) replaces the bytes
-            self.size_bytes -= len(entries[entry_id])
-            self.count -= 1
-        entries[entry_id] = entry
+        else:
+            if entry_id > self._last[ledger_id]:  # the usual case: in order, a new entry
+                self._last[ledger_id] = entry_id
+            else:
+                old = entries.get(entry_id)
+                if old is None:
+                    self._unordered.add(ledger_id)
+                else:  # a rewrite (recovery add) replaces the bytes, in place
+                    self.size_bytes -= len(old)
+                    self.count -= 1
+            entries[entry_id] = entry
         self.size_bytes += len(entry)
         self.count += 1
 
@@ -62,14 +75,30 @@ class WriteCache:
             self.size_bytes -= sum(len(e) for e in entries.values())
             self.count -= len(entries)
         self._last.pop(ledger_id, None)
+        self._unordered.discard(ledger_id)
+
+    def sorted_columns(self) -> tuple[list[int], list[int], list[bytes]]:
+        """Every entry as three parallel lists (ledger_ids, entry_ids, entries), in
+        (ledger, entry) order. No per-entry Python step for ledgers filled in order."""
+        ledger_ids: list[int] = []
+        entry_ids: list[int] = []
+        out: list[bytes] = []
+        unordered = self._unordered
+        for ledger_id in sorted(self._ledgers):
+            entries = self._ledgers[ledger_id]
+            if ledger_id in unordered:
+                keys = sorted(entries)
+                entry_ids += keys
+                out += map(entries.__getitem__, keys)
+            else:
+                entry_ids += entries
+                out += entries.values()
+            ledger_ids += [ledger_id] * len(entries)
+        return ledger_ids, entry_ids, out
 
     def sorted_items(self) -> list[tuple[int, int, bytes]]:
         """Every entry as (ledger_id, entry_id, entry), in (ledger, entry) order."""
-        out = []
-        for ledger_id in sorted(self._ledgers):
-            entries = self._ledgers[ledger_id]
-            out.extend((ledger_id, eid, entries[eid]) for eid in sorted(entries))
-        return out
+        return list(zip(*self.sorted_columns()))
 
     def ledger_ids(self) -> list[int]:
         return list(self._ledgers)

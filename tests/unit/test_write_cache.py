@@ -1,0 +1,70 @@
+"""WriteCache: one half of the two-half write cache (sorted flush order, rewrites, sizes)."""
+import random
+
+from bk.bookie.write_cache import WriteCache
+
+
+def _entry(lid: int, eid: int, tag: bytes = b"") -> bytes:
+    return lid.to_bytes(8, "big") + eid.to_bytes(8, "big") + tag
+
+
+def test_in_order_ledgers_come_out_sorted_by_ledger_then_entry():
+    wc = WriteCache(1 << 20)
+    for eid in range(5):
+        for lid in (9, 3, 7):
+            wc.put(lid, eid, _entry(lid, eid))
+    lids, eids, entries = wc.sorted_columns()
+    assert lids == [3] * 5 + [7] * 5 + [9] * 5
+    assert eids == list(range(5)) * 3
+    assert entries == [_entry(l, e) for l, e in zip(lids, eids)]
+    assert wc.count == 15 and wc.size_bytes == 15 * 16
+
+
+def test_out_of_order_ledger_is_sorted_and_rewrite_replaces_in_place():
+    wc = WriteCache(1 << 20)
+    for eid in (5, 6, 2, 9, 0):
+        wc.put(1, eid, _entry(1, eid))
+    wc.put(2, 0, _entry(2, 0))
+    wc.put(2, 1, _entry(2, 1))
+    wc.put(2, 0, _entry(2, 0, b"new"))  # rewrite: same place, new bytes, counted once
+    assert wc.sorted_items() == [(1, 0, _entry(1, 0)), (1, 2, _entry(1, 2)), (1, 5, _entry(1, 5)),
+                                 (1, 6, _entry(1, 6)), (1, 9, _entry(1, 9)),
+                                 (2, 0, _entry(2, 0, b"new")), (2, 1, _entry(2, 1))]
+    assert wc.count == 7 and wc.size_bytes == 7 * 16 + 3
+    assert wc.last_entry_id(1) == 9 and wc.last_entry_id(2) == 1
+    assert wc.get(2, 0) == _entry(2, 0, b"new") and wc.get(3, 0) is None
+
+
+def test_delete_ledger_forgets_entries_sizes_and_order_state():
+    wc = WriteCache(1 << 20)
+    wc.put(4, 3, _entry(4, 3))
+    wc.put(4, 1, _entry(4, 1))
+    wc.delete_ledger(4)
+    assert wc.count == 0 and wc.size_bytes == 0 and wc.last_entry_id(4) is None
+    wc.put(4, 0, _entry(4, 0))
+    wc.put(4, 1, _entry(4, 1))
+    assert wc.sorted_columns() == ([4, 4], [0, 1], [_entry(4, 0), _entry(4, 1)])
+
+
+def test_random_operations_match_a_plain_model():
+    rng = random.Random(11)
+    for _ in range(50):
+        wc = WriteCache(1 << 30)
+        model: dict = {}
+        for _ in range(rng.randrange(1, 200)):
+            lid = rng.randrange(4)
+            if rng.random() < 0.03:
+                wc.delete_ledger(lid)
+                model = {k: v for k, v in model.items() if k[0] != lid}
+                continue
+            eid = rng.randrange(30) if rng.random() < 0.3 else max(
+                [e for l, e in model if l == lid], default=-1) + 1
+            data = _entry(lid, eid, bytes(rng.randrange(4)))
+            wc.put(lid, eid, data)
+            model[(lid, eid)] = data
+        expect = [(l, e, model[(l, e)]) for l, e in sorted(model)]
+        assert wc.sorted_items() == expect
+        assert wc.count == len(model) and wc.size_bytes == sum(map(len, model.values()))
+        for lid in range(4):
+            ids = [e for l, e in model if l == lid]
+            assert wc.last_entry_id(lid) == (max(ids) if ids else None)
