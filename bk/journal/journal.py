@@ -1,9 +1,12 @@
 """Journal: one writer thread per journal directory, group commit, rotation, gc.
 
 Threads. `log()` runs on the event loop (any thread works, but the loop is the
-hot caller): it appends `(body, cb, ctx)` to a deque and, only when the writer
-is parked waiting for work, sets an Event to wake it. No lock, no Condition
-notify per record. The writer thread owns the open file and everything else.
+hot caller): it extends a flat list by `body, cb, ctx` (one atomic `extend`
+under the GIL, no per-record tuple kept alive for the cyclic GC to walk) and,
+only when the writer is parked waiting for work, sets an Event to wake it. No
+lock, no Condition notify per record. Only the writer removes from the queue,
+and only a prefix of whole records (`del q[:k]`), while log() only appends, so
+the two never race. The writer thread owns the open file and everything else.
 
 Group commit (STORAGE.md). The writer drains the queue into a group and keeps
 draining until the group holds `journal_buffered_writes_threshold_bytes` (a deep
@@ -26,7 +29,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from typing import Any, Callable
 
 from bk._native import load
@@ -52,9 +54,14 @@ Callback = Callable[[Any, BaseException | None], None]
 POLL_S = 0.0002  # how often a waiting group re-checks the queue
 
 
+FIELDS = 3  # a queued record is `body, cb, ctx`, flat in the queue and in a group's items
+
+
 def _complete(items: list, exc: BaseException | None) -> None:
-    """Run every completion of a group, in order; one bad callback does not stop the rest."""
-    for _body, cb, ctx in items:
+    """Run every completion of a group (flat `body, cb, ctx, ...`), in order; one bad
+    callback does not stop the rest."""
+    it = iter(items)
+    for _body, cb, ctx in zip(it, it, it):
         try:
             cb(ctx, exc)
         except Exception:  # noqa: BLE001 - a callback's bug must not lose other acks
@@ -77,8 +84,8 @@ class Journal:
         self._kernel = load("journal")
         self._frame = self._kernel.frame_records
 
-        self._queue: deque = deque()
-        self._append = self._queue.append
+        self._queue: list = []  # flat: body, cb, ctx, body, cb, ctx, ...
+        self._extend = self._queue.extend
         self._idle = False  # the writer is parked on _wake; log() must set it
         self._wake = threading.Event()
         self._stopping = False
@@ -121,10 +128,10 @@ class Journal:
 
     def log(self, body, cb: Callback, ctx: Any) -> None:
         """Queue one record; cb(ctx, None) once its group is durable, cb(ctx, exc) on failure."""
-        # hot path (once per add on the loop): one check, one deque append, and a
+        # hot path (once per add on the loop): one check, one list extend, and a
         # wakeup only when the writer is parked
         if self._reject is None and MIN_BODY_BYTES <= len(body) <= self._max_record_bytes:
-            self._append((body, cb, ctx))
+            self._extend((body, cb, ctx))
             if self._idle:
                 self._idle = False
                 self._wake.set()
@@ -183,7 +190,6 @@ class Journal:
     # ------------------------------------------------------------------ writer thread
     def _run(self) -> None:
         queue = self._queue
-        popleft = queue.popleft
         frame = self._frame
         monotonic = time.monotonic
         sleep = time.sleep
@@ -211,16 +217,18 @@ class Journal:
             group_bytes = 0
             deadline = oldest + max_wait_s
             while True:
-                n = len(queue)
+                n = len(queue) // FIELDS
                 if n:
                     # take what fits the threshold (by the recent record size), not the
                     # whole queue: bounds the group buffer when a deep queue of big records waits
-                    head = len(queue[0][0]) + 8
+                    head = len(queue[0]) + 8
                     fit = (threshold - group_bytes) // (head if head > avg_bytes else avg_bytes) + 1
-                    taken = [popleft() for _ in range(n if n < fit else fit)]
+                    k = FIELDS * (n if n < fit else fit)
+                    taken = queue[:k]
+                    del queue[:k]
                     buf = self._frame_batch(taken, frame)
                     if taken:
-                        avg_bytes = len(buf) // len(taken) or 1
+                        avg_bytes = len(buf) * FIELDS // len(taken) or 1
                     items += taken
                     buffers.append(buf)
                     group_bytes += len(buf)
@@ -242,18 +250,20 @@ class Journal:
                 self._write_group(items, buffers, group_bytes)
 
     def _frame_batch(self, taken: list, frame) -> bytes:
+        """Frame the bodies of `taken` (flat records); a record whose body the kernel
+        cannot read is failed alone and removed from `taken`."""
         try:
-            return frame([t[0] for t in taken])
+            return frame(taken[0::FIELDS])
         except (TypeError, ValueError, BufferError):
             pass
-        # a body the kernel cannot read: fail just those records, frame the rest
         good, parts = [], []
-        for item in taken:
+        for i in range(0, len(taken), FIELDS):
+            record = taken[i:i + FIELDS]
             try:
-                parts.append(frame([item[0]]))
-                good.append(item)
+                parts.append(frame([record[0]]))
+                good += record
             except (TypeError, ValueError, BufferError) as e:
-                self._deliver([item], BadRequestError(f"journal record body is not bytes-like: {e}"))
+                self._deliver(record, BadRequestError(f"journal record body is not bytes-like: {e}"))
         taken[:] = good
         return b"".join(parts)
 
@@ -280,7 +290,7 @@ class Journal:
             self._deliver(items, err)
             return
         self.groups_written += 1
-        self.records_written += len(items)
+        self.records_written += len(items) // FIELDS
         self.bytes_written += group_bytes
         self._deliver(items, None)
         if f.size >= self._max_file_bytes:
@@ -319,9 +329,11 @@ class Journal:
 
     def _fail_queued(self, exc: BaseException) -> None:
         queue = self._queue
-        n = len(queue)
-        if n:
-            self._deliver([queue.popleft() for _ in range(n)], exc)
+        k = len(queue) // FIELDS * FIELDS
+        if k:
+            taken = queue[:k]
+            del queue[:k]
+            self._deliver(taken, exc)
 
     def _deliver(self, items: list, exc: BaseException | None) -> None:
         loop = self._loop
@@ -334,11 +346,10 @@ class Journal:
             logger.error("journal: event loop closed, dropping %d completions", len(items))
 
     def _fail_now(self, cb: Callback, ctx: Any, exc: BaseException) -> None:
-        item = [(None, cb, ctx)]
-        self._deliver(item, exc)
+        self._deliver([None, cb, ctx], exc)
 
     def __repr__(self) -> str:
         return f"Journal({self.journal_dir!r}, file={self._file_id:x}, mark={self._mark})"
 
 
-__all__ = ["Journal", "POLL_S"]
+__all__ = ["Journal", "POLL_S", "FIELDS"]

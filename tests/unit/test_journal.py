@@ -15,6 +15,7 @@ import bk.fileio
 from bk.config import load_config
 from bk.errors import BadRequestError, DiskFullError, StorageError
 from bk.fileio import DurableFile
+from bk.journal.journal import FIELDS
 from bk.journal import (
     EXPLICIT_LAC,
     FENCE,
@@ -136,7 +137,7 @@ def test_group_commit_from_loop_and_threads(tmp_path, kernel_mode):
 
         class CountingLoop:  # forwards to the real loop, counting hand-overs
             def call_soon_threadsafe(self, fn, *args):
-                calls.append(len(args[0]))
+                calls.append(len(args[0]) // FIELDS)  # items are flat: body, cb, ctx
                 return loop.call_soon_threadsafe(fn, *args)
 
         j = Journal(str(tmp_path), cfg, loop=CountingLoop())
@@ -232,7 +233,7 @@ class InlineLoop:
         self.group_sizes: list[int] = []
 
     def call_soon_threadsafe(self, fn, *args):
-        self.group_sizes.append(len(args[0]))
+        self.group_sizes.append(len(args[0]) // FIELDS)  # items are flat: body, cb, ctx
         fn(*args)
 
 
