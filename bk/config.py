@@ -44,7 +44,7 @@ class BookieConfig:
     # --- ledger storage
     entry_log_size_limit_bytes: int = 1 * GiB
     write_cache_max_size_bytes: int = 64 * MiB
-    write_cache_full_wait_ms: int = 1000  # adds wait this long for space, then ETOOMANYREQUESTS
+    write_cache_full_wait_ms: int = 10_000  # adds wait this long for space, then ETOOMANYREQUESTS (BookKeeper: 10 s)
     read_cache_max_size_bytes: int = 64 * MiB
     read_ahead_batch_size: int = 100
     flush_interval_ms: int = 1000
