@@ -45,7 +45,10 @@ a payload the writer sent for that id"):
   (b) u has no recorded id, or its recorded id is e;
   (c) with check_order (default): ids follow invocation order, so e lies
       strictly between the highest id acknowledged to an add invoked before u
-      and the lowest id acknowledged to an add invoked after u;
+      and the lowest id acknowledged to an add invoked after u. (`add` invokes
+      and calls `lh.add_entry` in one step, so this holds when the client
+      assigns the id before add_entry first suspends, as BookKeeper does;
+      pass check_order=False for a client that does not.)
   (d) each unknown add explains at most one entry (no duplicated entries).
   Entries are matched in id order; an add with a recorded id is preferred,
   then the earliest-invoked candidate. An entry that nothing explains is a
@@ -62,7 +65,7 @@ import enum
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 from bk.errors import LedgerClosedError
 from bk.meta.ledger_metadata import LedgerState

@@ -1,60 +1,47 @@
 """A fault-injecting loopback TCP proxy for BookKeeper v2 traffic.
 
-Put one `Proxy` in front of a bookie and give clients the proxy's port instead
-of the bookie's; then make the network misbehave on purpose:
+Put a `Proxy` in front of a bookie, let clients use its port, and make the
+network misbehave on purpose (`ThreadedProxy`: the same API, blocking, with
+its own event loop in a thread, for tests driving bookie processes):
 
-    proxy = Proxy("127.0.0.1", bookie_port)
-    await proxy.start()
-    proxy.add_rule(Rule(direction="up", match=fencing_read(ledger_id), action="drop"))
-    proxy.add_rule(Rule(direction="up", match=add_request(ledger_id, entry_id=7), action="hold"))
-    ...
-    await proxy.wait_held(1)          # the add reached the proxy and is held
-    proxy.release_held()              # ... and now reaches the bookie
-    await proxy.stop()
+    async with Proxy("127.0.0.1", bookie_port) as proxy:
+        proxy.add_rule(Rule(direction="up", match=fencing_read(ledger_id), action="drop"))
+        proxy.add_rule(Rule(direction="up", match=add_request(ledger_id, entry_id=7), action="hold"))
+        await proxy.wait_held(1)      # the add reached the proxy and is held
+        proxy.release_held()          # ... and now reaches the bookie
 
-`ThreadedProxy` has the same API with blocking methods, running its own event
-loop in a background thread (for scenario tests that drive bookie processes
-from synchronous code).
+To route a bookie id `127.0.0.1:P` through a proxy, bind the bookie to another
+loopback address (bind_address 127.0.0.2, port P) and listen on 127.0.0.1:P.
 
-Directions: "up" is client -> bookie (requests, decoded with
-bk.proto.decode_request), "down" is bookie -> client (responses,
-decode_response). Every connection the proxy accepts gets a ConnectionInfo
-(a counter id and the client's host/port), and rules can be limited to some
-connections.
-
-Rules (first matching rule in insertion order wins; no match = pass):
-- pass:   forward now (useful to exempt frames from later rules);
-- drop:   discard the frame silently;
-- hold:   keep the frame aside; later frames pass it; `release_held()` sends
-          held frames in the order they were held, `discard_held()` drops them;
-- delay:  forward after `delay_s`; the direction stays FIFO, so frames behind
-          a delayed one wait for it (a slow link, not a reordering one);
-- close:  stop reading that side, deliver what was queued before the frame,
-          then close both sides (FIN); the frame itself is not forwarded;
-- reset:  abort both sides at once (RST); queued frames are lost.
-A rule with `match=None` applies to every frame, including frames that do not
-decode; a rule with a predicate sees only decoded messages, and a predicate
-that raises (e.g. asks an AuthResponse for `entry_id`) does not match.
+"up" is client -> bookie (frames decoded with bk.proto.decode_request), "down"
+bookie -> client (decode_response). Each accepted connection gets a
+ConnectionInfo (counter id, client host/port); rules may be limited to some.
+The first matching rule (insertion order) decides; no match = pass:
+- pass:  forward (exempts frames from later rules);   drop: discard silently;
+- hold:  set aside, later frames pass it; `release_held()` sends held frames
+         in hold order, `discard_held()` loses them;
+- delay: forward after `delay_s`; the stream stays FIFO, so frames behind a
+         delayed one wait too (a slow link, not a reordering one);
+- close: read no more from that side, deliver what was queued before the
+         frame, then close both sides (FIN); reset: abort both now (RST).
+A rule with `match=None` sees every frame, undecodable ones included; a
+predicate sees decoded messages only, and one that raises does not match.
 
 Invariants:
-- The proxy never changes a byte it forwards: frames are forwarded exactly as
-  received, decode failures included. A length prefix that is negative or above
-  `max_frame_size_bytes` switches that direction to raw mode for the rest of
-  the connection: chunks are forwarded as they arrive and only `match=None`
-  rules apply to them. Bytes of an incomplete frame at EOF are forwarded too.
-- Order within one connection and direction is kept for everything that is
-  not held.
-- Bounded memory: apart from held frames, a direction buffers at most one
-  partial frame plus `max_queued_bytes` of frames waiting to be written (the
-  proxy stops reading from that side while the queue is full, so TCP pushes
-  back on the sender).
-- Blackhole (`set_blackhole(True)`) stops all forwarding and reading without
-  closing anything; new connections are accepted but not connected onward.
-  Turning it off resumes delivery of the intact streams (as TCP would after a
-  partition heals). Use drop rules to lose bytes instead.
-- EOF from either side closes the whole connection once the bytes read from
-  that side before the EOF are delivered (BookKeeper peers never half-close).
-- `stop()` closes the listener and every connection and forgets held frames.
+- Forwarded bytes are never changed. A length prefix that is negative or
+  above `max_frame_size_bytes` switches that direction to raw mode: chunks go
+  through as they arrive, seen only by `match=None` rules. An incomplete
+  frame at EOF is forwarded too.
+- Per connection and direction, everything not held keeps its order.
+- Bounded memory: besides held frames, a direction buffers one partial frame
+  and at most `max_queued_bytes` awaiting write; while that is full the proxy
+  stops reading, so TCP pushes back on the sender.
+- Blackhole stops all reading and forwarding without closing anything; new
+  connections are accepted but not connected onward. Lifting it resumes the
+  intact streams (as TCP does after a partition heals); drop rules lose bytes.
+- EOF from either side closes the connection once what that side sent before
+  it is delivered (BookKeeper peers never half-close). Held frames of a closed
+  connection are discarded. `stop()` closes the listener and everything.
 """
 from __future__ import annotations
 
@@ -78,6 +65,8 @@ _READ_CHUNK_BYTES = 64 * 1024
 _i32 = struct.Struct(">i")
 _STAT_KEYS = ("frames", "bytes", "passed", "dropped", "held", "delayed", "released", "discarded",
               "closes", "undecodable", "raw_chunks", "match_errors")
+_COUNTER = {"pass": "passed", "drop": "dropped", "hold": "held", "delay": "delayed", "close": "closes",
+            "reset": "closes"}
 
 
 @dataclass(frozen=True)
@@ -104,7 +93,6 @@ class Rule:
     delay_s: float = 0.0
     once: bool = False
     connection: int | Callable[[ConnectionInfo], bool] | None = None
-    name: str = ""
     hits: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -118,13 +106,14 @@ class Rule:
             raise ValueError("match must be a callable taking a decoded message, or None")
 
     def _applies(self, direction: str, conn: ConnectionInfo) -> bool:
-        if self.direction != "both" and self.direction != direction:
-            return False
-        if self.connection is None:
-            return True
-        if isinstance(self.connection, int):
-            return self.connection == conn.id
-        return bool(self.connection(conn))
+        return self.direction in ("both", direction) and _selected(self.connection, conn)
+
+
+def _selected(connection, conn: ConnectionInfo) -> bool:
+    """`connection` is None (every connection), a connection id, or a predicate on ConnectionInfo."""
+    if connection is None:
+        return True
+    return connection == conn.id if isinstance(connection, int) else bool(connection(conn))
 
 
 # ------------------------------------------------------------------ matchers
@@ -168,60 +157,18 @@ def read_response(ledger_id: int | None = None, entry_id: int | Container[int] |
 
 
 # ------------------------------------------------------------------ plumbing
-class _FrameSplitter:
-    """Cuts a byte stream into whole frames (prefix included, bytes unchanged).
-
-    Yields (frame_bytes, framed): framed is False for raw chunks once a bad
-    length prefix made the stream unsplittable."""
-
-    def __init__(self, max_frame_size_bytes: int):
-        self.max_frame_size_bytes = max_frame_size_bytes
-        self.buf = bytearray()
-        self.raw = False
-
-    def feed(self, data: bytes) -> list[tuple[bytes, bool]]:
-        if self.raw:
-            return [(bytes(data), False)]
-        buf = self.buf
-        buf += data
-        out, pos, n = [], 0, len(buf)
-        mv = memoryview(buf)
-        while n - pos >= 4:
-            (length,) = _i32.unpack_from(mv, pos)
-            if length < 0 or length > self.max_frame_size_bytes:
-                self.raw = True
-                out.append((bytes(mv[pos:]), False))
-                pos = n
-                break
-            end = pos + 4 + length
-            if end > n:
-                break
-            out.append((bytes(mv[pos:end]), True))
-            pos = end
-        mv.release()  # a live export would forbid resizing the buffer
-        del buf[:pos]
-        return out
-
-    def flush(self) -> bytes:
-        rest, self.buf = bytes(self.buf), bytearray()
-        return rest
-
-
 class _Pump:
     """One direction of one connection: read loop -> judge -> FIFO queue -> write loop."""
 
     def __init__(self, conn: "_Connection", direction: str, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter):
-        self.conn = conn
-        self.direction = direction
-        self.reader = reader
-        self.writer = writer
-        self.splitter = _FrameSplitter(conn.proxy.max_frame_size_bytes)
+        self.conn, self.direction, self.reader, self.writer = conn, direction, reader, writer
+        self.buf = bytearray()  # an incomplete frame
+        self.raw = False  # a bad length prefix made the stream unsplittable: forward chunks as they come
         self.queue: collections.deque[tuple[float, bytes]] = collections.deque()  # (send_at, frame)
         self.queued_bytes = 0
         self.held: list[tuple[bytes, object]] = []  # (frame, decoded message or None)
-        self.wakeup = asyncio.Event()
-        self.room = asyncio.Event()
+        self.wakeup, self.room = asyncio.Event(), asyncio.Event()  # queue not empty / below max_queued_bytes
         self.room.set()
         self.eof = False
         self.closing = False  # a close rule fired: read no further, close when the queue reaches it
@@ -233,23 +180,44 @@ class _Pump:
             self.room.clear()
         self.wakeup.set()
 
+    def split(self, data: bytes) -> list[tuple[bytes, bool]]:
+        """(frame, framed) for each whole frame (prefix included, bytes unchanged) or raw chunk."""
+        if self.raw:
+            return [(bytes(data), False)]
+        buf = self.buf
+        buf += data
+        out, pos, n, limit = [], 0, len(buf), self.conn.proxy.max_frame_size_bytes
+        mv = memoryview(buf)
+        while n - pos >= 4:
+            (length,) = _i32.unpack_from(mv, pos)
+            if length < 0 or length > limit:
+                self.raw = True
+                out.append((bytes(mv[pos:]), False))
+                pos = n
+                break
+            if pos + 4 + length > n:
+                break
+            out.append((bytes(mv[pos:pos + 4 + length]), True))
+            pos += 4 + length
+        mv.release()  # a live export would forbid resizing the buffer
+        del buf[:pos]
+        return out
+
     async def read_loop(self) -> None:
         proxy = self.conn.proxy
         try:
             while True:
-                await proxy._healed.wait()
                 await self.room.wait()
                 await proxy._healed.wait()
                 data = await self.reader.read(_READ_CHUNK_BYTES)
                 if not data:
                     break
-                for frame, framed in self.splitter.feed(data):
+                for frame, framed in self.split(data):
                     if self.conn.closed or self.closing:
                         return
                     proxy._judge(self, frame, framed)
-            rest = self.splitter.flush()
-            if rest:  # an incomplete frame at EOF: forward it as it is
-                proxy._judge(self, rest, False)
+            if self.buf:  # an incomplete frame at EOF: forward it as it is
+                proxy._judge(self, bytes(self.buf), False)
         except (ConnectionError, OSError):
             self.conn.close()
             return
@@ -287,10 +255,7 @@ class _Pump:
 
 class _Connection:
     def __init__(self, proxy: "Proxy", info: ConnectionInfo, client_reader, client_writer):
-        self.proxy = proxy
-        self.info = info
-        self.client_reader = client_reader
-        self.client_writer = client_writer
+        self.proxy, self.info, self.client_reader, self.client_writer = proxy, info, client_reader, client_writer
         self.upstream_writer: asyncio.StreamWriter | None = None
         self.pumps: dict[str, _Pump] = {}
         self.tasks: list[asyncio.Task] = []
@@ -365,12 +330,9 @@ class Proxy:
                  max_queued_bytes: int = 8 * 1024 * 1024):
         if max_queued_bytes < 1:
             raise ValueError(f"max_queued_bytes must be >= 1, got {max_queued_bytes}")
-        self.target_host = target_host
-        self.target_port = int(target_port)
-        self.listen_host = listen_host
-        self.listen_port = int(listen_port)
-        self.max_frame_size_bytes = max_frame_size_bytes
-        self.max_queued_bytes = max_queued_bytes
+        self.target_host, self.target_port = target_host, int(target_port)
+        self.listen_host, self.listen_port = listen_host, int(listen_port)
+        self.max_frame_size_bytes, self.max_queued_bytes = max_frame_size_bytes, max_queued_bytes
         self.rules: list[Rule] = []
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[int, _Connection] = {}
@@ -378,7 +340,7 @@ class Proxy:
         self._ids = itertools.count(1)
         self._accepted = 0
         self._healed: asyncio.Event | None = None
-        self._blackhole = False
+        self._blackhole = self._stopped = False
         self._stats = {d: dict.fromkeys(_STAT_KEYS, 0) for d in DIRECTIONS}
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []
 
@@ -386,7 +348,7 @@ class Proxy:
     async def start(self) -> "Proxy":
         if self._server is not None:
             raise RuntimeError("proxy already started")
-        self._healed = asyncio.Event()
+        self._healed, self._stopped = asyncio.Event(), False
         if not self._blackhole:
             self._healed.set()
         self._server = await asyncio.start_server(self._accept, self.listen_host, self.listen_port)
@@ -405,7 +367,7 @@ class Proxy:
 
     async def stop(self) -> None:
         """Close the listener and every connection; held frames are forgotten. Idempotent."""
-        server, self._server = self._server, None
+        server, self._server, self._stopped = self._server, None, True
         if server is not None:
             server.close()
         for conn in list(self._connections.values()):
@@ -419,8 +381,7 @@ class Proxy:
             if not fut.done():
                 fut.set_exception(RuntimeError("proxy stopped"))
 
-    async def __aenter__(self) -> "Proxy":
-        return await self.start()
+    __aenter__ = start
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
@@ -429,7 +390,7 @@ class Proxy:
         peer = writer.get_extra_info("peername") or ("?", 0)
         info = ConnectionInfo(next(self._ids), str(peer[0]), int(peer[1]))
         conn = _Connection(self, info, reader, writer)
-        if self._server is None:  # raced stop()
+        if self._stopped:  # raced stop()
             writer.close()
             return
         self._connections[info.id] = conn
@@ -460,10 +421,6 @@ class Proxy:
         if self._healed is not None:
             (self._healed.clear if on else self._healed.set)()
 
-    @property
-    def blackhole(self) -> bool:
-        return self._blackhole
-
     def _judge(self, pump: _Pump, frame: bytes, framed: bool) -> None:
         direction, conn = pump.direction, pump.conn
         st = self._stats[direction]
@@ -479,23 +436,17 @@ class Proxy:
             st["raw_chunks"] += 1
         rule = self._first_match(direction, conn.info, msg)
         action = rule.action if rule is not None else "pass"
+        st[_COUNTER[action]] += 1
         if action == "pass":
-            st["passed"] += 1
             pump.enqueue(frame)
-        elif action == "drop":
-            st["dropped"] += 1
         elif action == "hold":
-            st["held"] += 1
             pump.held.append((frame, msg))
         elif action == "delay":
-            st["delayed"] += 1
             pump.enqueue(frame, asyncio.get_running_loop().time() + rule.delay_s)
-        elif action == "close":  # FIN after everything queued before this frame is written
-            st["closes"] += 1
+        elif action == "close":  # FIN once everything queued before this frame is written
             pump.closing = True
             pump.enqueue(None)
-        else:  # reset: RST now, whatever is queued is lost
-            st["closes"] += 1
+        elif action == "reset":  # RST now: whatever is queued is lost
             conn.close(reset=True)
         self._notify()
 
@@ -519,38 +470,30 @@ class Proxy:
         return None
 
     # -- held frames
-    def _select_held(self, direction, connection, match):
-        for conn in list(self._connections.values()):
-            if connection is not None and connection != conn.info.id:
-                continue
-            for d, pump in conn.pumps.items():
-                if direction is None or direction == d:
-                    keep, chosen = [], []
-                    for item in pump.held:
-                        (chosen if match is None or _safe_match(match, item[1]) else keep).append(item)
-                    yield pump, keep, chosen
-
-    def release_held(self, direction: str | None = None, connection: int | None = None,
+    def release_held(self, direction: str | None = None, connection=None,
                      match: Callable[[object], bool] | None = None) -> int:
         """Send held frames (of one direction / connection / matching) in the order they were held."""
-        n = 0
-        for pump, keep, chosen in self._select_held(direction, connection, match):
-            pump.held = keep
-            for frame, _ in chosen:
-                pump.enqueue(frame)
-            self._count(pump.direction, "released", len(chosen))
-            n += len(chosen)
-        self._notify()
-        return n
+        return self._take_held(direction, connection, match, release=True)
 
-    def discard_held(self, direction: str | None = None, connection: int | None = None,
+    def discard_held(self, direction: str | None = None, connection=None,
                      match: Callable[[object], bool] | None = None) -> int:
         """Forget held frames: they are lost, as if dropped."""
+        return self._take_held(direction, connection, match, release=False)
+
+    def _take_held(self, direction, connection, match, release: bool) -> int:
         n = 0
-        for pump, keep, chosen in self._select_held(direction, connection, match):
-            pump.held = keep
-            self._count(pump.direction, "discarded", len(chosen))
-            n += len(chosen)
+        for conn in list(self._connections.values()):
+            for d, pump in conn.pumps.items():
+                if direction not in (None, d) or not _selected(connection, conn.info):
+                    continue
+                keep, chosen = [], []
+                for item in pump.held:
+                    (chosen if match is None or _safe_match(match, item[1]) else keep).append(item)
+                pump.held = keep
+                for frame, _ in chosen if release else ():
+                    pump.enqueue(frame)
+                self._count(d, "released" if release else "discarded", len(chosen))
+                n += len(chosen)
         self._notify()
         return n
 
@@ -566,16 +509,12 @@ class Proxy:
     def connections(self) -> list[ConnectionInfo]:
         return [conn.info for conn in list(self._connections.values())]
 
-    def close_connections(self, connection: int | Callable[[ConnectionInfo], bool] | None = None,
-                          reset: bool = False) -> int:
+    def close_connections(self, connection=None, reset: bool = False) -> int:
         """Close (FIN) or reset (RST) the selected connections; returns how many."""
-        n = 0
-        for conn in list(self._connections.values()):
-            if connection is None or (connection == conn.info.id if isinstance(connection, int)
-                                      else connection(conn.info)):
-                conn.close(reset=reset)
-                n += 1
-        return n
+        chosen = [conn for conn in list(self._connections.values()) if _selected(connection, conn.info)]
+        for conn in chosen:
+            conn.close(reset=reset)
+        return len(chosen)
 
     def stats(self) -> dict:
         """Per-direction counters plus connection counts (a copy)."""
@@ -633,11 +572,8 @@ def _safe_match(match, msg) -> bool:
 class ThreadedProxy:
     """The same proxy driven from synchronous code: its own event loop in a daemon thread.
 
-    Has Proxy's methods, blocking until done in the proxy's loop (rule
-    predicates run in that thread): add_rule, remove_rule, clear_rules,
-    set_blackhole, release_held, discard_held, held, held_count, connections,
-    close_connections, stats, and the waits wait_until / wait_held / wait_hits /
-    wait_connections (which raise TimeoutError like the async ones).
+    Proxy's methods (`_CALLS`, `_WAITS`) run in that loop and block until done;
+    rule predicates run in that thread; the waits raise TimeoutError.
     """
 
     _CALLS = frozenset(("add_rule", "remove_rule", "clear_rules", "set_blackhole", "release_held", "discard_held",
@@ -659,7 +595,7 @@ class ThreadedProxy:
         try:
             self._run(self.proxy.start())
         except BaseException:
-            self._shutdown_loop()
+            self.stop()
             raise
         return self
 
@@ -667,15 +603,13 @@ class ThreadedProxy:
         if self._thread is None:
             return
         try:
-            self._run(self.proxy.stop())
+            if self.proxy._server is not None:
+                self._run(self.proxy.stop())
         finally:
-            self._shutdown_loop()
-
-    def _shutdown_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-        self._thread = None
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            self._thread = None
 
     def __enter__(self) -> "ThreadedProxy":
         return self.start()
@@ -689,22 +623,14 @@ class ThreadedProxy:
             raise RuntimeError("proxy is not running")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    @property
-    def port(self) -> int:
-        return self.proxy.port
-
-    @property
-    def address(self) -> str:
-        return self.proxy.address
-
     def _call(self, fn, *args, **kwargs):
         async def call():
             return fn(*args, **kwargs)
         return self._run(call())
 
-    @property
-    def rules(self) -> list[Rule]:
-        return self._call(lambda: list(self.proxy.rules))
+    port = property(lambda self: self.proxy.port)
+    address = property(lambda self: self.proxy.address)
+    rules = property(lambda self: self._call(lambda: list(self.proxy.rules)))
 
     def __getattr__(self, name: str):
         if name in ThreadedProxy._WAITS:

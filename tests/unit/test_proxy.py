@@ -75,8 +75,8 @@ class FakeBookie:
         self.answer = answer
         self.conns = []
 
-    async def start(self):
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+    async def start(self, host="127.0.0.1"):
+        self.server = await asyncio.start_server(self._handle, host, 0)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 
@@ -422,6 +422,39 @@ def test_close_connections_api_and_bookie_side_eof():
         await until(lambda: len(bookie.conns) == 2 and bookie.received(1) == add_frame(1, 0), "second alive")
         bookie.conns[1]["writer"].close()  # the bookie hangs up: the client sees EOF
         assert await asyncio.wait_for(r2.read(), WAIT_S) == b""
+        await finish(bookie, proxy)
+    run(main())
+
+
+def test_routes_a_bookie_id_through_the_proxy_with_a_second_loopback_address():
+    """The recipe for scenarios: bookie bound to 127.0.0.2:P, proxy on 127.0.0.1:P (the bookie id)."""
+    async def main():
+        for _ in range(5):  # 127.0.0.1:P may be taken by someone else: pick another P
+            bookie = await FakeBookie().start("127.0.0.2")
+            try:
+                proxy = await Proxy("127.0.0.2", bookie.port, "127.0.0.1", bookie.port).start()
+                break
+            except OSError:
+                await bookie.stop()
+        else:
+            pytest.skip("no port free on both loopback addresses")
+        assert proxy.address == f"127.0.0.1:{bookie.port}"
+        proxy.add_rule(Rule(direction="both", match=add_request(entry_id=0), action="drop"))
+        reader, writer = await connect(proxy)
+        writer.write(add_frame(1, 0) + add_frame(1, 1))
+        assert await read_exactly(reader, 24 + 4) == encode_response(AddResponse(0, 1, 1))
+        await finish(bookie, proxy)
+    run(main())
+
+
+def test_async_context_manager():
+    async def main():
+        bookie = await FakeBookie().start()
+        async with Proxy("127.0.0.1", bookie.port) as proxy:
+            reader, writer = await connect(proxy)
+            writer.write(add_frame(1, 0))
+            assert await read_exactly(reader, 28) == encode_response(AddResponse(0, 1, 0))
+        assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
         await finish(bookie, proxy)
     run(main())
 
