@@ -24,20 +24,22 @@ Outcomes of an add (`Outcome`):
   it may or may not be in the closed ledger. An add still PENDING when the
   check runs (never resolved) counts as unknown.
 
-`History.add(lh, payload)` classifies conservatively: it returns the entry id
-that `await lh.add_entry(payload)` returned (OK); a LedgerClosedError or a
-ValueError/TypeError (client-side refusals: closed handle, bad argument) is
-FAILED; every other exception is UNKNOWN. The exception is re-raised either
-way. This relies on a client contract: LedgerClosedError and ValueError mean
-"never sent". A client that fails in-flight adds with LedgerClosedError would
-make the checker report a failed add's payload as invented (invariant 3):
-then fix the classification (`failed_types=`), not the checker.
+`History.add(lh, payload)` returns the entry id that `await lh.add_entry(payload)`
+returned (OK) and re-raises any exception after classifying it:
+1. the exception says so itself (bk.client's contract): `outcome_unknown` True
+   -> UNKNOWN, at the exception's `entry_id` (the client gives each in-flight
+   add its own error, carrying that add's id); False ("never sent") -> FAILED;
+2. otherwise by type, conservatively: LedgerClosedError, ValueError, TypeError
+   (client-side refusals: closed handle, bad argument) -> FAILED; anything
+   else (EFENCED, EUA, timeouts, cancellation, ...) -> UNKNOWN with no id.
+A FAILED add whose payload shows up is reported (invariant 3): either the
+client sent what it said it never sent, or the classification is wrong for
+that client (`failed_types=`). Callers recording by hand pass an id to
+`unknown(op, error, entry_id=...)` only when they know it; the wrapper never
+guesses one from an exception without `outcome_unknown` (a client may fail
+every later add with the first add's exception).
 
-Entry ids of UNKNOWN adds: a handle assigns ids in invocation order, but an
-add that failed does not say which id it had (a client may fail every later
-add with the first add's exception, so an id on the exception is no evidence).
-The wrapper therefore never guesses; a caller that knows the id passes it to
-`unknown(op, error, entry_id=...)`. The checker's rule for an entry e that a
+The checker's rule for an entry e that a
 reader returned and that no OK add claims (invariant 3, "every entry read is
 a payload the writer sent for that id"):
   e is explained by an UNKNOWN/PENDING add u of the same ledger iff
@@ -201,7 +203,11 @@ class History:
         try:
             result = await lh.add_entry(payload)
         except BaseException as e:  # cancellation too: the add may be in flight
-            if isinstance(e, failed_types):
+            said = getattr(e, "outcome_unknown", None)
+            hint = getattr(e, "entry_id", None)
+            if said is True:
+                self.unknown(op, e, hint if isinstance(hint, int) and hint >= 0 else None)
+            elif said is False or (said is None and isinstance(e, failed_types)):
                 self.fail(op, e)
             else:
                 self.unknown(op, e)
@@ -212,6 +218,13 @@ class History:
             raise TypeError(f"add_entry returned {result!r}; History.add needs the entry id")
         self.ok(op, entry_id)
         return entry_id
+
+    async def close(self, lh, *, ledger_id: int | None = None) -> None:
+        """`await lh.close()`; on success records writer_closed at `lh.last_add_confirmed`.
+
+        A close that fails (e.g. another client closed the ledger first) records nothing."""
+        await lh.close()
+        self.writer_closed(lh.ledger_id if ledger_id is None else ledger_id, lh.last_add_confirmed)
 
     # -- ledger events
     def writer_closed(self, ledger_id: int, lac: int) -> None:

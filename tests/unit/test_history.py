@@ -410,6 +410,53 @@ def test_add_wrapper_classifies_outcomes():
     assert "LedgerFencedError" in h.ops(L)[4].error
 
 
+def flagged(exc, outcome_unknown, entry_id=None):
+    exc.outcome_unknown = outcome_unknown
+    if entry_id is not None:
+        exc.entry_id = entry_id
+    return exc
+
+
+def test_add_wrapper_trusts_the_clients_outcome_unknown_flag():
+    async def main():
+        h = History()
+        lh = ScriptedHandle([flagged(LedgerClosedError("fenced out mid-flight"), True, 4),
+                             flagged(LedgerFencedError(ledger_id=L, entry_id=None), False),
+                             flagged(BookieIOError("in flight", ledger_id=L, entry_id=6), True),
+                             flagged(ValueError("odd"), True)])
+        for exc in (LedgerClosedError, LedgerFencedError, BookieIOError, ValueError):
+            with pytest.raises(exc):
+                await h.add(lh, b"x")
+        return h
+
+    ops = asyncio.run(main()).ops(L)
+    assert [(op.outcome, op.entry_id) for op in ops] == [
+        (Outcome.UNKNOWN, 4), (Outcome.FAILED, None), (Outcome.UNKNOWN, 6), (Outcome.UNKNOWN, None)]
+
+
+def test_close_wrapper_records_the_writers_close():
+    class Closable:
+        ledger_id = L
+        last_add_confirmed = 3
+
+        def __init__(self, error=None):
+            self.error = error
+
+        async def close(self):
+            if self.error:
+                raise self.error
+
+    async def main():
+        h = History()
+        await h.close(Closable())
+        with pytest.raises(LedgerFencedError):
+            await h.close(Closable(LedgerFencedError("closed by another client")))
+        return h
+
+    (ev,) = asyncio.run(main()).events(L)
+    assert (ev.kind, ev.last_entry_id) == ("writer_closed", 3)
+
+
 def test_add_wrapper_records_cancellation_as_unknown():
     class Hanging:
         ledger_id = 3
@@ -435,8 +482,9 @@ class FencibleHandle:
     at `fence_at` fails every add in flight or later with EFENCED. `stored` is what
     the 'bookies' hold: acked entries plus a random subset of fenced in-flight ones."""
 
-    def __init__(self, rng, fence_at):
+    def __init__(self, rng, fence_at, flag_errors=False):
         self.ledger_id = L
+        self.flag_errors = flag_errors
         self.rng = rng
         self.next_id = 0
         self.fence_at = fence_at
@@ -447,23 +495,27 @@ class FencibleHandle:
         e = self.next_id
         self.next_id += 1
         if self.fenced.is_set():
-            raise LedgerFencedError(ledger_id=L, entry_id=e)
+            raise self._error(e, sent=False)
         if e >= self.fence_at:
             if self.rng.random() < 0.5:  # reached some bookies before the fence
                 self.stored[e] = payload
             await self.fenced.wait()
-            raise LedgerFencedError(ledger_id=L, entry_id=e)
+            raise self._error(e, sent=True)
         await asyncio.sleep(self.rng.random() / 1000)
         self.stored[e] = payload
         return e
 
+    def _error(self, e, sent):
+        err = LedgerFencedError(ledger_id=L, entry_id=e)
+        return flagged(err, sent) if self.flag_errors else err
 
-@pytest.mark.parametrize("seed", range(5))
+
+@pytest.mark.parametrize("seed", range(6))
 def test_wrapper_and_checker_on_a_fenced_toy_writer(seed):
     async def main():
         rng = random.Random(seed)
         h = History()
-        lh = FencibleHandle(rng, fence_at=20)
+        lh = FencibleHandle(rng, fence_at=20, flag_errors=seed % 2 == 1)
         tasks = [asyncio.ensure_future(h.add(lh, b"%d-%d" % (seed, i))) for i in range(30)]
         await asyncio.sleep(0.05)
         lh.fenced.set()
@@ -472,6 +524,8 @@ def test_wrapper_and_checker_on_a_fenced_toy_writer(seed):
 
     h, lh = asyncio.run(main())
     assert sorted(h.acknowledged(L)) == list(range(20))
+    if lh.flag_errors:  # the client said which in-flight add had which id
+        assert all(op.entry_id is not None for op in h.ops(L) if op.outcome is Outcome.UNKNOWN)
     # "recovery": the closed ledger ends at the last entry of the contiguous stored prefix
     last = 19
     while last + 1 in lh.stored:
