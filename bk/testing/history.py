@@ -39,9 +39,8 @@ that client (`failed_types=`). Callers recording by hand pass an id to
 guesses one from an exception without `outcome_unknown` (a client may fail
 every later add with the first add's exception).
 
-The checker's rule for an entry e that a
-reader returned and that no OK add claims (invariant 3, "every entry read is
-a payload the writer sent for that id"):
+The checker's rule for an entry e that a reader returned and that no OK add
+claims (invariant 3, "every entry read is a payload the writer sent for that id"):
   e is explained by an UNKNOWN/PENDING add u of the same ledger iff
   (a) u's payload equals the bytes read;
   (b) u has no recorded id, or its recorded id is e;
@@ -57,7 +56,10 @@ a payload the writer sent for that id"):
   violation: invented, a failed add's payload, or a duplicate.
 OK adds are checked directly: the bytes at their id must be their payload
 (invariant 1), and with check_order their ids must increase in invocation
-order (invariant 3).
+order (invariant 3). Invariant 2 compares the closed lastEntryId with the acked
+ids and recorded closes; invariant 4 checks the segments and that no read is
+above lastEntryId (closed) or the given `lac` (open); invariant 5 (liveness) is
+`assert_closed(metadata)`, asserted by the scenario.
 
 Thread-safe: scenario threads may record concurrently (one lock).
 """
