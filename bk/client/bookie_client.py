@@ -63,12 +63,15 @@ SUSPECT_S = 5.0
 
 
 class _Request:
-    __slots__ = ("key", "callback", "deadline")
+    """A pending request; requests with the same key form a FIFO chain through `next`."""
+
+    __slots__ = ("key", "callback", "deadline", "next")
 
     def __init__(self, key, callback, deadline):
         self.key = key
         self.callback = callback  # None once answered, failed or expired
         self.deadline = deadline
+        self.next = None
 
 
 class _BookieProtocol(asyncio.Protocol):
@@ -114,7 +117,7 @@ class BookieClient:
         self._connect_task: asyncio.Task | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
-        self._pending: dict[tuple, deque] = {}
+        self._pending: dict[tuple, _Request] = {}  # key -> oldest request (chain head)
         self._pending_count = 0
         self._deadlines: dict[float, deque] = {}
         self._sweep_handle: asyncio.TimerHandle | None = None
@@ -202,11 +205,14 @@ class BookieClient:
             callback(None, BookieConnectionError(f"bookie {self.bookie_id}: client is closed"))
             return
         req = _Request(key, callback, self._loop.time() + timeout_s)
-        queue = self._pending.get(key)
-        if queue is None:
-            self._pending[key] = deque((req,))
-        else:
-            queue.append(req)
+        pending = self._pending
+        head = pending.get(key)
+        if head is None:
+            pending[key] = req
+        else:  # rare: another request with the same key is pending
+            while head.next is not None:
+                head = head.next
+            head.next = req
         self._pending_count += 1
         by_deadline = self._deadlines.get(timeout_s)
         if by_deadline is None:
@@ -279,9 +285,10 @@ class BookieClient:
         self._pending_count = 0
         self._out = []
         self._deadlines.clear()
-        for queue in pending.values():
-            for req in queue:
+        for req in pending.values():
+            while req is not None:
                 self._complete(req, None, err)
+                req = req.next
 
     def close(self) -> None:
         """Fail everything pending and drop the connection; the client cannot be reused."""
@@ -324,15 +331,19 @@ class BookieClient:
             else:  # AUTH answers: we never authenticate
                 log.debug("bookie %s: ignoring %r", self.bookie_id, msg)
                 continue
-            queue = pending.get(key)
-            if queue is None:
+            req = pending.pop(key, None)
+            if req is None:
                 log.debug("bookie %s: no pending request for %r (late answer?)", self.bookie_id, msg)
                 continue
-            req = queue.popleft()
-            if not queue:
-                del pending[key]
+            if req.next is not None:
+                pending[key] = req.next
             self._pending_count -= 1
-            self._complete(req, msg, None)
+            callback = req.callback
+            req.callback = None
+            try:
+                callback(msg, None)
+            except Exception:  # a caller's bug must not break the connection
+                log.exception("request callback failed")
 
     @staticmethod
     def _complete(req: _Request, msg, err) -> None:
@@ -346,6 +357,22 @@ class BookieClient:
             log.exception("request callback failed")
 
     # ------------------------------------------------------------ timeouts
+    def _unlink(self, req: _Request) -> bool:
+        """Remove `req` from its key's chain; False if it is not pending."""
+        head = self._pending.get(req.key)
+        if head is req:
+            if req.next is None:
+                del self._pending[req.key]
+            else:
+                self._pending[req.key] = req.next
+            return True
+        while head is not None and head.next is not req:
+            head = head.next
+        if head is None:
+            return False
+        head.next = req.next
+        return True
+
     def _arm_sweep(self) -> None:
         tick = min(self.add_timeout_s, self.read_timeout_s, *self._deadlines) / 8
         self._sweep_handle = self._loop.call_later(min(max(tick, 0.005), 0.5), self._sweep)
@@ -360,12 +387,8 @@ class BookieClient:
                 if req.callback is not None:
                     expired.append(req)
         for req in expired:
-            queue = self._pending.get(req.key)
-            if queue is None or req.callback is None:
+            if req.callback is None or not self._unlink(req):
                 continue
-            queue.remove(req)
-            if not queue:
-                del self._pending[req.key]
             self._pending_count -= 1
             self.last_failure_at = now
             self._complete(req, None, BookieTimeoutError(

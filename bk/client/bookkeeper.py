@@ -107,6 +107,10 @@ class BookKeeper:
         if self.store is not None:
             await self.store.close()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def __aenter__(self) -> "BookKeeper":
         return await self.start()
 

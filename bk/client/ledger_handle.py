@@ -37,6 +37,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
+from functools import partial
 
 from bk.errors import (
     BKError, BookieError, IncorrectParameterError, LedgerClosedError, LedgerFencedError, MetadataFormatError,
@@ -117,6 +118,8 @@ class LedgerHandle(ReadHandle):
     def _set_ensemble(self, ensemble) -> None:
         self._ensemble = tuple(ensemble)
         self._index = {b: i for i, b in enumerate(self._ensemble)}
+        pool = self._bk.pool
+        self._clients = [pool.get(b) for b in self._ensemble]
 
     # ------------------------------------------------------------ adds
     async def add_entry(self, data) -> int:
@@ -127,6 +130,8 @@ class LedgerHandle(ReadHandle):
         """Start an add and return the future of its entry id (for pipelining without tasks)."""
         if self._state is not OPEN:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed: no more adds")
+        if self._bk.closed:
+            raise LedgerClosedError(f"ledger {self.ledger_id}: its BookKeeper client is closed")
         if self._fatal is not None:
             cls, why = self._fatal
             raise _error(cls, f"{why}; this add was not written", self.ledger_id, None, False)
@@ -150,19 +155,14 @@ class LedgerHandle(ReadHandle):
         return future
 
     def _send(self, op: PendingAdd, indexes) -> None:
-        ensemble, failed, pool = self._ensemble, self._failed_bookies, self._bk.pool
+        ensemble, failed, clients = self._ensemble, self._failed_bookies, self._clients
+        frame, ledger_id, entry_id, respond = op.frame, self.ledger_id, op.entry_id, self._add_response
+        op.sent = True
         for i in indexes:
             bookie = ensemble[i]
             if bookie in failed:
                 continue  # sent to its replacement once the ensemble change is in the metadata
-            try:
-                client = pool.get(bookie)
-            except BKError as e:  # the BookKeeper client was closed
-                self._fail(type(e), f"ledger {self.ledger_id}: {e}")
-                return
-            op.sent = True
-            client.send_add(op.frame, self.ledger_id, op.entry_id,
-                            functools.partial(self._add_response, op, bookie))
+            clients[i].send_add(frame, ledger_id, entry_id, partial(respond, op, bookie))
 
     def _add_response(self, op: PendingAdd, bookie: str, response, err) -> None:
         if err is None and response.rc == EOK:
@@ -262,7 +262,11 @@ class LedgerHandle(ReadHandle):
                 if self._fatal is not None:
                     return
                 self._update_metadata(metadata, version)
-                self._apply_ensemble(old, new, failed)
+                try:
+                    self._apply_ensemble(old, new, failed)
+                except BKError as e:  # the BookKeeper client was closed meanwhile
+                    self._fail(type(e), f"ledger {self.ledger_id}: {e}")
+                    return
                 log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, start, list(new))
         finally:
             self._change_task = None

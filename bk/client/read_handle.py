@@ -15,6 +15,7 @@ segment also bounds the LAC from below: the writer starts it at its LAC + 1.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 
 from bk.errors import BookieIOError, IncorrectParameterError
 from bk.meta.ledger_metadata import LedgerMetadata
@@ -36,7 +37,7 @@ class ReadHandle:
                  master_key: bytes):
         self._bk = bk
         self.ledger_id = ledger_id
-        self.metadata = metadata
+        self._set_metadata(metadata)
         self._version = version
         self._digest = digest
         self._master_key = master_key
@@ -68,16 +69,21 @@ class ReadHandle:
     def _last_readable(self) -> int:
         return self.metadata.last_entry_id if self.metadata.is_closed else self._lac
 
+    def _set_metadata(self, metadata: LedgerMetadata) -> None:
+        self.metadata = metadata
+        self._segment_firsts = [first for first, _ in metadata.segments]
+
     def _update_metadata(self, metadata: LedgerMetadata, version: int) -> None:
         if version >= self._version:
-            self.metadata, self._version = metadata, version
+            self._set_metadata(metadata)
+            self._version = version
             if metadata.is_closed:
                 self._lac = metadata.last_entry_id
 
     def replicas(self, entry_id: int) -> list[str]:
         """The write set of `entry_id` (bookie ids) in preference order."""
         md = self.metadata
-        ensemble = md.ensemble_for(entry_id)
+        ensemble = md.segments[bisect_right(self._segment_firsts, entry_id) - 1][1]
         size = md.ensemble_size
         return [ensemble[(entry_id + i) % size] for i in range(md.write_quorum_size)]
 
