@@ -2,25 +2,23 @@
 """Index byte kernel (native). Same API and results as index_py.py, which
 documents the contract; the pure twin is the reference.
 
-location_items(ledger_ids, entry_ids, locations) -> (items, ascending)
+pack_locations(ledger_ids, entry_ids, locations) -> (packed, ascending)
+location_items(packed, start, stop) -> iterator of (key, value)
 """
-from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
-from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from cpython.long cimport PyLong_Check, PyLong_AsUnsignedLongLong
 from cpython.number cimport PyNumber_Index
-from cpython.ref cimport Py_INCREF, PyObject
-
-cdef extern from "Python.h":
-    void PyObject_GC_UnTrack(object op)
-    void PyObject_GC_Track(object op)
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.exc cimport PyErr_Clear
 from libc.stdint cimport uint8_t, uint64_t
-from libc.stdlib cimport malloc, free
 
 MAX_ID = (1 << 63) - 1
 MAX_LOCATION = (1 << 64) - 1
+RECORD_BYTES = 24
+KEY_BYTES = 16
 
 cdef uint64_t _MAX_ID = 0x7FFFFFFFFFFFFFFFULL
+cdef uint64_t _MAX_U64 = 0xFFFFFFFFFFFFFFFFULL
 
 
 cdef inline void _put_u64(uint8_t* p, uint64_t v) noexcept nogil:
@@ -30,9 +28,26 @@ cdef inline void _put_u64(uint8_t* p, uint64_t v) noexcept nogil:
         v >>= 8
 
 
-cdef uint64_t _as_u64(object x, str name, uint64_t top) except? 0xFFFFFFFFFFFFFFFF:
+cdef extern from "Python.h":
+    # Declared without an exception clause: the caller checks PyErr_Occurred
+    # itself, so the hot path has no try/except state to save.
+    unsigned long long _ull_of_long "PyLong_AsUnsignedLongLong"(object pylong)
+    bint _exact_long "PyLong_CheckExact"(object o)
+
+
+cdef inline uint64_t _as_u64(object x, str name, uint64_t top) except? 0xFFFFFFFFFFFFFFFF:
     """x as an unsigned 64-bit value in 0..top; TypeError / ValueError like the twin."""
     cdef uint64_t v
+    if _exact_long(x):
+        v = _ull_of_long(x)
+        if v <= top and v != 0xFFFFFFFFFFFFFFFFULL:  # all ones may be the error value: slow path decides
+            return v
+    return _as_u64_slow(x, name, top)
+
+
+cdef uint64_t _as_u64_slow(object x, str name, uint64_t top) except? 0xFFFFFFFFFFFFFFFF:
+    cdef uint64_t v
+    PyErr_Clear()  # the fast path may have left an OverflowError
     if not PyLong_Check(x):
         try:
             x = PyNumber_Index(x)
@@ -47,53 +62,66 @@ cdef uint64_t _as_u64(object x, str name, uint64_t top) except? 0xFFFFFFFFFFFFFF
     return v
 
 
-def location_items(list ledger_ids, list entry_ids, list locations):
+def pack_locations(list ledger_ids, list entry_ids, list locations):
     cdef Py_ssize_t n = PyList_GET_SIZE(ledger_ids)
     cdef Py_ssize_t i
-    cdef uint64_t lid, eid
+    cdef uint64_t lid, eid, prev_lid = 0, prev_eid = 0
     cdef bint ascending = True
-    cdef uint64_t *cols = NULL
-    cdef bytes key, value
-    cdef tuple item
-    cdef list items
+    cdef bytes packed
+    cdef uint8_t* p
     if PyList_GET_SIZE(entry_ids) != n or PyList_GET_SIZE(locations) != n:
         raise ValueError(f"location columns differ in length: {n}, {len(entry_ids)}, {len(locations)}")
-    if n == 0:
-        return [], True
-    cols = <uint64_t*>malloc(3 * n * sizeof(uint64_t))
-    if cols == NULL:
-        raise MemoryError()
-    try:
-        # Validate every element before building anything: an error leaves no partial result.
-        for i in range(n):
-            lid = _as_u64(<object>PyList_GET_ITEM(ledger_ids, i), "ledger id", _MAX_ID)
-            eid = _as_u64(<object>PyList_GET_ITEM(entry_ids, i), "entry id", _MAX_ID)
-            cols[3 * i + 2] = _as_u64(<object>PyList_GET_ITEM(locations, i), "location", 0xFFFFFFFFFFFFFFFFULL)
-            if i and ascending and not (lid > cols[3 * i - 3] or (lid == cols[3 * i - 3] and eid > cols[3 * i - 2])):
-                ascending = False
-            cols[3 * i] = lid
-            cols[3 * i + 1] = eid
-        # A (bytes, bytes) tuple can never be part of a cycle: leave it untracked by
-        # the cyclic GC (CPython would untrack it at its first collection anyway), and
-        # keep the list untracked while it fills, so the collections that these
-        # allocations trigger do not walk a large half-built list again and again.
-        items = PyList_New(n)
-        PyObject_GC_UnTrack(items)
-        for i in range(n):
-            key = PyBytes_FromStringAndSize(NULL, 16)
-            _put_u64(<uint8_t*>PyBytes_AS_STRING(key), cols[3 * i])
-            _put_u64(<uint8_t*>PyBytes_AS_STRING(key) + 8, cols[3 * i + 1])
-            value = PyBytes_FromStringAndSize(NULL, 8)
-            _put_u64(<uint8_t*>PyBytes_AS_STRING(value), cols[3 * i + 2])
-            item = PyTuple_New(2)
-            Py_INCREF(key)
-            PyTuple_SET_ITEM(item, 0, key)
-            Py_INCREF(value)
-            PyTuple_SET_ITEM(item, 1, value)
-            PyObject_GC_UnTrack(item)
-            Py_INCREF(item)
-            PyList_SET_ITEM(items, i, item)
-        PyObject_GC_Track(items)
-        return items, ascending
-    finally:
-        free(cols)
+    packed = PyBytes_FromStringAndSize(NULL, n * 24)
+    p = <uint8_t*>PyBytes_AS_STRING(packed)
+    for i in range(n):
+        lid = _as_u64(<object>PyList_GET_ITEM(ledger_ids, i), "ledger id", _MAX_ID)
+        eid = _as_u64(<object>PyList_GET_ITEM(entry_ids, i), "entry id", _MAX_ID)
+        _put_u64(p + 24 * i + 16, _as_u64(<object>PyList_GET_ITEM(locations, i), "location", _MAX_U64))
+        _put_u64(p + 24 * i, lid)
+        _put_u64(p + 24 * i + 8, eid)
+        if i and ascending and not (lid > prev_lid or (lid == prev_lid and eid > prev_eid)):
+            ascending = False
+        prev_lid = lid
+        prev_eid = eid
+    return packed, ascending
+
+
+cdef class _LocationItems:
+    """Iterator over packed records as (key, value) 2-tuples, one at a time.
+
+    putmulti drops each item before asking for the next, so the tuple and both
+    bytes objects go straight back to CPython's free lists and are reused: a
+    batch costs a few objects, not three per location, and no GC accounting.
+    """
+    cdef bytes _packed
+    cdef Py_ssize_t _pos, _stop
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cdef const char* p
+        if self._pos >= self._stop:
+            raise StopIteration
+        p = PyBytes_AS_STRING(self._packed) + 24 * self._pos
+        self._pos += 1
+        return (PyBytes_FromStringAndSize(p, 16), PyBytes_FromStringAndSize(p + 16, 8))
+
+    def __length_hint__(self):
+        return self._stop - self._pos
+
+
+def location_items(packed, Py_ssize_t start, Py_ssize_t stop):
+    cdef bytes data = packed if type(packed) is bytes else bytes(packed)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t n = size // 24
+    cdef _LocationItems it
+    if size % 24:
+        raise ValueError(f"packed locations of {size} bytes are not whole {RECORD_BYTES}-byte records")
+    if not (0 <= start <= stop <= n):
+        raise ValueError(f"bad record range [{start}, {stop}) of {n} records")
+    it = _LocationItems.__new__(_LocationItems)
+    it._packed = data
+    it._pos = start
+    it._stop = stop
+    return it

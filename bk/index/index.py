@@ -25,8 +25,8 @@ from bk.index import state as st
 from bk.index.state import LedgerState, LogMark
 
 _MAX_READERS = 256
-_ABOVE_ANY_VALUE = b"\xff" * 9  # sorts after every 8-byte location value
 _kernel = _load_kernel("index")
+_RECORD_BYTES = _kernel.RECORD_BYTES  # packed key (16) + value (8)
 
 
 class Index:
@@ -216,34 +216,38 @@ class IndexWriter:
     def put_location_lists(self, ledger_ids: list, entry_ids: list, locations: list) -> None:
         """Store locations given as three parallel lists, replacing existing ones.
 
-        The index kernel packs every key and value in one call and says whether
-        the keys ascend. Ascending keys beyond the last stored key are appended
-        (LMDB's MDB_APPEND: no tree search per key, full pages); in a sorted
-        flush that is the part of the batch past the highest stored key (usually
-        the newest ledger's run), the rest is put normally."""
+        The index kernel validates and packs the whole batch in one call and says
+        whether its keys ascend; LMDB then takes the records from an iterator, so
+        the batch never becomes a list of per-location tuples. Ascending keys
+        beyond the last stored key are appended (MDB_APPEND: no tree search per
+        key, full pages); in a sorted flush that is the part of the batch past
+        the highest stored key (usually the newest ledger's run), the rest is put
+        normally."""
         txn = self._live()
         try:
-            items, ascending = _kernel.location_items(ledger_ids, entry_ids, locations)
+            packed, ascending = _kernel.pack_locations(ledger_ids, entry_ids, locations)
         except (TypeError, ValueError) as e:
             raise ValueError(f"bad location ({e}); ids must be 0..2**63-1, locations 0..2**64-1") from None
-        if not items:
+        n = len(packed) // _RECORD_BYTES
+        if not n:
             return
+        items = _kernel.location_items
         idx = self._index
         try:
             cur = txn.cursor(db=idx._locations)
-            split = 0  # items[split:] go past the last stored key
-            if ascending and cur.last():
-                split = bisect.bisect_right(items, (cur.key(), _ABOVE_ANY_VALUE))
             if not ascending:
-                cur.putmulti(items)
+                cur.putmulti(items(packed, 0, n))
                 return
+            split = 0  # records [split, n) go past the last stored key
+            if cur.last():
+                split = bisect.bisect_right(range(n), cur.key(),
+                                            key=lambda i: packed[i * _RECORD_BYTES:i * _RECORD_BYTES + 16])
             if split:
-                cur.putmulti(items[:split] if split < len(items) else items)
-            if split < len(items):
-                tail = items[split:] if split else items
-                consumed, added = cur.putmulti(tail, append=True)
-                if added != len(tail):  # cannot happen given the checks above
-                    raise StorageError(f"LMDB index at {idx.path}: append stored {added} of {len(tail)} locations")
+                cur.putmulti(items(packed, 0, split))
+            if split < n:
+                consumed, added = cur.putmulti(items(packed, split, n), append=True)
+                if added != n - split:  # cannot happen given the checks above
+                    raise StorageError(f"LMDB index at {idx.path}: append stored {added} of {n - split} locations")
         except lmdb.Error as e:
             raise idx._error(e, "storing locations") from e
 
