@@ -3,13 +3,18 @@
 which documents the contract; the pure twin is the reference.
 
 frame_entries(entries, base_offset) -> (frame, offsets)
+frame_slice(entries, start, base_offset, max_frame_bytes) -> (frame, offsets, stop)
+check_sizes(entries, min_bytes, max_bytes) -> (total_bytes, first_bad)
+ledger_runs(entries, start, stop) -> list[(ledger_id, framed_bytes)]
 scan_log(buf, start, end, max_entry_bytes) -> (records, stop_offset, status)
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_C_CONTIGUOUS
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
+from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
 from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
-from libc.string cimport memcpy
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy, memcmp
 
 SCAN_CLEAN = 0
 SCAN_TRUNCATED = 1
@@ -18,6 +23,21 @@ MIN_ENTRY_BYTES = 16
 
 cdef enum:
     _MIN_ENTRY = 16
+
+# Below this many bytes the GIL round trip costs more than the copy it frees.
+cdef Py_ssize_t _NOGIL_MIN_BYTES = 64 * 1024
+
+
+cdef inline Py_ssize_t _size_of(object e) except -1:
+    """Byte length of a bytes-like entry (TypeError for anything else)."""
+    cdef Py_buffer pybuf
+    cdef Py_ssize_t size
+    if PyBytes_CheckExact(e):
+        return PyBytes_GET_SIZE(e)
+    PyObject_GetBuffer(e, &pybuf, PyBUF_SIMPLE)
+    size = pybuf.len
+    PyBuffer_Release(&pybuf)
+    return size
 
 
 cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
@@ -82,6 +102,130 @@ def frame_entries(list entries, base_offset):
     if pos != total:
         raise ValueError("an entry changed size while being framed")
     return frame, offsets
+
+
+def check_sizes(list entries, Py_ssize_t min_bytes, Py_ssize_t max_bytes):
+    cdef Py_ssize_t i, size, total = 0
+    for i in range(PyList_GET_SIZE(entries)):
+        size = _size_of(<object>PyList_GET_ITEM(entries, i))
+        if size < min_bytes or size > max_bytes:
+            return total, i
+        total += size
+    return total, -1
+
+
+def frame_slice(list entries, Py_ssize_t start, base_offset, Py_ssize_t max_frame_bytes):
+    cdef Py_ssize_t n = PyList_GET_SIZE(entries)
+    cdef Py_ssize_t i, k, stop, size, total = 0, pos = 0, nviews = 0
+    cdef tuple pinned
+    cdef object e
+    cdef const char **ptrs = NULL
+    cdef Py_ssize_t *lens = NULL
+    cdef Py_buffer *views = NULL
+    cdef bytes frame
+    cdef uint8_t* out
+    if start < 0 or start > n:
+        raise ValueError(f"start {start} is outside 0..{n}")
+    # How many entries fit (at least one): sizes only, before any output.
+    stop = start
+    while stop < n:
+        size = _size_of(<object>PyList_GET_ITEM(entries, stop))
+        if <uint64_t>size > 0xFFFFFFFFULL:
+            raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
+        if stop > start and total + 4 + size > max_frame_bytes:
+            break
+        total += 4 + size
+        stop += 1
+    k = stop - start
+    # Pin the entries (the caller's list may change while the copy runs without the GIL).
+    pinned = tuple(entries[start:stop])
+    ptrs = <const char **>malloc((k + 1) * sizeof(char *))
+    lens = <Py_ssize_t *>malloc((k + 1) * sizeof(Py_ssize_t))
+    views = <Py_buffer *>malloc((k + 1) * sizeof(Py_buffer))
+    if ptrs == NULL or lens == NULL or views == NULL:
+        free(ptrs)
+        free(lens)
+        free(views)
+        raise MemoryError()
+    try:
+        pos = 0
+        offsets = [None] * k
+        for i in range(k):
+            e = <object>PyTuple_GET_ITEM(pinned, i)
+            if PyBytes_CheckExact(e):
+                ptrs[i] = PyBytes_AS_STRING(e)
+                lens[i] = PyBytes_GET_SIZE(e)
+            else:
+                PyObject_GetBuffer(e, &views[nviews], PyBUF_C_CONTIGUOUS)
+                nviews += 1
+                ptrs[i] = <const char *>views[nviews - 1].buf
+                lens[i] = views[nviews - 1].len
+            offsets[i] = base_offset + pos
+            pos += 4 + lens[i]
+        if pos != total:
+            raise ValueError("an entry changed size while being framed")
+        frame = PyBytes_FromStringAndSize(NULL, total)
+        out = <uint8_t*>PyBytes_AS_STRING(frame)
+        if total >= _NOGIL_MIN_BYTES:
+            with nogil:
+                _frame_into(out, ptrs, lens, k)
+        else:
+            _frame_into(out, ptrs, lens, k)
+        return frame, offsets, stop
+    finally:
+        for i in range(nviews):
+            PyBuffer_Release(&views[i])
+        free(views)
+        free(ptrs)
+        free(lens)
+
+
+cdef void _frame_into(uint8_t* out, const char **ptrs, Py_ssize_t *lens, Py_ssize_t k) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(k):
+        _put_u32(out, <uint32_t>lens[i])
+        memcpy(out + 4, ptrs[i], lens[i])
+        out += 4 + lens[i]
+
+
+def ledger_runs(list entries, Py_ssize_t start, Py_ssize_t stop):
+    cdef Py_ssize_t i, size
+    cdef Py_buffer pybuf
+    cdef const uint8_t* head
+    cdef uint8_t prev[8]
+    cdef uint8_t cur[8]
+    cdef Py_ssize_t run_bytes = 0
+    cdef bint have = False
+    cdef object e
+    runs = []
+    if not (0 <= start <= stop <= PyList_GET_SIZE(entries)):
+        raise ValueError(f"bad range [{start}, {stop}) of {PyList_GET_SIZE(entries)} entries")
+    for i in range(start, stop):
+        e = <object>PyList_GET_ITEM(entries, i)
+        if PyBytes_CheckExact(e):
+            size = PyBytes_GET_SIZE(e)
+            if size < 8:
+                raise ValueError(f"entry {i} is {size} bytes, shorter than its ledger id")
+            memcpy(cur, PyBytes_AS_STRING(e), 8)
+        else:
+            PyObject_GetBuffer(e, &pybuf, PyBUF_SIMPLE)
+            size = pybuf.len
+            if size >= 8:
+                memcpy(cur, pybuf.buf, 8)
+            PyBuffer_Release(&pybuf)
+            if size < 8:
+                raise ValueError(f"entry {i} is {size} bytes, shorter than its ledger id")
+        if have and memcmp(cur, prev, 8) == 0:
+            run_bytes += 4 + size
+            continue
+        if have:
+            runs.append((_get_i64(prev), run_bytes))
+        memcpy(prev, cur, 8)
+        run_bytes = 4 + size
+        have = True
+    if have:
+        runs.append((_get_i64(prev), run_bytes))
+    return runs
 
 
 def scan_log(buf, Py_ssize_t start, Py_ssize_t end, long long max_entry_bytes):

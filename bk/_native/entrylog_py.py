@@ -10,6 +10,28 @@ frame_entries(entries, base_offset) -> (frame: bytes, offsets: list[int])
     Raises TypeError for a non bytes-like entry, ValueError for one of 2**32
     bytes or more (its size would not fit the u32 size field).
 
+frame_slice(entries, start, base_offset, max_frame_bytes) -> (frame, offsets, stop)
+    frame_entries(entries[start:stop], base_offset) for the longest run from
+    `start` whose frame is at most max_frame_bytes, but always at least one
+    entry (stop == start only when start == len(entries)). Bounds the memory
+    of framing a big batch. Raises ValueError when start is outside
+    0..len(entries), and like frame_entries for a bad entry in the run.
+
+check_sizes(entries, min_bytes, max_bytes) -> (total_bytes, first_bad)
+    Checks that every entry is min_bytes..max_bytes long, in order. first_bad
+    is -1 when all are, and total_bytes is then the sum of their sizes;
+    otherwise first_bad is the index of the first one that is not (and
+    total_bytes the sum of the sizes before it). TypeError for a non
+    bytes-like entry met before any bad size.
+
+ledger_runs(entries, start, stop) -> list[(ledger_id, framed_bytes)]
+    Runs of consecutive entries of entries[start:stop] with the same ledger id
+    (their first 8 bytes, signed big-endian): one (ledger_id, bytes) per run,
+    bytes = sum of 4 + len(entry) over the run (the records' bytes in a log).
+    A batch sorted by ledger gives one item per ledger. Raises ValueError for
+    a bad range or an entry shorter than 8 bytes, TypeError for a non
+    bytes-like entry.
+
 scan_log(buf, start, end, max_entry_bytes) -> (records, stop_offset, status)
     Walks the records of buf[start:end]. records is a list of
     (offset, size, ledger_id, entry_id) with offset the position of the size
@@ -52,6 +74,60 @@ def frame_entries(entries: list, base_offset: int) -> tuple[bytes, list[int]]:
         parts.append(e)
         pos += 4 + n
     return b"".join(parts), offsets
+
+
+def _size_of(e) -> int:
+    return len(e) if type(e) is bytes else memoryview(e).nbytes  # TypeError for non-buffers
+
+
+def frame_slice(entries: list, start: int, base_offset: int, max_frame_bytes: int) -> tuple[bytes, list[int], int]:
+    n = len(entries)
+    if not 0 <= start <= n:
+        raise ValueError(f"start {start} is outside 0..{n}")
+    stop, total = start, 0
+    while stop < n:
+        size = _size_of(entries[stop])
+        if size > _MAX_SIZE:
+            raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
+        if stop > start and total + 4 + size > max_frame_bytes:
+            break
+        total += 4 + size
+        stop += 1
+    frame, offsets = frame_entries(entries[start:stop], base_offset)
+    return frame, offsets, stop
+
+
+def check_sizes(entries: list, min_bytes: int, max_bytes: int) -> tuple[int, int]:
+    total = 0
+    for i, e in enumerate(entries):
+        size = _size_of(e)
+        if not min_bytes <= size <= max_bytes:
+            return total, i
+        total += size
+    return total, -1
+
+
+def ledger_runs(entries: list, start: int, stop: int) -> list[tuple[int, int]]:
+    if not 0 <= start <= stop <= len(entries):
+        raise ValueError(f"bad range [{start}, {stop}) of {len(entries)} entries")
+    runs: list[tuple[int, int]] = []
+    prev = None
+    run_bytes = 0
+    for i in range(start, stop):
+        e = entries[i]
+        size = _size_of(e)
+        if size < 8:
+            raise ValueError(f"entry {i} is {size} bytes, shorter than its ledger id")
+        head = bytes(e[:8]) if type(e) is not bytes else e[:8]
+        if head == prev:
+            run_bytes += 4 + size
+            continue
+        if prev is not None:
+            runs.append((int.from_bytes(prev, "big", signed=True), run_bytes))
+        prev, run_bytes = head, 4 + size
+    if prev is not None:
+        runs.append((int.from_bytes(prev, "big", signed=True), run_bytes))
+    return runs
 
 
 def scan_log(buf, start: int, end: int, max_entry_bytes: int) -> tuple[list, int, int]:

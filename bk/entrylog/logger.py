@@ -18,8 +18,6 @@ import bisect
 import logging
 import os
 import threading
-from itertools import accumulate, groupby
-from operator import itemgetter
 from typing import NamedTuple, Sequence
 
 from bk._native import load as load_kernel
@@ -31,9 +29,8 @@ from bk.fileio import DurableFile, ensure_dir, remove_file
 
 log = logging.getLogger("bk.entrylog")
 
-_LEDGER_PREFIX = itemgetter(slice(0, 8))  # an entry's ledger id bytes
-_READ_GUESS_BYTES = 4096
-_FRAME_MAX_BYTES = 8 * 1024 * 1024  # add_entries frames at most this much at a time  # first pread of read_entry: size + ids + most small entries
+_READ_GUESS_BYTES = 4096  # first pread of read_entry: size + ids + most small entries
+_FRAME_MAX_BYTES = 8 * 1024 * 1024  # add_entries frames at most this much at a time
 
 
 class DiskUsage(NamedTuple):
@@ -101,41 +98,39 @@ class EntryLogger:
 
         Validates every entry before writing any. Rotates to a new log whenever
         the next record would take the current one past entry_log_size_limit_bytes
-        (a record bigger than the limit gets a log of its own).
+        (a record bigger than the limit gets a log of its own). Frames at most
+        _FRAME_MAX_BYTES at a time (bounded extra memory; the kernel copies big
+        frames without holding the GIL).
         """
         if self._closed:
             raise StorageError("entry logger is closed")
         if not entries:
             return []
-        entries = list(entries)
-        sizes = list(map(len, entries))
-        if min(sizes) < fmt.MIN_ENTRY_BYTES or max(sizes) > self.max_entry_bytes:
-            i = next(i for i, n in enumerate(sizes)
-                     if not fmt.MIN_ENTRY_BYTES <= n <= self.max_entry_bytes)
-            raise ValueError(f"entry {i} of the batch is {sizes[i]} bytes; entries must be "
+        if type(entries) is not list:
+            entries = list(entries)
+        kernel = self._kernel
+        _, bad = kernel.check_sizes(entries, fmt.MIN_ENTRY_BYTES, self.max_entry_bytes)
+        if bad >= 0:
+            raise ValueError(f"entry {bad} of the batch is {len(entries[bad])} bytes; entries must be "
                              f"{fmt.MIN_ENTRY_BYTES}..{self.max_entry_bytes} bytes (max_frame_size_bytes)")
-        total = sum(sizes)
-        if total <= _FRAME_MAX_BYTES:
-            return self._add_framed(entries)
-        # Frame a big batch in slices: bounded extra memory, same records.
-        ends = list(accumulate(sizes))
         out: list[int] = []
-        start = 0
-        while start < len(entries):
-            base = ends[start - 1] if start else 0
-            stop = max(start + 1, bisect.bisect_right(ends, base + _FRAME_MAX_BYTES, start))
-            out += self._add_framed(entries[start:stop])
+        start, n = 0, len(entries)
+        while start < n:
+            if self._current is None:
+                self._open_new_log()
+            # Fold the log id into the base, so the kernel's offsets are locations.
+            frame, locs, stop = kernel.frame_slice(entries, start, (self.current_log_id << 32) | self._written_end,
+                                                   _FRAME_MAX_BYTES)
+            self._add_framed(entries, start, frame, locs, out)
             start = stop
         return out
 
-    def _add_framed(self, entries: list) -> list[int]:
-        if self._current is None:
-            self._open_new_log()
-        # Fold the log id into the base, so the kernel's offsets are locations.
-        frame, locs = self._kernel.frame_entries(entries, (self.current_log_id << 32) | self._written_end)
+    def _add_framed(self, entries: list, start: int, frame: bytes, locs: list[int], out: list[int]) -> None:
+        """Write `frame` (records of entries[start:start + len(locs)], framed at
+        `locs` in the current log), rotating where the size limit falls; appends
+        the final locations to `out`."""
         view = memoryview(frame)
-        out: list[int] = []
-        i, n = 0, len(entries)
+        i, n = start, start + len(locs)
         while True:
             log_base = self.current_log_id << 32
             limit_loc = log_base + self._limit_bytes
@@ -146,18 +141,22 @@ class EntryLogger:
                 if k == 0 and self._written_end == fmt.HEADER_BYTES:
                     k = 1
             if k:
-                cut = (locs[k] - locs[0]) if k < len(locs) else len(view)
-                self._append(view[:cut], entries[i:i + k], locs[:k])
-                out.extend(locs[:k])
+                whole = k == len(locs)
+                cut = len(view) if whole else locs[k] - locs[0]
+                self._append(view if whole else view[:cut], entries, i, i + k)
+                if whole:
+                    out += locs
+                    return
+                out += locs[:k]
                 view, locs, i = view[cut:], locs[k:], i + k
             if i == n:
-                return out
+                return
             self._rotate()
             shift = ((self.current_log_id << 32) | self._written_end) - locs[0]
             locs = [x + shift for x in locs]
 
-    def _append(self, data: memoryview, entries: list, locs: list[int]) -> None:
-        """Write one run of whole records (`data`, framed `entries` at `locs`) to the
+    def _append(self, data: memoryview, entries: list, start: int, stop: int) -> None:
+        """Write one run of whole records (`data`: entries[start:stop] framed) to the
         current log, then account them in its ledgers map."""
         f = self._current
         try:
@@ -166,19 +165,11 @@ class EntryLogger:
             self._abandon_current()
             raise
         # Per-ledger bytes from runs of equal ledger ids (batches come sorted by
-        # ledger, so this is a few groups, not a Python step per entry): a run's
-        # records are contiguous, so its bytes are the distance between locations.
-        usage: dict[int, int] = {}
-        end_loc = locs[0] + len(data)
-        pos = 0
-        for prefix, run in groupby(map(_LEDGER_PREFIX, entries)):
-            nxt = pos + len(list(run))
-            lid = int.from_bytes(prefix, "big", signed=True)
-            usage[lid] = usage.get(lid, 0) + (locs[nxt] if nxt < len(locs) else end_loc) - locs[pos]
-            pos = nxt
+        # ledger, so this is a few runs, counted by the kernel).
+        usage = self._kernel.ledger_runs(entries, start, stop)
         with self._lock:
             cur = self._current_usage
-            for lid, nbytes in usage.items():
+            for lid, nbytes in usage:
                 cur[lid] = cur.get(lid, 0) + nbytes
             self._written_end = f.size
 

@@ -102,3 +102,73 @@ def test_native_agrees_with_pure_on_random_input():
         # fully random bytes too
         junk = rng.randbytes(rng.randrange(0, 200))
         assert NATIVE.scan_log(junk, 0, len(junk), 64) == PURE.scan_log(junk, 0, len(junk), 64)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_frame_slice_bounds_the_frame_and_takes_at_least_one(k):
+    es = [struct.pack(">qq", 1, i) + bytes(i) for i in range(10)]  # records of 20 + i bytes
+    frame, offsets, stop = k.frame_slice(es, 2, 500, 22 + 23 + 24)
+    assert stop == 5 and (frame, offsets) == k.frame_entries(es[2:5], 500)
+    assert k.frame_slice(es, 2, 0, 22 + 23 + 23)[2] == 4  # the third does not fit
+    assert k.frame_slice(es, 9, 0, 1)[1:] == ([0], 10)  # too big alone: still one entry
+    assert k.frame_slice(es, 10, 7, 100) == (b"", [], 10)
+    assert k.frame_slice(es, 0, 0, 1 << 30)[2] == 10
+    for bad in (-1, 11):
+        with pytest.raises(ValueError):
+            k.frame_slice(es, bad, 0, 100)
+    with pytest.raises(TypeError):
+        k.frame_slice([es[0], "not bytes"], 0, 0, 1000)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_check_sizes(k):
+    es = [bytes(16), bytearray(20), memoryview(bytes(30)), bytes(17)]
+    assert k.check_sizes(es, 16, 30) == (83, -1)
+    assert k.check_sizes(es, 16, 29) == (36, 2)
+    assert k.check_sizes(es, 17, 100) == (0, 0)
+    assert k.check_sizes([], 16, 30) == (0, -1)
+    with pytest.raises(TypeError):
+        k.check_sizes([bytes(16), 5], 16, 30)
+    assert k.check_sizes([bytes(3), 5], 16, 30) == (0, 0)  # a bad size first: reported before the type
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_ledger_runs(k):
+    es = [struct.pack(">qq", lid, i) + bytes(i) for i, lid in enumerate([5, 5, -2, -2, -2, 5, 7])]
+    sizes = [4 + len(e) for e in es]
+    assert k.ledger_runs(es, 0, 7) == [(5, sizes[0] + sizes[1]), (-2, sum(sizes[2:5])), (5, sizes[5]), (7, sizes[6])]
+    assert k.ledger_runs(es, 3, 4) == [(-2, sizes[3])]
+    assert k.ledger_runs(es, 4, 4) == []
+    assert k.ledger_runs([bytearray(es[0]), memoryview(es[1])], 0, 2) == [(5, sizes[0] + sizes[1])]
+    for start, stop in ((-1, 2), (3, 2), (0, 8)):
+        with pytest.raises(ValueError):
+            k.ledger_runs(es, start, stop)
+    with pytest.raises(ValueError):
+        k.ledger_runs([es[0], b"short"], 0, 2)
+    with pytest.raises(TypeError):
+        k.ledger_runs([es[0], 12345678], 0, 2)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="native entrylog not built")
+def test_native_agrees_with_pure_on_batch_helpers():
+    rng = random.Random(99)
+    for _ in range(300):
+        n = rng.randrange(0, 40)
+        entries = [struct.pack(">q", rng.choice([0, 1, -1, 1 << 40])) + rng.randbytes(rng.choice([0, 3, 8, rng.randrange(0, 300)]))
+                   for _ in range(n)]
+        if n and rng.random() < 0.1:
+            entries[rng.randrange(n)] = b"tiny"
+        entries = [bytearray(e) if rng.random() < 0.2 else e for e in entries]
+        lo, hi = rng.choice([(0, 1 << 20), (16, 200), (8, 100)])
+        assert NATIVE.check_sizes(entries, lo, hi) == PURE.check_sizes(entries, lo, hi)
+        start = rng.randrange(0, n + 1)
+        stop = rng.randrange(start, n + 1)
+        outcome = []
+        for kern in (PURE, NATIVE):
+            try:
+                outcome.append(kern.ledger_runs(entries, start, stop))
+            except ValueError:
+                outcome.append(ValueError)
+        assert outcome[0] == outcome[1]
+        base, limit = rng.randrange(1 << 40), rng.choice([1, 50, 500, 1 << 20])
+        assert NATIVE.frame_slice(entries, start, base, limit) == PURE.frame_slice(entries, start, base, limit)
