@@ -35,6 +35,7 @@ from .ledger_handle import LedgerHandle
 from .placement import EnsemblePlacementPolicy
 from .quorum import check_quorum_sizes
 from .read_handle import ReadHandle
+from .recovery import recover_ledger
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +154,10 @@ class BookKeeper:
 
         recovery=False never fences and never changes the metadata: an open
         ledger is read up to the LAC its bookies report (a tailing reader).
-        recovery=True fences the ledger and closes it (REPLICATION.md, ledger
-        recovery) - not available yet: raises NotImplementedError.
+        recovery=True fences the ledger and closes it at the end its bookies
+        agree on (REPLICATION.md, ledger recovery; bk.client.recovery), so the
+        handle reads a CLOSED ledger; LedgerRecoveryError if the bookies'
+        answers cannot decide (retry later), and the ledger stays IN_RECOVERY.
 
         A wrong password (checked against the one in the metadata) raises
         UnauthorizedAccessError before any bookie is contacted. `digest_type`
@@ -168,12 +171,10 @@ class BookKeeper:
             dtype = DigestType(int(metadata.digest_type))
         else:
             dtype = parse_digest_type(digest_type if digest_type is not None else "CRC32C")
+        digest = DigestManager(ledger_id, dtype, password)
         if recovery and not metadata.is_closed:
-            raise NotImplementedError(
-                f"ledger {ledger_id} is not closed and open_ledger(recovery=True) (fencing and ledger recovery)"
-                " is not implemented yet; open with recovery=False to tail it up to its last add confirmed")
-        handle = ReadHandle(self, ledger_id, metadata, version, DigestManager(ledger_id, dtype, password),
-                            master_key(password))
+            metadata, version = await recover_ledger(self, ledger_id, digest, master_key(password))
+        handle = ReadHandle(self, ledger_id, metadata, version, digest, master_key(password))
         if not metadata.is_closed:
             await handle.read_last_add_confirmed()
         return handle

@@ -69,10 +69,11 @@ def _error(cls: type, message: str, ledger_id: int, entry_id: int | None, outcom
 
 class LedgerHandle(ReadHandle):
     def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
-                 master_key: bytes):
+                 master_key: bytes, *, add_flags: int = 0):
         super().__init__(bk, ledger_id, metadata, version, digest, master_key)
         self._loop = asyncio.get_running_loop()
-        self._framer = AddFramer(digest, master_key, bk.max_frame_size_bytes)
+        self._framer = AddFramer(digest, master_key, bk.max_frame_size_bytes, add_flags)
+        self._fixed_lac: int | None = None  # recovery stamps every entry with the LAC it started from
         self._max_payload_bytes = self._framer.max_payload_bytes()
         self._E = metadata.ensemble_size
         self._WQ = metadata.write_quorum_size
@@ -146,7 +147,8 @@ class LedgerHandle(ReadHandle):
         entry_id = self._last_add_pushed + 1
         self._last_add_pushed = entry_id
         self._length_pushed += len(data)
-        frame = self._framer.frame(entry_id, self._lac, self._length_pushed, data)
+        lac = self._lac if self._fixed_lac is None else self._fixed_lac
+        frame = self._framer.frame(entry_id, lac, self._length_pushed, data)
         future = self._loop.create_future()
         op = PendingAdd(entry_id, frame, future, self._length_pushed)
         self._pending.append(op)
@@ -243,8 +245,7 @@ class LedgerHandle(ReadHandle):
                 try:
                     writable = await self._bk.registration.writable_bookies()
                     new = tuple(self._bk.placement.replace_bookies(old, failed, writable, avoid=self._avoid))
-                    metadata, version = await self._bk.ledger_manager.update_ledger_metadata(
-                        self.ledger_id, functools.partial(self._change_metadata, start, old, new))
+                    metadata, version = await self._store_ensemble_change(start, old, new)
                 except (NotEnoughBookiesError, LedgerFencedError, NoSuchLedgerMetadataError,
                         MetadataFormatError) as e:
                     self._fail(type(e) if not isinstance(e, MetadataFormatError) else LedgerFencedError,
@@ -275,6 +276,11 @@ class LedgerHandle(ReadHandle):
                 if self._fatal is None:
                     self._deliver()
             self._wake_drain()
+
+    async def _store_ensemble_change(self, start: int, old: tuple, new: tuple) -> tuple[LedgerMetadata, int]:
+        """CAS the new segment into the metadata store (a writer's ensemble change)."""
+        return await self._bk.ledger_manager.update_ledger_metadata(
+            self.ledger_id, functools.partial(self._change_metadata, start, old, new))
 
     def _change_metadata(self, start: int, old: tuple, new: tuple, current: LedgerMetadata):
         if current.state is not LedgerState.OPEN:
@@ -327,29 +333,30 @@ class LedgerHandle(ReadHandle):
             if task.done() and self._close_task is task and self._state is not CLOSED:
                 self._close_task = None  # e.g. the metadata store was down: close() may be retried
 
+    def _close_metadata(self, lac: int, length: int, current: LedgerMetadata):
+        """The writer's close: OPEN -> CLOSED at its LAC; a ledger closed elsewhere must agree."""
+        if current.state is LedgerState.CLOSED:
+            if (current.last_entry_id, current.length) == (lac, length):
+                return None
+            raise LedgerFencedError(
+                f"ledger {self.ledger_id} was closed by another client at entry {current.last_entry_id}"
+                f" (length {current.length}); this writer's LAC is {lac}")
+        if current.state is LedgerState.IN_RECOVERY:
+            raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
+        return current.with_closed(lac, length)
+
     async def _close(self) -> None:
         await self._drain()
-        lac, length = self._lac, self._length_confirmed
-
-        def close_metadata(current: LedgerMetadata):
-            if current.state is LedgerState.CLOSED:
-                if (current.last_entry_id, current.length) == (lac, length):
-                    return None
-                raise LedgerFencedError(
-                    f"ledger {self.ledger_id} was closed by another client at entry {current.last_entry_id}"
-                    f" (length {current.length}); this writer's LAC is {lac}")
-            if current.state is LedgerState.IN_RECOVERY:
-                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
-            return current.with_closed(lac, length)
-
+        update = functools.partial(self._close_metadata, self._lac, self._length_confirmed)
         try:
-            metadata, version = await self._bk.ledger_manager.update_ledger_metadata(self.ledger_id, close_metadata)
+            metadata, version = await self._bk.ledger_manager.update_ledger_metadata(self.ledger_id, update)
         except (LedgerFencedError, NoSuchLedgerMetadataError):
             self._state = CLOSED
             raise
         self._update_metadata(metadata, version)
         self._state = CLOSED
-        log.debug("ledger %d closed at entry %d (%d bytes)", self.ledger_id, lac, length)
+        log.debug("ledger %d closed at entry %d (%d bytes)", self.ledger_id, metadata.last_entry_id,
+                  metadata.length)
 
     @property
     def is_closed(self) -> bool:

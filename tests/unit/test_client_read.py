@@ -203,8 +203,6 @@ async def test_tailing_reader_follows_the_lac_without_fencing_or_changing_metada
         await lh.close()
         assert await rh.read_last_add_confirmed() == 19 and rh.is_closed
         assert (await rh.read_entry(19)).data == b"entry-19"
-        with pytest.raises(NotImplementedError, match="recovery"):
-            await reader.open_ledger((await writer.create_ledger(3, 2, 2)).ledger_id, recovery=True)
 
 
 @run_async

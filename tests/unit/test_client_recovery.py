@@ -1,0 +1,207 @@
+"""Ledger recovery (open_ledger(recovery=True)) against fake bookies: REPLICATION.md steps 1-5
+and invariants 1-4 after each scenario."""
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from test_client_support import FakeCluster, run_async  # noqa: E402
+
+from bk.client import BookKeeper  # noqa: E402
+from bk.errors import LedgerFencedError, LedgerRecoveryError, UnauthorizedAccessError  # noqa: E402
+from bk.meta.ledger_manager import LedgerManager  # noqa: E402
+from bk.meta.ledger_metadata import LedgerState  # noqa: E402
+from bk.proto import FLAG_RECOVERY_ADD, DigestManager, StatusCode, master_key  # noqa: E402
+
+
+def plant(bookie, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes,
+          password: bytes = b"pw") -> None:
+    """Store an entry on one fake bookie as if a writer had sent it there only."""
+    bookie.keys.setdefault(ledger_id, master_key(password))
+    bookie.entries[(ledger_id, entry_id)] = DigestManager(ledger_id, "CRC32C", password).frame_entry(
+        entry_id, lac, length, payload)
+
+
+async def dead_writer(cluster, bkc, n: int, e=3, wq=3, aq=2):
+    """A ledger whose writer wrote entries 0..n-1 one at a time (LAC piggybacked) and then died."""
+    lh = await bkc.create_ledger(e, wq, aq, password=b"pw")
+    for i in range(n):
+        await lh.add_entry(b"entry-%d" % i)
+    return lh
+
+
+async def check_closed(bkc, ledger_id: int, expected: list[bytes]):
+    md = (await LedgerManager(bkc.store).read_ledger_metadata(ledger_id))[0]
+    assert md.state is LedgerState.CLOSED and md.last_entry_id == len(expected) - 1
+    assert md.length == sum(map(len, expected))
+    firsts = [f for f, _ in md.segments]
+    assert firsts[0] == 0 and all(a < b for a, b in zip(firsts, firsts[1:]))
+    assert all(len(set(ens)) == md.ensemble_size == len(ens) for _, ens in md.segments)
+    if expected:
+        rh = await bkc.open_ledger(ledger_id, password=b"pw")
+        assert [x.data for x in await rh.read_entries(0, len(expected) - 1)] == expected
+    return md
+
+
+@run_async
+async def test_recovery_closes_at_the_writers_lac_and_fences_the_writer():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as writer, \
+            BookKeeper(cluster.metadata_uri) as recoverer:
+        lh = await dead_writer(cluster, writer, 12)
+        rh = await recoverer.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert rh.is_closed and rh.last_add_confirmed == 11
+        expected = [b"entry-%d" % i for i in range(12)]
+        await check_closed(recoverer, lh.ledger_id, expected)
+        assert all(lh.ledger_id in b.fenced for b in cluster.bookies)
+        with pytest.raises(LedgerFencedError):
+            await lh.add_entry(b"too late")
+        await lh.close()  # recovery closed it exactly at this writer's LAC: they agree
+        # Opening again with recovery is a plain open of a closed ledger.
+        assert (await recoverer.open_ledger(lh.ledger_id, password=b"pw", recovery=True)).last_add_confirmed == 11
+
+
+@run_async
+async def test_unacknowledged_entries_on_some_bookies_are_recovered_and_written_back():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 10)
+        x, y, z = (cluster.by_id(b) for b in lh.ensemble)
+        length = lh.length
+        extra = []
+        for i in range(10, 15):  # the writer sent these to two bookies and died before any ack
+            payload = b"entry-%d" % i
+            length += len(payload)
+            extra.append(payload)
+            for b in (x, y):
+                plant(b, lh.ledger_id, i, 9, length, payload)
+        await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        expected = [b"entry-%d" % i for i in range(10)] + extra
+        await check_closed(bkc, lh.ledger_id, expected)
+        # Written back to the third replica, stamped with the LAC recovery started from.
+        dm = DigestManager(lh.ledger_id, "CRC32C", b"pw")
+        for i in range(10, 15):
+            lac, _, payload = dm.verify_entry(i, z.entries[(lh.ledger_id, i)])
+            assert bytes(payload) == b"entry-%d" % i and lac == 9
+        assert ("fence", lh.ledger_id, 15) in z.requests or ("fence", lh.ledger_id, 15) in x.requests
+
+
+@run_async
+async def test_fencing_needs_coverage_and_a_failed_recovery_leaves_the_ledger_in_recovery():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 5)
+        broken = [cluster.by_id(b) for b in lh.ensemble[:2]]
+        for b in broken:
+            b.read_hook = lambda req: int(StatusCode.EIO)
+        with pytest.raises(LedgerRecoveryError, match="cannot fence"):
+            await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        md = (await LedgerManager(cluster.store).read_ledger_metadata(lh.ledger_id))[0]
+        assert md.state is LedgerState.IN_RECOVERY
+        with pytest.raises(LedgerFencedError):  # the writer cannot close an IN_RECOVERY ledger
+            await lh.close()
+        for b in broken:
+            b.read_hook = None
+        await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        await check_closed(bkc, lh.ledger_id, [b"entry-%d" % i for i in range(5)])
+
+
+@run_async
+async def test_an_entry_with_neither_a_valid_copy_nor_enough_negatives_fails_recovery():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 5)
+        x, y, z = (cluster.by_id(b) for b in lh.ensemble)
+        plant(x, lh.ledger_id, 5, 4, lh.length + 7, b"entry-5")
+        x.corrupt(lh.ledger_id, 5)
+        y.read_hook = lambda req: int(StatusCode.EIO) if req.entry_id == 5 else None
+        with pytest.raises(LedgerRecoveryError, match="entry 5: neither a valid copy"):
+            await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        md = (await LedgerManager(cluster.store).read_ledger_metadata(lh.ledger_id))[0]
+        assert md.state is LedgerState.IN_RECOVERY
+
+
+@run_async
+async def test_empty_last_segment_closes_before_it_with_the_right_length():
+    async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 6)
+        spare = next(b.bookie_id for b in cluster.bookies if b.bookie_id not in lh.ensemble)
+        await LedgerManager(cluster.store).update_ledger_metadata(
+            lh.ledger_id, lambda md: md.with_ensemble_change(6, [spare] + list(lh.ensemble[1:])))
+        # The new segment's bookies answer the fence with entry 5 (LAC 4): recovery starts at 6
+        # (the segment's start), finds nothing and closes at 5 with entry 5's length.
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert rh.last_add_confirmed == 5
+        md = await check_closed(bkc, lh.ledger_id, [b"entry-%d" % i for i in range(6)])
+        assert [f for f, _ in md.segments] == [0, 6]
+
+
+@run_async
+async def test_write_back_to_a_dead_bookie_changes_the_ensemble_only_in_the_final_cas():
+    async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri, connect_timeout_s=2) as bkc:
+        lh = await dead_writer(cluster, bkc, 10)
+        x, y, z = (cluster.by_id(b) for b in lh.ensemble)
+        length = lh.length
+        for i in range(10, 13):
+            length += len(b"entry-%d" % i)
+            for b in (x, y):
+                plant(b, lh.ledger_id, i, 9, length, b"entry-%d" % i)
+        await cluster.kill(z)
+        lm = LedgerManager(cluster.store)
+        seen = []
+        real = lm.write_ledger_metadata
+
+        async def spy(ledger_id, metadata, version):
+            seen.append(metadata.state)
+            return await real(ledger_id, metadata, version)
+
+        bkc.ledger_manager.write_ledger_metadata = spy
+        await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert seen == [LedgerState.IN_RECOVERY, LedgerState.CLOSED]  # no CAS for the ensemble change
+        md = await check_closed(bkc, lh.ledger_id, [b"entry-%d" % i for i in range(13)])
+        assert len(md.segments) == 2 and z.bookie_id not in md.segments[1][1]
+        assert md.segments[1][0] <= 10
+
+
+@run_async
+async def test_concurrent_recoverers_agree():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as writer:
+        lh = await dead_writer(cluster, writer, 8)
+        x, y, _ = (cluster.by_id(b) for b in lh.ensemble)
+        plant(x, lh.ledger_id, 8, 7, lh.length + 7, b"entry-8")
+        plant(y, lh.ledger_id, 8, 7, lh.length + 7, b"entry-8")
+        clients = [await BookKeeper.connect(cluster.metadata_uri) for _ in range(3)]
+        try:
+            handles = await asyncio.gather(*(c.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+                                             for c in clients), return_exceptions=True)
+            assert not [h for h in handles if isinstance(h, BaseException)], handles
+            assert {h.last_add_confirmed for h in handles} == {8}
+            await check_closed(writer, lh.ledger_id, [b"entry-%d" % i for i in range(9)])
+        finally:
+            for c in clients:
+                await c.close()
+
+
+@run_async
+async def test_recovery_with_a_wrong_password_touches_nothing():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 3)
+        with pytest.raises(UnauthorizedAccessError):
+            await bkc.open_ledger(lh.ledger_id, password=b"nope", recovery=True)
+        assert not any(b.fenced for b in cluster.bookies)
+        assert (await LedgerManager(cluster.store).read_ledger_metadata(lh.ledger_id))[0].state is LedgerState.OPEN
+
+
+@run_async
+async def test_recovery_adds_carry_the_recovery_flag():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 4)
+        x, y, z = (cluster.by_id(b) for b in lh.ensemble)
+        plant(x, lh.ledger_id, 4, 3, lh.length + 7, b"entry-4")
+        plant(y, lh.ledger_id, 4, 3, lh.length + 7, b"entry-4")
+        flags = []
+        z.add_hook = lambda req: flags.append(req.flags)
+        await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert flags and all(f & FLAG_RECOVERY_ADD for f in flags)
+        assert (lh.ledger_id, 4) in z.entries  # accepted although z is fenced
