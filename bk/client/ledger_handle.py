@@ -227,6 +227,9 @@ class LedgerHandle(ReadHandle):
     def _bookie_failed(self, bookie: str, err: BaseException) -> None:
         if bookie not in self._index or bookie in self._failed_bookies:
             return  # replaced already, or already being replaced
+        if self._bk.closed:
+            self._fail(LedgerClosedError, f"ledger {self.ledger_id}: its BookKeeper client was closed")
+            return
         log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, err)
         self._failed_bookies.add(bookie)
         self._avoid.add(bookie)
@@ -253,7 +256,7 @@ class LedgerHandle(ReadHandle):
                     return
                 except (MetadataStoreError, MetadataVersionError) as e:
                     retries += 1
-                    if retries > METADATA_RETRIES:
+                    if retries > METADATA_RETRIES or self._bk.closed:
                         self._fail(type(e), f"ledger {self.ledger_id}: ensemble change failed: {e}")
                         return
                     log.warning("ledger %d: ensemble change: %s; retrying", self.ledger_id, e)

@@ -191,3 +191,59 @@ def test_client_on_zookeeper_with_an_ensemble_change(tmp_path, zk_metadata_uri):
             assert lh.ledger_id not in await reader.list_ledgers()
 
     scenario(tmp_path=tmp_path)
+
+
+@with_cluster(3)
+async def test_writer_killed_mid_stream_then_recovered(cluster):
+    """Scenario 1: no acknowledged entry lost, no truncation, readers agree."""
+    data = payloads(2000, seed=3)
+    writer = await BookKeeper.connect(cluster.metadata_uri)
+    lh = await writer.create_ledger(3, 2, 2, password=b"pw")
+    acknowledged = []
+    futures = [lh.async_add_entry(p) for p in data]
+    for f in futures:
+        f.add_done_callback(lambda f: acknowledged.append(f.result()) if not f.exception() else None)
+    await until(lambda: len(acknowledged) >= 700, "700 entries acknowledged")
+    await writer.close()  # the writer dies: its connections drop with adds in flight
+    await asyncio.gather(*futures, return_exceptions=True)
+    top = max(acknowledged)
+    assert sorted(acknowledged) == list(range(top + 1))
+    async with BookKeeper(cluster.metadata_uri) as a, BookKeeper(cluster.metadata_uri) as b:
+        ra = await a.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert ra.is_closed and ra.last_add_confirmed >= top
+        check_segments(ra.metadata)
+        last = ra.last_add_confirmed
+        got_a = await ra.read_entries(0, last)
+        rb = await b.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert rb.last_add_confirmed == last
+        got_b = await rb.read_entries(0, last)
+        assert [e.data for e in got_a] == [e.data for e in got_b] == data[:last + 1]
+        assert ra.length == sum(map(len, data[:last + 1]))
+
+
+@with_cluster(3)
+async def test_recovery_while_the_writer_keeps_writing(cluster):
+    async with BookKeeper(cluster.metadata_uri) as writer, BookKeeper(cluster.metadata_uri) as recoverer:
+        lh = await writer.create_ledger(3, 3, 2, password=b"pw")
+        acknowledged = []
+        stop = asyncio.Event()
+
+        async def write():
+            i = 0
+            while not stop.is_set():
+                try:
+                    acknowledged.append(await lh.add_entry(b"w%d" % i))
+                except LedgerFencedError:
+                    return
+                i += 1
+
+        task = asyncio.ensure_future(write())
+        await until(lambda: len(acknowledged) >= 200, "200 entries acknowledged")
+        rh = await recoverer.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        stop.set()
+        await task
+        last = rh.last_add_confirmed
+        assert acknowledged == list(range(len(acknowledged))) and last >= acknowledged[-1]
+        with pytest.raises(LedgerFencedError):
+            await lh.add_entry(b"after recovery")
+        assert [e.data for e in await rh.read_entries(0, last)] == [b"w%d" % i for i in range(last + 1)]

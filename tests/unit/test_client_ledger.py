@@ -371,3 +371,21 @@ async def test_placement_replacement_prefers_bookies_that_did_not_fail():
     assert policy.replace_bookies(["a", "b", "c"], {"b"}, ["a", "b", "c", "d"], avoid={"d"}) == ["a", "d", "c"]
     with pytest.raises(NotEnoughBookiesError):
         policy.replace_bookies(["a", "b", "c"], {"a", "b"}, ["a", "b", "c", "d"])
+
+
+@run_async
+async def test_closing_the_client_fails_adds_in_flight_without_an_ensemble_change():
+    async with FakeCluster(4) as cluster:
+        bkc = await BookKeeper.connect(cluster.metadata_uri)
+        lh = await bkc.create_ledger(3, 2, 2)
+        await lh.add_entry(b"0")
+        for b in cluster.bookies:
+            b.add_hook = lambda req: DROP
+        futures = [lh.async_add_entry(b"x") for _ in range(10)]
+        await until(lambda: sum(len(b.requests) for b in cluster.bookies) >= 22, "adds sent")
+        await bkc.close()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(r, LedgerClosedError) and r.outcome_unknown for r in results)
+        assert lh.ensemble_changes == 0
+        with pytest.raises(LedgerClosedError):
+            await lh.add_entry(b"y")
