@@ -43,6 +43,8 @@ DEFAULT_ADD_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_WINDOW_ENTRIES = 256
+# Entries per BATCH_READ when a segment has E == WQ (every bookie holds every entry).
+DEFAULT_BATCH_READ_ENTRIES = 64
 
 
 def _password(password) -> bytes:
@@ -58,6 +60,7 @@ class BookKeeper:
                  read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
                  read_window_entries: int = DEFAULT_READ_WINDOW_ENTRIES,
+                 batch_read_entries: int = DEFAULT_BATCH_READ_ENTRIES,
                  max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
                  placement: EnsemblePlacementPolicy | None = None, store_options: Mapping | None = None):
         for name, value in (("add_timeout_s", add_timeout_s), ("read_timeout_s", read_timeout_s),
@@ -71,6 +74,7 @@ class BookKeeper:
         self.read_timeout_s = float(read_timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.read_window_entries = int(read_window_entries)
+        self.batch_read_entries = int(batch_read_entries)  # 0 or 1: never BATCH_READ
         self.max_frame_size_bytes = int(max_frame_size_bytes)
         self.placement = placement or EnsemblePlacementPolicy()
         self._store_options = dict(store_options or {})

@@ -80,6 +80,14 @@ class ReadHandle:
             if metadata.is_closed:
                 self._lac = metadata.last_entry_id
 
+    def _batch_end(self, entry_id: int) -> int | None:
+        """Last entry id of entry_id's segment when every bookie of it holds every entry (E == WQ)."""
+        md = self.metadata
+        if md.ensemble_size != md.write_quorum_size:
+            return None
+        index = bisect_right(self._segment_firsts, entry_id)
+        return self._segment_firsts[index] - 1 if index < len(self._segment_firsts) else self._last_readable()
+
     def replicas(self, entry_id: int) -> list[str]:
         """The write set of `entry_id` (bookie ids) in preference order."""
         md = self.metadata
@@ -104,7 +112,10 @@ class ReadHandle:
             raise IncorrectParameterError(
                 f"ledger {self.ledger_id}: cannot read entries {first}..{last}: its {what} is {bound}"
                 + ("" if self.metadata.is_closed else " (read_last_add_confirmed() learns a newer one)"))
-        op = ReadRangeOp(self._bk.pool, self._digest, first, last, self.replicas, self._bk.read_window_entries)
+        bk = self._bk
+        op = ReadRangeOp(bk.pool, self._digest, first, last, self.replicas, bk.read_window_entries,
+                         batch_end=self._batch_end, batch_entries=bk.batch_read_entries,
+                         max_frame_size_bytes=bk.max_frame_size_bytes)
         return await op.start()
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:

@@ -127,16 +127,26 @@ class ReadEntryOp:
 
 
 class ReadRangeOp:
-    """Reads `first..last` with at most `window` entry reads in flight."""
+    """Reads `first..last` with at most `window` entries in flight.
+
+    Where a segment stores every entry on every bookie (E == WQ), runs of up
+    to `batch_entries` entries are asked with one BATCH_READ from the first
+    replica; entries the answer lacks or that fail verification, and every
+    entry of a failed batch, are read one by one (replica by replica)."""
 
     def __init__(self, pool, digest: DigestManager, first: int, last: int,
-                 replicas_for: Callable[[int], Sequence[str]], window: int):
+                 replicas_for: Callable[[int], Sequence[str]], window: int, *,
+                 batch_end: Callable[[int], int | None] | None = None, batch_entries: int = 0,
+                 max_frame_size_bytes: int = 0):
         self.pool = pool
         self.digest = digest
         self.first = first
         self.last = last
         self.replicas_for = replicas_for
         self.window = max(1, window)
+        self.batch_end = batch_end if batch_entries > 1 else None
+        self.batch_entries = batch_entries
+        self.max_frame_size_bytes = max_frame_size_bytes
         self.results: list[LedgerEntry | None] = [None] * (last - first + 1)
         self.future = asyncio.get_running_loop().create_future()
         self._next = first
@@ -153,10 +163,46 @@ class ReadRangeOp:
     def _fill(self) -> None:
         while self._in_flight < self.window and self._next <= self.last and not self.future.done():
             entry_id = self._next
+            end = self.batch_end(entry_id) if self.batch_end is not None else None
+            if end is not None:
+                count = min(self.batch_entries, min(end, self.last) - entry_id + 1)
+                if count > self.window - self._in_flight and self._in_flight:
+                    return  # wait for room for a whole batch rather than trickle single reads
+                count = min(count, self.window - self._in_flight)
+                if count > 1:
+                    self._next += count
+                    self._in_flight += count
+                    self._batch(entry_id, count)
+                    continue
             self._next += 1
             self._in_flight += 1
-            replicas = order_replicas(self.replicas_for(entry_id), self.pool)
-            ReadEntryOp(self.pool, self.digest, entry_id, replicas, self._entry_done).start()
+            self._single(entry_id)
+
+    def _single(self, entry_id: int) -> None:
+        replicas = order_replicas(self.replicas_for(entry_id), self.pool)
+        ReadEntryOp(self.pool, self.digest, entry_id, replicas, self._entry_done).start()
+
+    def _batch(self, start: int, count: int) -> None:
+        bookie = order_replicas(self.replicas_for(start), self.pool)[0]
+
+        def answered(response, err) -> None:
+            got = response.entries if err is None and response.rc == EOK else []
+            verify = self.digest.verify_entry
+            for i, body in enumerate(got[:count]):
+                try:
+                    _, _, payload = verify(start + i, body)
+                except DigestMismatchError:
+                    self._single(start + i)  # another replica may have a valid copy
+                else:
+                    self._entry_done(start + i, LedgerEntry(start + i, bytes(payload)), None)
+            for entry_id in range(start + min(len(got), count), start + count):
+                self._single(entry_id)
+
+        try:
+            self.pool.get(bookie).send_batch_read(self.digest.ledger_id, start, count, self.max_frame_size_bytes,
+                                                  answered)
+        except BKError as e:
+            answered(None, e)
 
     def _entry_done(self, entry_id: int, entry, err) -> None:
         self._in_flight -= 1

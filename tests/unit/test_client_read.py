@@ -134,7 +134,8 @@ async def test_no_such_entry_only_when_every_replica_says_so():
 
 @run_async
 async def test_range_reads_keep_a_bounded_window_in_flight():
-    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri, read_window_entries=16) as bkc:
+    async with FakeCluster(3) as cluster, \
+            BookKeeper(cluster.metadata_uri, read_window_entries=16, batch_read_entries=0) as bkc:
         lh = await written(cluster, bkc, 100)
         for b in cluster.bookies:
             b.requests.clear()
@@ -269,3 +270,44 @@ async def test_connect_classmethod_and_closed_client():
             await bkc.create_ledger(3, 2, 2)
         with pytest.raises(IncorrectParameterError, match="add_timeout_s"):
             BookKeeper(cluster.metadata_uri, add_timeout_s=0)
+
+
+@run_async
+async def test_batch_reads_when_every_bookie_holds_every_entry():
+    async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri, batch_read_entries=10) as bkc:
+        lh = await written(cluster, bkc, 95, e=3, wq=3, aq=3)
+        for b in cluster.bookies:
+            b.requests.clear()
+        entries = await lh.read_entries(0, 94)
+        assert [e.data for e in entries] == [b"entry-%d" % i for i in range(95)]
+        ops = [op for b in cluster.bookies for op, _, _ in b.requests]
+        assert set(ops) == {"batch"} and len(ops) == 10
+        # A corrupt entry inside a batch and a bookie that fails batches: single reads fill in.
+        ens = first_replica(cluster, lh, 0)  # batches from entry s go to ens[s % 3] first
+        ens[1].corrupt(lh.ledger_id, 13)  # inside the batch of 10..19
+        ens[0].read_hook = lambda req: int(StatusCode.EIO)  # fails the batches of 0.., 30.., 60.., 90..
+        for b in cluster.bookies:
+            b.requests.clear()
+        entries = await lh.read_entries(0, 94)
+        assert [e.data for e in entries] == [b"entry-%d" % i for i in range(95)]
+        singles = {e for b in cluster.bookies for op, _, e in b.requests if op == "read"}
+        assert singles == {13} | set(range(0, 10)) | set(range(30, 40)) | set(range(60, 70)) | set(range(90, 95))
+        ens[0].read_hook = None
+        # A batch that stops early (the bookie lacks entries) is completed entry by entry.
+        for e in range(45, 50):
+            del ens[1].entries[(lh.ledger_id, e)]
+        for b in cluster.bookies:
+            b.requests.clear()
+        assert [e.data for e in await lh.read_entries(40, 70)] == [b"entry-%d" % i for i in range(40, 71)]
+        singles = {e for b in cluster.bookies for op, _, e in b.requests if op == "read"}
+        assert singles == set(range(45, 50)) | {70}  # a run of one entry is a plain read
+
+
+@run_async
+async def test_striped_segments_never_use_batch_reads():
+    async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri, batch_read_entries=10) as bkc:
+        lh = await written(cluster, bkc, 30, e=3, wq=2, aq=2)
+        for b in cluster.bookies:
+            b.requests.clear()
+        assert len(await lh.read_entries(0, 29)) == 30
+        assert {op for b in cluster.bookies for op, _, _ in b.requests} == {"read"}

@@ -6,8 +6,8 @@ dict. It follows the bookie rules the client depends on (master key set once,
 EUA on a different key, fencing, EFENCED for normal adds of a fenced ledger,
 READ of -1 = last entry answered under entry id -1) and can misbehave on
 demand:
-- `add_hook(req)` / `read_hook(req)`: return an rc to answer with, DROP to
-  never answer, or None for normal processing;
+- `add_hook(req)` / `read_hook(req)` (reads and batch reads): return an rc
+  to answer with, DROP to never answer, or None for normal processing;
 - `hold()` / `release(reverse=False)`: queue answers and send them later
   (optionally in reverse order: out-of-order answers);
 - `corrupt(ledger, entry)`: serve that entry with a flipped payload byte;
@@ -176,6 +176,13 @@ class FakeBookie:
             self._answer(conn, encode_response(self._read(req)))
         elif isinstance(req, BatchReadRequest):
             self.requests.append(("batch", req.ledger_id, req.start_entry_id))
+            rc = self.read_hook(req) if self.read_hook else None
+            if rc == DROP:
+                return
+            if rc is not None:
+                self._answer(conn, encode_response(
+                    BatchReadResponse(rc, req.ledger_id, req.start_entry_id, req.request_id, [])))
+                return
             entries = []
             for eid in range(req.start_entry_id, req.start_entry_id + max(1, req.max_count)):
                 body = self._stored(req.ledger_id, eid)
