@@ -9,10 +9,20 @@
         rh = await bkc.open_ledger(lh.ledger_id, password=b"secret")
         entries = await rh.read_entries(0, rh.last_add_confirmed)
 
+        rh = await bkc.open_ledger(ledger_id, password=b"secret", recovery=True)  # fence + close
+        await bkc.delete_ledger(lh.ledger_id)
+
 Modules: bookkeeper (BookKeeper), ledger_handle (LedgerHandle: adds, ensemble
-change, close), read_handle (ReadHandle), read_ops (entry/range/LAC reads),
+change, close), read_handle (ReadHandle: a tailing reader), read_ops (entry,
+range and batch reads, LAC reads), recovery (fencing and ledger recovery),
 quorum (write sets, coverage, ADD framing), placement (EnsemblePlacementPolicy),
 bookie_client (per-bookie connections and request matching).
+
+Errors (bk.errors): adds that fail because the writer was fenced out
+(LedgerFencedError), refused (UnauthorizedAccessError), could not replace a
+failed bookie (NotEnoughBookiesError) or lost their client (LedgerClosedError)
+carry `outcome_unknown`: True if the entry had been sent to a bookie (it may
+or may not survive recovery), False if it certainly was not written.
 """
 from bk.client.bookie_client import BookieClient, BookieClientPool
 from bk.client.bookkeeper import BookKeeper

@@ -393,7 +393,9 @@ class BookieClient:
             self.last_failure_at = now
             self._complete(req, None, BookieTimeoutError(
                 f"bookie {self.bookie_id} did not answer {_describe(req.key)} in time"))
-        if any(self._deadlines.values()):
+        for timeout_s in [t for t, queue in self._deadlines.items() if not queue]:
+            del self._deadlines[timeout_s]
+        if self._deadlines:
             self._arm_sweep()
 
 

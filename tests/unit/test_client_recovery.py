@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from test_client_support import FakeCluster, run_async  # noqa: E402
+from test_client_support import DROP, FakeCluster, run_async  # noqa: E402
 
 from bk.client import BookKeeper  # noqa: E402
 from bk.errors import LedgerFencedError, LedgerRecoveryError, UnauthorizedAccessError  # noqa: E402
@@ -205,3 +205,20 @@ async def test_recovery_adds_carry_the_recovery_flag():
         await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
         assert flags and all(f & FLAG_RECOVERY_ADD for f in flags)
         assert (lh.ledger_id, 4) in z.entries  # accepted although z is fenced
+
+
+@run_async
+async def test_lost_fence_the_writers_late_add_is_never_acknowledged():
+    """TESTING.md scenario 2: one bookie never gets the fence; the writer's next add reaches it."""
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as writer, \
+            BookKeeper(cluster.metadata_uri) as recoverer:
+        lh = await dead_writer(cluster, writer, 5)  # E=3 WQ=3 AQ=2: fencing needs 2 of 3
+        z = cluster.by_id(lh.ensemble[2])
+        z.read_hook = lambda req: DROP  # the fence (and every recovery read) never reaches z
+        rh = await recoverer.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert rh.last_add_confirmed == 4 and lh.ledger_id not in z.fenced
+        with pytest.raises(LedgerFencedError):
+            await lh.add_entry(b"late")
+        assert (lh.ledger_id, 5) in z.entries  # z stored it, but one copy is no ack quorum
+        assert lh.last_add_confirmed == 4
+        await check_closed(recoverer, lh.ledger_id, [b"entry-%d" % i for i in range(5)])
