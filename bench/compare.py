@@ -1,0 +1,327 @@
+"""Side by side in one run: the raw disk, Redis, and bk bookies, same disk, sizes and depth.
+
+    python -m bench.compare                                   # 100 B, 1 KiB, 64 KiB; 3 runs of 5 s each
+    python -m bench.compare --sizes 1024 --runs 5 --duration-s 10 --in-flight 500
+    python -m bench.compare --systems raw-disk,bk-1 --runs 1 --duration-s 2
+
+Systems (SYSTEMS; `--systems` picks a subset):
+  raw-disk         sequential write + fdatasync of the payload bytes in groups of
+                   min(in_flight x size, 512 KiB) (bench.rawdisk): the physical limit
+  redis-resp       redis-server, appendonly yes + appendfsync always, XADD from a
+                   Python RESP client with a sliding window of in_flight (bench.redisbench)
+  redis-benchmark  the same server config, `redis-benchmark -t set -P in_flight` (C client,
+                   batch pipelining; its p99 is measured to the first reply of a batch)
+  bk-1             one bookie, journal on (acks after the journal group's fsync), E=WQ=AQ=1
+  bk-1-nojournal   one bookie, journal_write_data = false (BP-46), E=WQ=AQ=1
+  bk-3             three bookies, journal on, E=3 WQ=2 AQ=2
+
+Everything writes under BK_BENCH_DIR or <repo>/.bench-tmp. Every (system, size,
+run) gets a fresh server (a new LocalCluster on one shared ZooKeeper, each under
+its own chroot; a new redis-server), so no run inherits another's files or
+memory; the systems run interleaved, in an order rotated every run, so slow
+phases of a noisy machine spread over all of them. bk runs use bench.load in
+this process (one writer, one ledger, `in_flight` adds outstanding), like the
+Redis client. The table shows medians over the runs; `±%` is half the
+min..max range over the median. Peak RSS is per server process (VmRSS sampled
+every 100 ms plus VmHWM at the end; for bk-3 the largest of the three).
+Results: <out-dir>/compare-<time>.json and .png (the PNG needs matplotlib).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+from . import REPO_DIR, bench_base_dir, scratch_dir
+from .load import LoadSpec, bookie_pids, local_cluster, run_load
+from .procmem import RssSampler
+from .rawdisk import run_raw_disk
+from .redisbench import REDIS_BENCHMARK_MISSING, REDIS_MISSING, RedisServer, run_redis_benchmark, run_resp_load
+from .stats import fmt_num, human_size, median_or_none, positive_float, positive_int, ratio, render_table, size_list, \
+    spread_pct
+
+# system -> (label, bookies, E, WQ, AQ, bookie settings); non-bk systems have bookies None
+BK_SYSTEMS = {
+    "bk-1": ("bk, 1 bookie, journal on", 1, 1, 1, 1, {}),
+    "bk-1-nojournal": ("bk, 1 bookie, journal off", 1, 1, 1, 1, {"journal_write_data": False}),
+    "bk-3": ("bk, 3 bookies E3 WQ2 AQ2, journal on", 3, 3, 2, 2, {}),
+}
+SYSTEMS = ("raw-disk", "redis-resp", "redis-benchmark", *BK_SYSTEMS)
+LABELS = {"raw-disk": "raw disk, write+fdatasync groups", "redis-resp": "Redis AOF always, XADD, Python RESP client",
+          "redis-benchmark": "Redis AOF always, SET, redis-benchmark -P",
+          **{k: v[0] for k, v in BK_SYSTEMS.items()}}
+REDIS_REFERENCE = "redis-resp"  # the Redis figure bk is divided by: a Python client like bk's
+MATPLOTLIB_MISSING = "matplotlib not installed (pip install matplotlib): no PNG chart; the table and JSON are complete"
+
+
+def system_list(text: str) -> list[str]:
+    names = [s.strip() for s in str(text).split(",") if s.strip()]
+    unknown = [s for s in names if s not in SYSTEMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown system(s) {unknown or text!r}; choose from {', '.join(SYSTEMS)}")
+    return [s for s in SYSTEMS if s in names]  # canonical order, no duplicates
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=size_list, default=[100, 1024, 65536], help="entry sizes (default 100,1024,65536)")
+    p.add_argument("--runs", type=positive_int, default=3, help="runs per system and size; medians reported")
+    p.add_argument("--duration-s", type=positive_float, default=5.0, help="seconds of load per measurement")
+    p.add_argument("--in-flight", type=positive_int, default=1000, help="outstanding writes, every system")
+    p.add_argument("--out-dir", default=os.path.join(REPO_DIR, "bench", "results"))
+    p.add_argument("--systems", type=system_list, default=list(SYSTEMS), help="comma list: " + ",".join(SYSTEMS))
+    p.add_argument("--redis-connections", type=positive_int, default=1,
+                   help="connections the depth is split over, both Redis clients (bk: one per bookie)")
+    p.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.redis_connections > args.in_flight:
+        parser.error("--redis-connections cannot exceed --in-flight")
+    return args
+
+
+# ---------------------------------------------------------------- one measurement each
+def _measurement(system: str, size: int, run: int, r: dict, peak_rss: dict) -> dict:
+    return {"system": system, "entry_size": size, "run": run, "entries": r["entries"], "bytes": r["bytes"],
+            "elapsed_s": r["elapsed_s"], "entries_per_s": r["entries_per_s"], "mb_per_s": r["mb_per_s"],
+            "latency_ms": r["latency_ms"], "peak_rss_mib": peak_rss, "errors": r.get("errors", 0),
+            "error": r.get("error"), "detail": {k: v for k, v in r.items() if k in
+                                                ("group_bytes", "command", "pipeline", "connections", "spec")}}
+
+
+def measure_raw(size: int, args, run: int) -> dict:
+    r = run_raw_disk(size, args.in_flight, args.duration_s, bench_base_dir())
+    return _measurement("raw-disk", size, run, r, {})
+
+
+def measure_redis(size: int, args, run: int, which: str, rate_hint: float | None) -> dict:
+    with RedisServer() as server:
+        with RssSampler({"redis-server": server.pid}) as rss:
+            if which == "redis-resp":
+                r = run_resp_load(server.port, size, args.in_flight, args.duration_s,
+                                  connections=args.redis_connections)
+            else:
+                r = run_redis_benchmark(server.port, size, args.in_flight,
+                                        redis_benchmark_requests(args.duration_s, rate_hint),
+                                        args.redis_connections, timeout_s=max(60.0, args.duration_s * 20))
+        return _measurement(which, size, run, r, rss.peak_mib())
+
+
+def redis_benchmark_requests(duration_s: float, rate_hint: float | None) -> int:
+    """redis-benchmark takes a request count, not a duration: aim at `duration_s` at the
+    rate the RESP client just saw (20,000/s when there is none), within 1,000..2,000,000."""
+    per_s = rate_hint if rate_hint and rate_hint > 0 else 20_000
+    return int(min(max(per_s * duration_s, 1_000), 2_000_000))
+
+
+def measure_bk(system: str, size: int, args, run: int, zk_connect: str) -> dict:
+    _, bookies, e, wq, aq, settings = BK_SYSTEMS[system]
+    spec = LoadSpec(duration_s=args.duration_s, entry_size=size, in_flight=args.in_flight, ensemble=e,
+                    write_quorum=wq, ack_quorum=aq)
+    with local_cluster(bookies, zk_connect=zk_connect, prefix=f"cmp-{system}", **settings) as cluster:
+        with RssSampler(bookie_pids(cluster)) as rss:
+            s = run_load(cluster.metadata_uri, spec)
+        peak = rss.peak_mib()
+    a = s["adds"]
+    return _measurement(system, size, run, {**a, "spec": s["spec"]}, peak)
+
+
+# ---------------------------------------------------------------- summary
+def summarize(measurements: list[dict], systems, sizes) -> list[dict]:
+    """One row per (system, size) with medians over runs, spread, and bk's ratios to raw and Redis."""
+    rows = []
+    by = {}
+    for m in measurements:
+        by.setdefault((m["system"], m["entry_size"]), []).append(m)
+    for size in sizes:
+        med = {}
+        for system in systems:
+            ms = by.get((system, size))
+            if not ms:
+                continue
+            rss_per_run = [max((v for v in m["peak_rss_mib"].values() if v), default=None) for m in ms]
+            row = {"system": system, "label": LABELS[system], "entry_size": size, "runs": len(ms),
+                   "entries_per_s": median_or_none(m["entries_per_s"] for m in ms),
+                   "entries_per_s_runs": [m["entries_per_s"] for m in ms],
+                   "spread_pct": spread_pct(m["entries_per_s"] for m in ms),
+                   "mb_per_s": median_or_none(m["mb_per_s"] for m in ms),
+                   "p99_ms": median_or_none(m["latency_ms"].get("p99") for m in ms),
+                   "peak_rss_mib": median_or_none(rss_per_run), "peak_rss_mib_max": max(
+                       (v for v in rss_per_run if v is not None), default=None),
+                   "errors": sum(m["errors"] for m in ms)}
+            med[system] = row["entries_per_s"]
+            rows.append(row)
+        for row in rows:
+            if row["entry_size"] == size and row["system"] in BK_SYSTEMS:
+                row["x_raw"] = ratio(row["entries_per_s"], med.get("raw-disk"))
+                row["x_redis"] = ratio(row["entries_per_s"], med.get(REDIS_REFERENCE))
+                row["x_redis_benchmark"] = ratio(row["entries_per_s"], med.get("redis-benchmark"))
+    return rows
+
+
+def render_summary(rows: list[dict]) -> str:
+    headers = ["system", "size", "entries/s", "±%", "MB/s", "p99 ms", "peak RSS MiB", "bk/raw", "bk/Redis"]
+    body = []
+    for r in rows:
+        x = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        body.append([r["system"], human_size(r["entry_size"]), fmt_num(r["entries_per_s"]),
+                     "-" if r["spread_pct"] is None else f"{r['spread_pct']:.0f}", fmt_num(r["mb_per_s"], 1),
+                     fmt_num(r["p99_ms"], 1), fmt_num(r["peak_rss_mib"]),
+                     x(r.get("x_raw")) if r["system"] in BK_SYSTEMS else "",
+                     x(r.get("x_redis")) if r["system"] in BK_SYSTEMS else ""])
+    return render_table(headers, body)
+
+
+def write_chart(rows: list[dict], path: str) -> str | None:
+    """A grouped bar chart (entries/s and MB/s per size, one bar per system); None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    sizes = sorted({r["entry_size"] for r in rows})
+    systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    width = 0.8 / max(1, len(systems))
+    for ax, key, title in ((axes[0], "entries_per_s", "entries/s (log)"), (axes[1], "mb_per_s", "MB/s")):
+        for j, system in enumerate(systems):
+            xs, ys, lo, hi = [], [], [], []
+            for i, size in enumerate(sizes):
+                r = next((r for r in rows if r["system"] == system and r["entry_size"] == size), None)
+                if r is None or r[key] is None:
+                    continue
+                xs.append(i + (j - (len(systems) - 1) / 2) * width)
+                ys.append(r[key])
+                if key == "entries_per_s" and r["entries_per_s_runs"]:
+                    lo.append(r[key] - min(r["entries_per_s_runs"]))
+                    hi.append(max(r["entries_per_s_runs"]) - r[key])
+            err = [lo, hi] if key == "entries_per_s" and lo else None
+            ax.bar(xs, ys, width, label=system, yerr=err, capsize=2)
+        ax.set_xticks(range(len(sizes)), [human_size(s) for s in sizes])
+        ax.set_xlabel("entry size")
+        ax.set_title(title)
+        if key == "entries_per_s":
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle("durable writes, same disk, same in-flight depth (medians; bars = min..max of runs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- the run
+def environment() -> dict:
+    def git_rev():
+        try:
+            return subprocess.run(["git", "-C", REPO_DIR, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                  text=True, timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "bench_dir": bench_base_dir(), "git": git_rev(), "loadavg_start": os.getloadavg()}
+
+
+def run_compare(args, log=print) -> dict:
+    systems = list(args.systems)
+    notes = []
+    redis_wanted = [s for s in systems if s.startswith("redis")]
+    if redis_wanted and not shutil.which("redis-server"):
+        log(REDIS_MISSING)
+        notes.append(REDIS_MISSING)
+        systems = [s for s in systems if not s.startswith("redis")]
+    if "redis-benchmark" in systems and not shutil.which("redis-benchmark"):
+        log(REDIS_BENCHMARK_MISSING)
+        notes.append(REDIS_BENCHMARK_MISSING)
+        systems.remove("redis-benchmark")
+    zk = None
+    if any(s in BK_SYSTEMS for s in systems):
+        from bk.testing.zookeeper import LocalZooKeeper, ZooKeeperLaunchError
+        zk_dir = scratch_dir("cmp-zk")
+        try:
+            zk = LocalZooKeeper(zk_dir).start()
+        except ZooKeeperLaunchError as e:
+            msg = f"no local ZooKeeper ({e}): skipping the bk systems"
+            log(msg)
+            notes.append(msg)
+            systems = [s for s in systems if s not in BK_SYSTEMS]
+            shutil.rmtree(zk_dir, ignore_errors=True)
+            zk = None
+    out = {"config": {"sizes": args.sizes, "runs": args.runs, "duration_s": args.duration_s,
+                      "in_flight": args.in_flight, "systems": systems, "redis_connections": args.redis_connections},
+           "environment": environment(), "notes": notes, "measurements": []}
+    cluster_no = 0
+    try:
+        for run in range(args.runs):
+            for size in args.sizes:
+                order = systems[run % len(systems):] + systems[:run % len(systems)] if systems else []
+                resp_rate = None
+                # redis-benchmark sizes its request count from redis-resp's rate: keep resp first.
+                if "redis-resp" in order and "redis-benchmark" in order:
+                    order.remove("redis-benchmark")
+                    order.insert(order.index("redis-resp") + 1, "redis-benchmark")
+                for system in order:
+                    load_before = os.getloadavg()[0]
+                    t = time.monotonic()
+                    if system == "raw-disk":
+                        m = measure_raw(size, args, run)
+                    elif system in ("redis-resp", "redis-benchmark"):
+                        m = measure_redis(size, args, run, system, resp_rate)
+                        if system == "redis-resp":
+                            resp_rate = m["entries_per_s"]
+                    else:
+                        cluster_no += 1
+                        m = measure_bk(system, size, args, run, f"{zk.connect_string}/bench-{cluster_no}")
+                    m["loadavg_1m_before"] = load_before
+                    m["wall_s"] = time.monotonic() - t
+                    out["measurements"].append(m)
+                    rss = max((v for v in m["peak_rss_mib"].values() if v), default=None)
+                    log(f"run {run + 1}/{args.runs} {human_size(size):>6} {system:15} {m['entries_per_s']:>12,.0f}"
+                        f" entries/s {m['mb_per_s']:8.1f} MB/s p99 {fmt_num(m['latency_ms'].get('p99'), 1):>8} ms"
+                        f" rss {fmt_num(rss)} MiB load {load_before:.1f}"
+                        + (f" ERRORS {m['errors']}: {m['error']}" if m["errors"] else ""))
+    finally:
+        if zk is not None:
+            zk.stop()
+            shutil.rmtree(zk.data_dir, ignore_errors=True)
+    out["environment"]["loadavg_end"] = os.getloadavg()
+    out["summary"] = summarize(out["measurements"], systems, args.sizes)
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"bench.compare: sizes {args.sizes}, {args.runs} run(s) x {args.duration_s:g} s, {args.in_flight} in flight,"
+        f" systems {','.join(args.systems)}; files under {bench_base_dir()}")
+    result = run_compare(args, log)
+    print()
+    print(render_summary(result["summary"]))
+    for note in result["notes"]:
+        print(f"note: {note}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    json_path = os.path.join(args.out_dir, f"compare-{stamp}.json")
+    with open(json_path, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(f"JSON: {json_path}")
+    if not args.no_chart:
+        png = write_chart(result["summary"], os.path.join(args.out_dir, f"compare-{stamp}.png"))
+        print(f"chart: {png}" if png else MATPLOTLIB_MISSING)
+    return 1 if any(r["errors"] for r in result["summary"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

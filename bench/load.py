@@ -1,0 +1,410 @@
+"""Load generator: adds (and optionally reads back) against a bookie or a cluster.
+
+    python -m bench.load                                   # own 1-bookie LocalCluster, 10 s of 1 KiB adds
+    python -m bench.load --metadata-uri zk://127.0.0.1:2181/ledgers --count 200000 --entry-size 100
+    python -m bench.load --bookies 3 --ensemble 3 --write-quorum 2 --ack-quorum 2 --writers 2 --reads
+    python -m bench.load --no-journal --json out.json
+
+Each writer (one process per `--writers`, one BookKeeper client each) creates
+`--ledgers` ledgers and keeps `--in-flight` adds outstanding across them
+(round-robin), for `--duration-s` seconds or until `--count` adds (in total,
+over all writers) were issued. An add's latency is perf_counter() from just
+before `async_add_entry` (so it includes the client's framing and digest) to
+the moment its completion callback runs. Throughput is acknowledged adds over
+the time from the common start to the last acknowledgement (writers start
+together behind a barrier; perf_counter is CLOCK_MONOTONIC, shared by
+processes). One warm-up add per ledger (connections, first metadata) is done
+before the clock starts and is not counted. Every entry carries the same
+random payload. With `--reads` the ledgers are closed and read back in
+ranges (`READ_CHUNK_ENTRIES` per call, in_flight/READ_CHUNK_ENTRIES calls
+outstanding), checking every payload; read latency is per range call.
+
+Without `--metadata-uri` a LocalCluster (real ZooKeeper + `--bookies`
+bookie processes, bookie cache sizes at the bookie defaults) is started under
+<repo>/.bench-tmp and removed at the end; the bookies' peak RSS is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+import tomllib
+from functools import partial
+
+import numpy as np
+
+from . import bench_base_dir, child_env, scratch_dir
+from .procmem import RssSampler
+from .stats import MB, human_size, latency_summary_ms, parse_size, positive_float, positive_int, rate
+
+READ_CHUNK_ENTRIES = 256
+DEFAULT_DURATION_S = 10.0
+# LocalCluster sizes its caches for tests (32 MiB); a benchmark runs the bookie's own defaults.
+BENCH_BOOKIE_SETTINGS = {"write_cache_max_size_bytes": "64MiB", "read_cache_max_size_bytes": "64MiB"}
+DRAIN_TIMEOUT_S = 60.0  # the client times an add out after 10 s; this only bounds a wedged run
+WRITER_START_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadSpec:
+    duration_s: float | None = None  # at most one of duration_s / count; neither means 10 s
+    count: int | None = None  # adds (run_load splits it over the writers)
+    entry_size: int = 1024
+    ledgers: int = 1
+    in_flight: int = 1000  # per writer, over all its ledgers
+    ensemble: int = 1
+    write_quorum: int = 1
+    ack_quorum: int = 1
+    reads: bool = False
+    digest_type: str = "CRC32C"
+
+    def __post_init__(self):
+        if self.duration_s is None and self.count is None:
+            object.__setattr__(self, "duration_s", DEFAULT_DURATION_S)
+        if self.duration_s is not None and self.count is not None:
+            raise ValueError("give duration_s or count, not both")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"duration_s must be > 0, got {self.duration_s}")
+        if self.count is not None and self.count < 1:
+            raise ValueError(f"count must be >= 1, got {self.count}")
+        for name in ("entry_size", "ledgers", "in_flight", "ensemble", "write_quorum", "ack_quorum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.ack_quorum <= self.write_quorum <= self.ensemble:
+            raise ValueError(f"need ack quorum <= write quorum <= ensemble, got"
+                             f" E={self.ensemble} WQ={self.write_quorum} AQ={self.ack_quorum}")
+
+
+# ---------------------------------------------------------------- one writer
+async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None) -> dict:
+    """One BookKeeper client driving `spec`; returns raw figures (numpy latency arrays, seconds)."""
+    from bk.client import BookKeeper
+    from bk.errors import BKError
+
+    loop = asyncio.get_running_loop()
+    payload = os.urandom(spec.entry_size)
+    perf = time.perf_counter
+    async with BookKeeper(metadata_uri) as bkc:
+        handles = [await bkc.create_ledger(spec.ensemble, spec.write_quorum, spec.ack_quorum,
+                                           digest_type=spec.digest_type, password=b"")
+                   for _ in range(spec.ledgers)]
+        await asyncio.gather(*(lh.add_entry(payload) for lh in handles))  # warm-up, not counted
+        if start_barrier is not None:
+            await loop.run_in_executor(None, start_barrier.wait)
+
+        issue_t: list[float] = []  # by sequence number
+        done_seq: list[int] = []
+        done_t: list[float] = []
+        state = {"inflight": 0, "errors": 0, "error": None, "waiter": None}
+
+        def done(seq, fut):
+            state["inflight"] -= 1
+            if fut.cancelled() or fut.exception() is not None:
+                state["errors"] += 1
+                if state["error"] is None:
+                    state["error"] = "cancelled" if fut.cancelled() else repr(fut.exception())
+            else:
+                done_seq.append(seq)
+                done_t.append(perf())
+            waiter = state["waiter"]
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+        async def wait_for_completion():
+            state["waiter"] = waiter = loop.create_future()
+            try:
+                await waiter
+            finally:
+                state["waiter"] = None
+
+        depth, n_ledgers = spec.in_flight, len(handles)
+        remaining = spec.count if spec.count is not None else float("inf")
+        t0 = perf()
+        deadline = t0 + spec.duration_s if spec.duration_s is not None else float("inf")
+        seq = 0
+        while remaining > 0 and state["errors"] == 0:
+            if state["inflight"] >= depth:
+                await wait_for_completion()
+                continue
+            now = perf()
+            if now >= deadline:
+                break
+            try:
+                fut = handles[seq % n_ledgers].async_add_entry(payload)
+            except BKError as e:  # the ledger can take no more adds (fenced, closed, no bookies)
+                state["errors"] += 1
+                state["error"] = state["error"] or repr(e)
+                break
+            issue_t.append(now)
+            fut.add_done_callback(partial(done, seq))
+            state["inflight"] += 1
+            seq += 1
+            remaining -= 1
+        drain_deadline = perf() + DRAIN_TIMEOUT_S
+        while state["inflight"] > 0 and perf() < drain_deadline:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wait_for_completion(), max(0.0, drain_deadline - perf()))
+        if state["inflight"] > 0:
+            state["errors"] += state["inflight"]
+            state["error"] = state["error"] or f"{state['inflight']} adds unanswered after {DRAIN_TIMEOUT_S} s"
+        t_end = max(done_t) if done_t else t0
+        latency_s = np.asarray(done_t, dtype=np.float64) - np.asarray(issue_t, dtype=np.float64)[
+            np.asarray(done_seq, dtype=np.int64)]
+        for lh in handles:
+            with contextlib.suppress(BKError):
+                await lh.close()
+        reads = await read_back(bkc, handles, payload, spec) if spec.reads else None
+    return {"t_start": t0, "t_end": t_end, "entries": len(done_t), "errors": state["errors"],
+            "error": state["error"], "latency_s": latency_s, "reads": reads,
+            "ledger_ids": [lh.ledger_id for lh in handles]}
+
+
+async def read_back(bkc, handles, payload: bytes, spec: LoadSpec) -> dict:
+    """Read every ledger back in ranges, checking every payload; per-call latency."""
+    perf = time.perf_counter
+    ranges = []
+    for lh in handles:
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"")
+        last = rh.last_add_confirmed
+        ranges.extend((rh, first, min(first + READ_CHUNK_ENTRIES - 1, last))
+                      for first in range(0, last + 1, READ_CHUNK_ENTRIES))
+    latencies, counts = [], {"entries": 0, "mismatches": 0, "errors": 0, "error": None}
+    queue = iter(ranges)
+
+    async def reader():
+        for rh, first, last in queue:
+            t = perf()
+            try:
+                entries = await rh.read_entries(first, last)
+            except Exception as e:  # noqa: BLE001 - reported, the other readers go on
+                counts["errors"] += 1
+                counts["error"] = counts["error"] or repr(e)
+                continue
+            latencies.append(perf() - t)
+            counts["entries"] += len(entries)
+            counts["mismatches"] += sum(1 for e in entries if e.data != payload)
+            if len(entries) != last - first + 1:
+                counts["mismatches"] += abs(last - first + 1 - len(entries))
+
+    t0 = perf()
+    await asyncio.gather(*(reader() for _ in range(max(1, spec.in_flight // READ_CHUNK_ENTRIES))))
+    return {**counts, "t_start": t0, "t_end": perf(), "latency_s": np.asarray(latencies, dtype=np.float64)}
+
+
+# ---------------------------------------------------------------- several writers
+def _writer_process(metadata_uri: str, spec: LoadSpec, barrier, results) -> None:
+    from bk import eventloop
+    try:
+        results.put(("ok", eventloop.run(run_writer(metadata_uri, spec, start_barrier=barrier))))
+    except BaseException as e:  # noqa: BLE001 - the parent reports it
+        barrier.abort()
+        results.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def split_count(total: int, writers: int) -> list[int]:
+    """`total` adds over `writers` as evenly as possible (earlier writers take the remainder)."""
+    base, extra = divmod(total, writers)
+    return [base + (1 if i < extra else 0) for i in range(writers)]
+
+
+def run_load(metadata_uri: str, spec: LoadSpec, writers: int = 1) -> dict:
+    """Run `writers` writers (in this process when 1, else one process each); aggregated summary.
+
+    `spec.count`, if set, is the total over all writers."""
+    from bk import eventloop
+    if writers < 1:
+        raise ValueError(f"writers must be >= 1, got {writers}")
+    if writers == 1:
+        return summarize([eventloop.run(run_writer(metadata_uri, spec))], spec, writers)
+    specs = [spec] * writers
+    if spec.count is not None:
+        if spec.count < writers:
+            raise ValueError(f"count {spec.count} is smaller than the number of writers {writers}")
+        specs = [dataclasses.replace(spec, count=c) for c in split_count(spec.count, writers)]
+    ctx = multiprocessing.get_context("spawn")  # no inherited event loop, kazoo or sampler threads
+    barrier = ctx.Barrier(writers, timeout=WRITER_START_TIMEOUT_S)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_writer_process, args=(metadata_uri, s, barrier, results), daemon=True)
+             for s in specs]
+    for p in procs:
+        p.start()
+    budget_s = WRITER_START_TIMEOUT_S + DRAIN_TIMEOUT_S + (spec.duration_s or 600.0) * 2 + (120 if spec.reads else 0)
+    raw, failures = [], []
+    try:
+        for _ in procs:
+            kind, value = results.get(timeout=budget_s)
+            (raw if kind == "ok" else failures).append(value)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {writers} writers failed: {failures[0]}")
+    return summarize(raw, spec, writers)
+
+
+def summarize(raw: list[dict], spec: LoadSpec, writers: int) -> dict:
+    """One summary over the writers' raw figures: totals, rates over the common window, percentiles."""
+    entries = sum(r["entries"] for r in raw)
+    elapsed_s = max(r["t_end"] for r in raw) - min(r["t_start"] for r in raw)
+    errors = sum(r["errors"] for r in raw)
+    adds = {"entries": entries, "bytes": entries * spec.entry_size, "elapsed_s": elapsed_s,
+            "entries_per_s": rate(entries, elapsed_s), "mb_per_s": rate(entries * spec.entry_size, elapsed_s) / MB,
+            "latency_ms": latency_summary_ms(np.concatenate([r["latency_s"] for r in raw])),
+            "errors": errors, "error": next((r["error"] for r in raw if r["error"]), None)}
+    out = {"spec": dataclasses.asdict(spec), "writers": writers, "adds": adds, "reads": None,
+           "ledger_ids": [i for r in raw for i in r["ledger_ids"]]}
+    if spec.reads:
+        rr = [r["reads"] for r in raw]
+        n = sum(r["entries"] for r in rr)
+        el = max(r["t_end"] for r in rr) - min(r["t_start"] for r in rr)
+        out["reads"] = {"entries": n, "bytes": n * spec.entry_size, "elapsed_s": el, "entries_per_s": rate(n, el),
+                        "mb_per_s": rate(n * spec.entry_size, el) / MB,
+                        "latency_ms": latency_summary_ms(np.concatenate([r["latency_s"] for r in rr])),
+                        "chunk_entries": READ_CHUNK_ENTRIES, "mismatches": sum(r["mismatches"] for r in rr),
+                        "errors": sum(r["errors"] for r in rr),
+                        "error": next((r["error"] for r in rr if r["error"]), None)}
+    return out
+
+
+# ---------------------------------------------------------------- own cluster
+@contextlib.contextmanager
+def local_cluster(bookies: int = 1, *, zk_connect: str | None = None, prefix: str = "load", **settings):
+    """A LocalCluster under bench_base_dir() with the bench bookie settings; removed on exit."""
+    from bk.testing.cluster import LocalCluster
+    data_dir = scratch_dir(prefix)
+    cluster = LocalCluster(data_dir, bookies=bookies, zk_connect=zk_connect, env=child_env(),
+                           **{**BENCH_BOOKIE_SETTINGS, **settings})
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def bookie_pids(cluster) -> dict:
+    return {f"bookie-{i}": b.proc.pid for i, b in cluster.bookies.items() if b.proc is not None}
+
+
+# ---------------------------------------------------------------- command line
+def setting_value(text: str):
+    """A --bookie-set value as TOML would read it (true, 42, 1.5, "x"); anything else is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def bookie_setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), setting_value(value.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--metadata-uri", help="an existing cluster (default: start a LocalCluster for this run)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--duration-s", type=positive_float,
+                      help=f"issue adds for this long (default {DEFAULT_DURATION_S:g})")
+    when.add_argument("--count", type=positive_int, help="issue this many adds in total, then stop")
+    p.add_argument("--entry-size", type=parse_size, default=1024, help="payload bytes (1024, 64KiB, ...)")
+    p.add_argument("--ledgers", type=positive_int, default=1, help="ledgers per writer (round-robin)")
+    p.add_argument("--in-flight", type=positive_int, default=1000, help="outstanding adds per writer")
+    p.add_argument("--ensemble", type=positive_int, default=1)
+    p.add_argument("--write-quorum", type=positive_int, default=1)
+    p.add_argument("--ack-quorum", type=positive_int, default=1)
+    p.add_argument("--writers", type=positive_int, default=1, help="writer processes")
+    p.add_argument("--reads", action="store_true", help="read every ledger back afterwards")
+    p.add_argument("--json", metavar="PATH", help="write the summary as JSON here")
+    own = p.add_argument_group("own cluster (no --metadata-uri)")
+    own.add_argument("--bookies", type=positive_int, default=1)
+    own.add_argument("--no-journal", action="store_true", help="journal_write_data = false (BP-46 journal off)")
+    own.add_argument("--bookie-set", type=bookie_setting, action="append", default=[], metavar="KEY=VALUE",
+                     help="a bookie setting for the started bookies (repeatable)")
+    return p
+
+
+def parse_args(argv=None) -> tuple[LoadSpec, argparse.Namespace]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.entry_size < 1:
+        parser.error("--entry-size must be >= 1")
+    try:
+        spec = LoadSpec(duration_s=args.duration_s, count=args.count, entry_size=args.entry_size, ledgers=args.ledgers,
+                        in_flight=args.in_flight, ensemble=args.ensemble, write_quorum=args.write_quorum,
+                        ack_quorum=args.ack_quorum, reads=args.reads)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.count is not None and args.count < args.writers:
+        parser.error(f"--count {args.count} is smaller than --writers {args.writers}")
+    if args.metadata_uri is None and args.bookies < spec.ensemble:
+        parser.error(f"--ensemble {spec.ensemble} needs at least that many --bookies (got {args.bookies})")
+    if args.metadata_uri is not None and (args.no_journal or args.bookie_set or args.bookies != 1):
+        parser.error("--bookies/--no-journal/--bookie-set configure the own cluster; not with --metadata-uri")
+    args.settings = dict(args.bookie_set)
+    if args.no_journal:
+        args.settings["journal_write_data"] = False
+    return spec, args
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def format_summary(summary: dict) -> str:
+    s, a = summary["spec"], summary["adds"]
+    how = f"{s['duration_s']:g} s" if s["duration_s"] is not None else f"{s['count']} adds"
+    lines = [f"bk load: {summary['writers']} writer(s) x {s['ledgers']} ledger(s), E/WQ/AQ {s['ensemble']}/"
+             f"{s['write_quorum']}/{s['ack_quorum']}, {human_size(s['entry_size'])} entries, {s['in_flight']} in"
+             f" flight per writer, {how}"]
+    for name, part in (("adds", a), ("reads", summary.get("reads"))):
+        if part is None:
+            continue
+        lat = part["latency_ms"]
+        extra = f", mismatches {part['mismatches']}" if "mismatches" in part else ""
+        lines.append(f"{name:5}: {part['entries']} entries in {part['elapsed_s']:.2f} s = {part['entries_per_s']:,.0f}"
+                     f" entries/s, {part['mb_per_s']:.1f} MB/s; latency ms p50 {_ms(lat['p50'])} p99 {_ms(lat['p99'])}"
+                     f" p999 {_ms(lat['p999'])} max {_ms(lat['max'])}; errors {part['errors']}{extra}")
+        if part.get("error"):
+            lines.append(f"       first error: {part['error']}")
+    rss = summary.get("bookie_peak_rss_mib")
+    if rss:
+        lines.append("bookie peak RSS: " + ", ".join(f"{k} {v:.0f} MiB" if v else f"{k} -" for k, v in rss.items()))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    spec, args = parse_args(argv)
+    if args.metadata_uri:
+        summary = run_load(args.metadata_uri, spec, args.writers)
+    else:
+        print(f"starting a LocalCluster with {args.bookies} bookie(s) under {bench_base_dir()}", file=sys.stderr)
+        with local_cluster(args.bookies, **args.settings) as cluster:
+            with RssSampler(bookie_pids(cluster)) as rss:
+                summary = run_load(cluster.metadata_uri, spec, args.writers)
+            summary["bookie_peak_rss_mib"] = rss.peak_mib()
+            summary["bookie_settings"] = {**BENCH_BOOKIE_SETTINGS, **args.settings}
+    print(format_summary(summary))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(summary, fh, indent=2)
+    failed = summary["adds"]["errors"] or (summary["reads"] and (summary["reads"]["errors"]
+                                                                  or summary["reads"]["mismatches"]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
