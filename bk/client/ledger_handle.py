@@ -62,8 +62,10 @@ METADATA_RETRY_FIRST_S = 0.05
 
 
 def _error(cls: type, message: str, ledger_id: int, entry_id: int | None, outcome_unknown: bool) -> BKError:
+    """An add's error: every class carries `ledger_id`, `entry_id` (None if no id was given) and
+    `outcome_unknown` (True: sent, may or may not be in the ledger; False: certainly not written)."""
     err = cls(message, ledger_id=ledger_id, entry_id=entry_id) if issubclass(cls, BookieError) else cls(message)
-    err.outcome_unknown = outcome_unknown
+    err.ledger_id, err.entry_id, err.outcome_unknown = ledger_id, entry_id, outcome_unknown
     return err
 
 
@@ -130,9 +132,11 @@ class LedgerHandle(ReadHandle):
     def async_add_entry(self, data) -> asyncio.Future:
         """Start an add and return the future of its entry id (for pipelining without tasks)."""
         if self._state is not OPEN:
-            raise LedgerClosedError(f"ledger {self.ledger_id} is closed: no more adds")
+            raise _error(LedgerClosedError, f"ledger {self.ledger_id} is closed: no more adds",
+                         self.ledger_id, None, False)
         if self._bk.closed:
-            raise LedgerClosedError(f"ledger {self.ledger_id}: its BookKeeper client is closed")
+            raise _error(LedgerClosedError, f"ledger {self.ledger_id}: its BookKeeper client is closed",
+                         self.ledger_id, None, False)
         if self._fatal is not None:
             cls, why = self._fatal
             raise _error(cls, f"{why}; this add was not written", self.ledger_id, None, False)

@@ -174,9 +174,10 @@ async def test_fenced_bookie_fails_the_writer_and_in_flight_adds_have_unknown_ou
         results = await asyncio.gather(*futures, return_exceptions=True)
         assert all(isinstance(r, LedgerFencedError) for r in results)
         assert all(r.outcome_unknown and "outcome is unknown" in str(r) for r in results)
+        assert [r.entry_id for r in results] == [1, 2, 3, 4, 5]
         with pytest.raises(LedgerFencedError) as info:
             await lh.add_entry(b"later")
-        assert info.value.outcome_unknown is False
+        assert info.value.outcome_unknown is False and info.value.entry_id is None
         assert lh.last_add_confirmed == 0
         b0.release()
         await lh.close()  # nobody closed it in the metadata: the writer closes at its LAC
@@ -288,7 +289,8 @@ async def test_not_enough_bookies_for_an_ensemble_change_fails_the_adds():
         await lh.add_entry(b"0")
         cluster.by_id(lh.ensemble[1]).add_hook = lambda req: int(StatusCode.EIO)
         results = await asyncio.gather(*(lh.add_entry(b"x") for _ in range(5)), return_exceptions=True)
-        assert all(isinstance(r, NotEnoughBookiesError) for r in results)
+        assert all(isinstance(r, NotEnoughBookiesError) and r.outcome_unknown for r in results)
+        assert sorted(r.entry_id for r in results) == [1, 2, 3, 4, 5]
         with pytest.raises(NotEnoughBookiesError):
             await lh.add_entry(b"y")
         await lh.close()
