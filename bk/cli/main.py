@@ -16,6 +16,9 @@ from bk.errors import BKError
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level.upper() == "INFO":  # every ZooKeeper connect/close is not news for an operator
+        for name in ("kazoo", "bk.meta.kazoo"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:

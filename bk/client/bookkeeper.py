@@ -152,9 +152,12 @@ class BookKeeper:
         digest = DigestManager(ledger_id, dtype, password)
         return LedgerHandle(self, ledger_id, metadata, version, digest, master_key(password))
 
-    async def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = False,
+    async def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = True,
                           digest_type=None) -> ReadHandle:
         """A handle for reading ledger `ledger_id`.
+
+        recovery=True is the default, as in BookKeeper's openLedger: a reader
+        that opens a ledger whose writer may be dead gets a closed, final ledger.
 
         recovery=False never fences and never changes the metadata: an open
         ledger is read up to the LAC its bookies report (a tailing reader).

@@ -74,6 +74,8 @@ class BookieServer:
             await self._register()
             self._monitor = asyncio.ensure_future(self._disk_monitor())
             self.started = True
+            if cfg.autorecovery_enabled:
+                log.warning("autorecovery_enabled is set, but AutoRecovery is not implemented yet: ignored")
             log.info("bookie %s serving on port %d (journal %s, %d ledgers)", self.bookie_id, self.port,
                      "on" if cfg.journal_write_data else "OFF (BP-46)", len(self.bookie.storage.ledger_ids()))
         except BaseException:

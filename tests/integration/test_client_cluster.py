@@ -154,7 +154,7 @@ async def test_fencing_by_another_client_stops_the_writer(cluster):
         with pytest.raises(LedgerFencedError):
             await lh.add_entry(b"later")
         assert lh.last_add_confirmed == 49
-        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw")
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
         assert rh.last_add_confirmed == 48
         assert [e.data for e in await rh.read_entries(0, 48)] == [b"x%d" % i for i in range(49)]
 
@@ -165,7 +165,7 @@ async def test_tailing_reader_on_real_bookies(cluster):
         lh = await writer.create_ledger(3, 2, 2, password=b"pw")
         for i in range(20):
             await lh.add_entry(b"t%d" % i)
-        rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
+        rh = await reader.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
         assert rh.last_add_confirmed == 18
         assert [e.data for e in await rh.read_entries(0, 18)] == [b"t%d" % i for i in range(19)]
         await lh.close()

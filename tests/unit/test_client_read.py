@@ -211,7 +211,7 @@ async def test_tailing_reader_finds_entries_of_a_new_segment():
     async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri) as writer, \
             BookKeeper(cluster.metadata_uri) as reader:
         lh = await written(cluster, writer, 5, e=3, wq=3, aq=3, close=False)
-        rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
+        rh = await reader.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
         victim = cluster.by_id(lh.ensemble[2])
         victim.add_hook = lambda req: int(StatusCode.EIO)
         for i in range(5, 15):
@@ -229,7 +229,7 @@ async def test_lac_of_an_open_ledger_with_a_new_empty_segment_is_at_least_its_st
         spare = next(b.bookie_id for b in cluster.bookies if b.bookie_id not in lh.ensemble)
         await LedgerManager(cluster.store).update_ledger_metadata(
             lh.ledger_id, lambda md: md.with_ensemble_change(4, [spare] + list(lh.ensemble[1:])))
-        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw")
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
         assert rh.last_add_confirmed == 3
 
 
@@ -237,12 +237,12 @@ async def test_lac_of_an_open_ledger_with_a_new_empty_segment_is_at_least_its_st
 async def test_open_ledger_of_an_empty_open_ledger_and_unreachable_bookies():
     async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri, connect_timeout_s=1) as bkc:
         lh = await bkc.create_ledger(3, 2, 2, password=b"pw")
-        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw")
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
         assert rh.last_add_confirmed == -1
         for b in cluster.bookies:
             await b.stop()
         with pytest.raises(BookieIOError, match="no bookie of the last segment answered"):
-            await bkc.open_ledger(lh.ledger_id, password=b"pw")
+            await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
 
 
 @run_async
