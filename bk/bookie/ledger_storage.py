@@ -68,6 +68,9 @@ class LedgerStorage:
         self._ledgers: dict[int, LedgerDescriptor] = {
             lid: LedgerDescriptor(lid, st) for lid, st in self.index.ledgers()
         }
+        # get_ledger is the hottest lookup (every add): bind the dict's get directly.
+        # _ledgers is never rebound, so the bound method stays valid.
+        self.get_ledger = self._ledgers.get
         self._dirty: dict[int, LedgerDescriptor | None] = {}
         self._mark_source: Callable[[], list] = lambda: []
         self._after_checkpoint: Callable[[list], None] = lambda marks: None
@@ -108,6 +111,8 @@ class LedgerStorage:
 
     # ------------------------------------------------------------ ledger state
     def get_ledger(self, ledger_id: int) -> LedgerDescriptor | None:
+        # __init__ shadows this with the dict's own get (same result, one Python
+        # call less on every add); kept for documentation and subclasses.
         return self._ledgers.get(ledger_id)
 
     def ledger_ids(self) -> list[int]:
@@ -137,15 +142,13 @@ class LedgerStorage:
     # ------------------------------------------------------------ writes
     def put(self, ledger_id: int, entry_id: int, entry: bytes) -> bool:
         """Put an entry in the write cache (owner thread); False when both halves are full."""
-        active = self._active
-        if active.size_bytes + len(entry) > active.max_size_bytes and active.count:
-            if self._pending is not None:
-                return False
-            self._swap()
-            self._flush_event.set()
-            active = self._active
-        active.put(ledger_id, entry_id, entry)
-        return True
+        if self._active.put(ledger_id, entry_id, entry):
+            return True
+        if self._pending is not None:
+            return False
+        self._swap()
+        self._flush_event.set()
+        return self._active.put(ledger_id, entry_id, entry)  # an empty half takes any entry
 
     def _swap(self) -> None:
         marks = self._mark_source()  # read before the swap: see module docstring

@@ -18,63 +18,79 @@ import threading
 class WriteCache:
     """Entries by ledger then entry id; sizes counted in payload bytes.
 
-    Each ledger's dict keeps arrival order, and adds usually arrive in entry
-    order: then its keys are already sorted and a flush takes them as they are.
-    A ledger gets into `_unordered` only when an entry arrives below the highest
-    one it has (a rewrite of an existing entry keeps its place, so it does not
-    count); only those ledgers are sorted at flush time.
+    Per ledger a record `[entries, last]`: a dict entry_id -> bytes in arrival
+    order and the highest entry id. Adds usually arrive in entry order: then the
+    dict's keys are already sorted and a flush takes them as they are. A ledger
+    gets into `_unordered` only when an entry arrives below its highest one (a
+    rewrite of an existing entry keeps its place, so it does not count); only
+    those ledgers are sorted at flush time. `put` is the add path's hottest
+    Python: one dict get and a few list/dict stores in the usual case.
     """
 
-    __slots__ = ("max_size_bytes", "size_bytes", "count", "_ledgers", "_last", "_unordered")
+    __slots__ = ("max_size_bytes", "size_bytes", "_ledgers", "_unordered")
 
     def __init__(self, max_size_bytes: int):
         self.max_size_bytes = max_size_bytes
         self.size_bytes = 0
-        self.count = 0
-        self._ledgers: dict[int, dict[int, bytes]] = {}
-        self._last: dict[int, int] = {}  # highest entry id per ledger
+        self._ledgers: dict[int, list] = {}  # ledger_id -> [dict entry_id -> entry, highest entry_id]
         self._unordered: set[int] = set()  # ledgers whose dict order is not entry order
+
+    @property
+    def count(self) -> int:
+        return sum(len(rec[0]) for rec in self._ledgers.values())
 
     def has_room(self, nbytes: int) -> bool:
         # An empty half accepts any single entry, so an entry larger than a half
         # (possible with tiny caches) can still be stored.
-        return self.size_bytes + nbytes <= self.max_size_bytes or self.count == 0
+        return self.size_bytes + nbytes <= self.max_size_bytes or not self._ledgers
 
-    def put(self, ledger_id: int, entry_id: int, entry: bytes) -> None:
-        entries = self._ledgers.get(ledger_id)
-        if entries is None:
-            self._ledgers[ledger_id] = {entry_id: entry}
-            self._last[ledger_id] = entry_id
-        else:
-            if entry_id > self._last[ledger_id]:  # the usual case: in order, a new entry
-                self._last[ledger_id] = entry_id
-            else:
-                old = entries.get(entry_id)
-                if old is None:
-                    self._unordered.add(ledger_id)
-                else:  # a rewrite (recovery add) replaces the bytes, in place
-                    self.size_bytes -= len(old)
-                    self.count -= 1
-            entries[entry_id] = entry
-        self.size_bytes += len(entry)
-        self.count += 1
+    def put(self, ledger_id: int, entry_id: int, entry: bytes) -> bool:
+        """Store an entry; False (nothing stored) when the half has no room for it.
+
+        An empty half accepts any single entry (see has_room). The room check
+        lives here, not in the caller, so an add costs one Python call."""
+        size = self.size_bytes + len(entry)
+        if size > self.max_size_bytes and self._ledgers:
+            return False
+        rec = self._ledgers.get(ledger_id)
+        if rec is not None and entry_id > rec[1]:  # the usual case: in order, a new entry
+            rec[0][entry_id] = entry
+            rec[1] = entry_id
+            self.size_bytes = size
+            return True
+        self._put_other(rec, ledger_id, entry_id, entry)
+        return True
+
+    def _put_other(self, rec, ledger_id: int, entry_id: int, entry: bytes) -> None:
+        """A new ledger, an entry below the highest one, or a rewrite."""
+        if rec is None:
+            self._ledgers[ledger_id] = [{entry_id: entry}, entry_id]
+            self.size_bytes += len(entry)
+            return
+        entries = rec[0]
+        old = entries.get(entry_id)
+        if old is None:
+            self._unordered.add(ledger_id)
+            self.size_bytes += len(entry)
+        else:  # a rewrite (recovery add) replaces the bytes, in place
+            self.size_bytes += len(entry) - len(old)
+        entries[entry_id] = entry
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
-        entries = self._ledgers.get(ledger_id)
-        return None if entries is None else entries.get(entry_id)
+        rec = self._ledgers.get(ledger_id)
+        return None if rec is None else rec[0].get(entry_id)
 
     def last_entry_id(self, ledger_id: int) -> int | None:
-        return self._last.get(ledger_id)
+        rec = self._ledgers.get(ledger_id)
+        return None if rec is None else rec[1]
 
     def has_ledger(self, ledger_id: int) -> bool:
         return ledger_id in self._ledgers
 
     def delete_ledger(self, ledger_id: int) -> None:
-        entries = self._ledgers.pop(ledger_id, None)
-        if entries:
-            self.size_bytes -= sum(len(e) for e in entries.values())
-            self.count -= len(entries)
-        self._last.pop(ledger_id, None)
+        rec = self._ledgers.pop(ledger_id, None)
+        if rec is not None:
+            self.size_bytes -= sum(map(len, rec[0].values()))
         self._unordered.discard(ledger_id)
 
     def sorted_columns(self) -> tuple[list[int], list[int], list[bytes]]:
@@ -85,7 +101,7 @@ class WriteCache:
         out: list[bytes] = []
         unordered = self._unordered
         for ledger_id in sorted(self._ledgers):
-            entries = self._ledgers[ledger_id]
+            entries = self._ledgers[ledger_id][0]
             if ledger_id in unordered:
                 keys = sorted(entries)
                 entry_ids += keys
