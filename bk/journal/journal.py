@@ -85,7 +85,6 @@ class Journal:
         self._frame = self._kernel.frame_records
 
         self._queue: list = []  # flat: body, cb, ctx, body, cb, ctx, ...
-        self._extend = self._queue.extend
         self._idle = False  # the writer is parked on _wake; log() must set it
         self._wake = threading.Event()
         self._stopping = False
@@ -131,7 +130,7 @@ class Journal:
         # hot path (once per add on the loop): one check, one list extend, and a
         # wakeup only when the writer is parked
         if self._reject is None and MIN_BODY_BYTES <= len(body) <= self._max_record_bytes:
-            self._extend((body, cb, ctx))
+            self._queue.extend((body, cb, ctx))
             if self._idle:
                 self._idle = False
                 self._wake.set()
