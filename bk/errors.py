@@ -156,6 +156,10 @@ class LedgerRecoveryError(ClientError):
     pass
 
 
+class ReplicationError(ClientError):
+    """A segment of a ledger could not be re-replicated (no readable replica, target refused, ...)."""
+
+
 class NoSuchLedgerMetadataError(ClientError):
     """The ledger has no metadata (never created, or deleted)."""
 
