@@ -23,7 +23,10 @@ phases of a noisy machine spread over all of them. bk runs use bench.load in
 this process (one writer, one ledger, `in_flight` adds outstanding), like the
 Redis client. The table shows medians over the runs; `±%` is half the
 min..max range over the median. Peak RSS is per server process (VmRSS sampled
-every 100 ms plus VmHWM at the end; for bk-3 the largest of the three).
+every 100 ms plus VmHWM at the end; for bk-3 the largest of the three). CPU is
+% of one core over the measured window: `srv` summed over the server processes
+(bookies, redis-server), `cli` the load generator (this process, every thread;
+redis-benchmark's own process for that row; the writing loop for raw-disk).
 Results: <out-dir>/compare-<time>.json and .png (the PNG needs matplotlib).
 """
 from __future__ import annotations
@@ -91,17 +94,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- one measurement each
-def _measurement(system: str, size: int, run: int, r: dict, peak_rss: dict) -> dict:
+def _measurement(system: str, size: int, run: int, r: dict, peak_rss: dict, server_cpu: dict) -> dict:
     return {"system": system, "entry_size": size, "run": run, "entries": r["entries"], "bytes": r["bytes"],
             "elapsed_s": r["elapsed_s"], "entries_per_s": r["entries_per_s"], "mb_per_s": r["mb_per_s"],
-            "latency_ms": r["latency_ms"], "peak_rss_mib": peak_rss, "errors": r.get("errors", 0),
+            "latency_ms": r["latency_ms"], "peak_rss_mib": peak_rss, "server_cpu_pct": server_cpu,
+            "client_cpu_pct": r.get("client_cpu_pct"), "errors": r.get("errors", 0),
             "error": r.get("error"), "detail": {k: v for k, v in r.items() if k in
                                                 ("group_bytes", "command", "pipeline", "connections", "spec")}}
 
 
 def measure_raw(size: int, args, run: int) -> dict:
     r = run_raw_disk(size, args.in_flight, args.duration_s, bench_base_dir())
-    return _measurement("raw-disk", size, run, r, {})
+    return _measurement("raw-disk", size, run, r, {}, {})
 
 
 def measure_redis(size: int, args, run: int, which: str, rate_hint: float | None) -> dict:
@@ -114,7 +118,7 @@ def measure_redis(size: int, args, run: int, which: str, rate_hint: float | None
                 r = run_redis_benchmark(server.port, size, args.in_flight,
                                         redis_benchmark_requests(args.duration_s, rate_hint),
                                         args.redis_connections, timeout_s=max(60.0, args.duration_s * 20))
-        return _measurement(which, size, run, r, rss.peak_mib())
+        return _measurement(which, size, run, r, rss.peak_mib(), rss.cpu_pct())
 
 
 def redis_benchmark_requests(duration_s: float, rate_hint: float | None) -> int:
@@ -131,12 +135,15 @@ def measure_bk(system: str, size: int, args, run: int, zk_connect: str) -> dict:
     with local_cluster(bookies, zk_connect=zk_connect, prefix=f"cmp-{system}", **settings) as cluster:
         with RssSampler(bookie_pids(cluster)) as rss:
             s = run_load(cluster.metadata_uri, spec)
-        peak = rss.peak_mib()
-    a = s["adds"]
-    return _measurement(system, size, run, {**a, "spec": s["spec"]}, peak)
+    return _measurement(system, size, run, {**s["adds"], "spec": s["spec"]}, rss.peak_mib(), rss.cpu_pct())
 
 
 # ---------------------------------------------------------------- summary
+def _total(values: dict) -> float | None:
+    present = [v for v in values.values() if v is not None]
+    return sum(present) if present else None
+
+
 def summarize(measurements: list[dict], systems, sizes) -> list[dict]:
     """One row per (system, size) with medians over runs, spread, and bk's ratios to raw and Redis."""
     rows = []
@@ -158,6 +165,8 @@ def summarize(measurements: list[dict], systems, sizes) -> list[dict]:
                    "p99_ms": median_or_none(m["latency_ms"].get("p99") for m in ms),
                    "peak_rss_mib": median_or_none(rss_per_run), "peak_rss_mib_max": max(
                        (v for v in rss_per_run if v is not None), default=None),
+                   "server_cpu_pct": median_or_none(_total(m["server_cpu_pct"]) for m in ms),
+                   "client_cpu_pct": median_or_none(m.get("client_cpu_pct") for m in ms),
                    "errors": sum(m["errors"] for m in ms)}
             med[system] = row["entries_per_s"]
             rows.append(row)
@@ -170,13 +179,15 @@ def summarize(measurements: list[dict], systems, sizes) -> list[dict]:
 
 
 def render_summary(rows: list[dict]) -> str:
-    headers = ["system", "size", "entries/s", "±%", "MB/s", "p99 ms", "peak RSS MiB", "bk/raw", "bk/Redis"]
+    headers = ["system", "size", "entries/s", "±%", "MB/s", "p99 ms", "peak RSS MiB", "srv CPU%", "cli CPU%",
+               "bk/raw", "bk/Redis"]
     body = []
     for r in rows:
         x = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         body.append([r["system"], human_size(r["entry_size"]), fmt_num(r["entries_per_s"]),
                      "-" if r["spread_pct"] is None else f"{r['spread_pct']:.0f}", fmt_num(r["mb_per_s"], 1),
-                     fmt_num(r["p99_ms"], 1), fmt_num(r["peak_rss_mib"]),
+                     fmt_num(r["p99_ms"], 1), fmt_num(r["peak_rss_mib"]), fmt_num(r.get("server_cpu_pct")),
+                     fmt_num(r.get("client_cpu_pct")),
                      x(r.get("x_raw")) if r["system"] in BK_SYSTEMS else "",
                      x(r.get("x_redis")) if r["system"] in BK_SYSTEMS else ""])
     return render_table(headers, body)
@@ -290,7 +301,8 @@ def run_compare(args, log=print) -> dict:
                     rss = max((v for v in m["peak_rss_mib"].values() if v), default=None)
                     log(f"run {run + 1}/{args.runs} {human_size(size):>6} {system:15} {m['entries_per_s']:>12,.0f}"
                         f" entries/s {m['mb_per_s']:8.1f} MB/s p99 {fmt_num(m['latency_ms'].get('p99'), 1):>8} ms"
-                        f" rss {fmt_num(rss)} MiB load {load_before:.1f}"
+                        f" rss {fmt_num(rss)} MiB cpu srv {fmt_num(_total(m['server_cpu_pct']))}%"
+                        f" cli {fmt_num(m['client_cpu_pct'])}% load {load_before:.1f}"
                         + (f" ERRORS {m['errors']}: {m['error']}" if m["errors"] else ""))
     finally:
         if zk is not None:

@@ -126,7 +126,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None) -
 
         depth, n_ledgers = spec.in_flight, len(handles)
         remaining = spec.count if spec.count is not None else float("inf")
-        t0 = perf()
+        cpu0, t0 = time.process_time(), perf()
         deadline = t0 + spec.duration_s if spec.duration_s is not None else float("inf")
         seq = 0
         while remaining > 0 and state["errors"] == 0:
@@ -155,13 +155,14 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None) -
             state["errors"] += state["inflight"]
             state["error"] = state["error"] or f"{state['inflight']} adds unanswered after {DRAIN_TIMEOUT_S} s"
         t_end = max(done_t) if done_t else t0
+        cpu_s = time.process_time() - cpu0
         latency_s = np.asarray(done_t, dtype=np.float64) - np.asarray(issue_t, dtype=np.float64)[
             np.asarray(done_seq, dtype=np.int64)]
         for lh in handles:
             with contextlib.suppress(BKError):
                 await lh.close()
         reads = await read_back(bkc, handles, payload, spec) if spec.reads else None
-    return {"t_start": t0, "t_end": t_end, "entries": len(done_t), "errors": state["errors"],
+    return {"t_start": t0, "t_end": t_end, "cpu_s": cpu_s, "entries": len(done_t), "errors": state["errors"],
             "error": state["error"], "latency_s": latency_s, "reads": reads,
             "ledger_ids": [lh.ledger_id for lh in handles]}
 
@@ -260,7 +261,9 @@ def summarize(raw: list[dict], spec: LoadSpec, writers: int) -> dict:
     adds = {"entries": entries, "bytes": entries * spec.entry_size, "elapsed_s": elapsed_s,
             "entries_per_s": rate(entries, elapsed_s), "mb_per_s": rate(entries * spec.entry_size, elapsed_s) / MB,
             "latency_ms": latency_summary_ms(np.concatenate([r["latency_s"] for r in raw])),
-            "errors": errors, "error": next((r["error"] for r in raw if r["error"]), None)}
+            "errors": errors, "error": next((r["error"] for r in raw if r["error"]), None),
+            # CPU of the writer processes (every thread) over the add window, 100 = one core
+            "client_cpu_pct": 100.0 * rate(sum(r["cpu_s"] for r in raw), elapsed_s)}
     out = {"spec": dataclasses.asdict(spec), "writers": writers, "adds": adds, "reads": None,
            "ledger_ids": [i for r in raw for i in r["ledger_ids"]]}
     if spec.reads:
@@ -364,6 +367,10 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _num(v, unit: str) -> str:
+    return "-" if v is None else f"{v:.0f}{' ' if unit == 'MiB' else ''}{unit}"
+
+
 def format_summary(summary: dict) -> str:
     s, a = summary["spec"], summary["adds"]
     how = f"{s['duration_s']:g} s" if s["duration_s"] is not None else f"{s['count']} adds"
@@ -375,14 +382,17 @@ def format_summary(summary: dict) -> str:
             continue
         lat = part["latency_ms"]
         extra = f", mismatches {part['mismatches']}" if "mismatches" in part else ""
+        if "client_cpu_pct" in part:
+            extra += f"; client CPU {part['client_cpu_pct']:.0f}%"
         lines.append(f"{name:5}: {part['entries']} entries in {part['elapsed_s']:.2f} s = {part['entries_per_s']:,.0f}"
                      f" entries/s, {part['mb_per_s']:.1f} MB/s; latency ms p50 {_ms(lat['p50'])} p99 {_ms(lat['p99'])}"
                      f" p999 {_ms(lat['p999'])} max {_ms(lat['max'])}; errors {part['errors']}{extra}")
         if part.get("error"):
             lines.append(f"       first error: {part['error']}")
-    rss = summary.get("bookie_peak_rss_mib")
+    rss, cpu = summary.get("bookie_peak_rss_mib"), summary.get("bookie_cpu_pct") or {}
     if rss:
-        lines.append("bookie peak RSS: " + ", ".join(f"{k} {v:.0f} MiB" if v else f"{k} -" for k, v in rss.items()))
+        lines.append("bookies: " + ", ".join(
+            f"{k} peak RSS {_num(v, 'MiB')} CPU {_num(cpu.get(k), '%')}" for k, v in rss.items()))
     return "\n".join(lines)
 
 
@@ -396,6 +406,7 @@ def main(argv=None) -> int:
             with RssSampler(bookie_pids(cluster)) as rss:
                 summary = run_load(cluster.metadata_uri, spec, args.writers)
             summary["bookie_peak_rss_mib"] = rss.peak_mib()
+            summary["bookie_cpu_pct"] = rss.cpu_pct()
             summary["bookie_settings"] = {**BENCH_BOOKIE_SETTINGS, **args.settings}
     print(format_summary(summary))
     if args.json:

@@ -1,8 +1,9 @@
-"""Peak resident memory of server processes during a benchmark run (Linux /proc).
+"""Peak resident memory and CPU use of server processes during a benchmark run (Linux /proc).
 
     with RssSampler({"bookie-0": pid}) as rss:
         ... run the load ...
     rss.peak_mib()    # {"bookie-0": 123.4}
+    rss.cpu_pct()     # {"bookie-0": 31.0}: CPU seconds (user + system, all threads) per wall second, in %
 
 A thread reads VmRSS from /proc/<pid>/status every `interval_s` and keeps the
 maximum; on stop it also reads VmHWM (the kernel's own high-water mark since
@@ -10,11 +11,14 @@ the process started) and reports the larger of the two for processes started
 for this run. VmHWM alone would do for a fresh process, but a process that
 lives across runs keeps its old peak there, so the sampled VmRSS maximum is the
 per-run figure (`use_hwm=False`). A process that exits mid-run keeps whatever
-was sampled before.
+was sampled before. CPU is utime + stime from /proc/<pid>/stat, first sample to
+last, over the same wall interval: 100 = one core busy.
 """
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 from .stats import MiB
 
@@ -35,12 +39,28 @@ def read_status_kib(pid: int, fields=("VmRSS", "VmHWM")) -> dict:
     return out
 
 
+def read_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of every thread of `pid` so far (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # the command name may contain spaces and parentheses: fields start after the last ')'
+    fields = raw[raw.rfind(")") + 2:].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    except (IndexError, ValueError):
+        return None
+
+
 class RssSampler:
     def __init__(self, pids: dict, interval_s: float = 0.1, use_hwm: bool = True):
         self.pids = dict(pids)
         self.interval_s = interval_s
         self.use_hwm = use_hwm
         self._peak_kib = {name: 0 for name in self.pids}
+        self._cpu = {name: None for name in self.pids}  # (first cpu_s, first wall, last cpu_s, last wall)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -49,6 +69,10 @@ class RssSampler:
             rss = read_status_kib(pid, ("VmRSS",)).get("VmRSS")
             if rss is not None and rss > self._peak_kib[name]:
                 self._peak_kib[name] = rss
+            cpu, now = read_cpu_s(pid), time.monotonic()
+            if cpu is not None:
+                first = self._cpu[name]
+                self._cpu[name] = (cpu, now, cpu, now) if first is None else (first[0], first[1], cpu, now)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -78,6 +102,13 @@ class RssSampler:
     def peak_mib(self) -> dict:
         """{name: peak MiB}; None for a process never seen (already gone, or not Linux)."""
         return {name: (kib * 1024 / MiB if kib else None) for name, kib in self._peak_kib.items()}
+
+    def cpu_pct(self) -> dict:
+        """{name: CPU % of one core between the first and last sample}; None if never seen twice."""
+        out = {}
+        for name, c in self._cpu.items():
+            out[name] = None if c is None or c[3] <= c[1] else 100.0 * (c[2] - c[0]) / (c[3] - c[1])
+        return out
 
     def __enter__(self) -> "RssSampler":
         return self.start()

@@ -52,7 +52,7 @@ def run_raw_disk(entry_size: int, in_flight: int, duration_s: float, directory: 
     written = 0
     perf = time.perf_counter
     try:
-        t0 = perf()
+        cpu0, t0 = time.process_time(), perf()
         deadline = t0 + duration_s
         now = t0
         while now < deadline:
@@ -66,6 +66,7 @@ def run_raw_disk(entry_size: int, in_flight: int, duration_s: float, directory: 
             written += size
             now = t
         elapsed = now - t0
+        cpu_s = time.process_time() - cpu0
     finally:
         os.close(fd)
         os.unlink(path)
@@ -73,7 +74,8 @@ def run_raw_disk(entry_size: int, in_flight: int, duration_s: float, directory: 
     return {"system": "raw-disk", "entry_size": entry_size, "group_bytes": size, "groups": len(latencies),
             "entries": entries, "bytes": written, "elapsed_s": elapsed, "entries_per_s": rate(entries, elapsed),
             "mb_per_s": rate(written, elapsed) / MB,
-            "latency_ms": latency_summary_ms(np.asarray(latencies)), "latency_unit": "group write+fdatasync"}
+            "latency_ms": latency_summary_ms(np.asarray(latencies)), "latency_unit": "group write+fdatasync",
+            "client_cpu_pct": 100.0 * rate(cpu_s, elapsed)}
 
 
 def main(argv=None) -> int:

@@ -266,19 +266,22 @@ async def run_resp_load_async(port: int, entry_size: int, in_flight: int, durati
     maxlen = max(1000, STREAM_MAX_BYTES // entry_size)
     command = encode_command("XADD", "bklog", "MAXLEN", "~", maxlen, "*", "d", payload)
     depths = split_depth(in_flight, connections)
+    cpu0 = time.process_time()
     deadline = time.perf_counter() + duration_s if duration_s is not None else float("inf")
     counts = [None] * connections
     if count is not None:
         base, extra = divmod(count, connections)
         counts = [base + (1 if i < extra else 0) for i in range(connections)]
     parts = await asyncio.gather(*(_connection_load(port, command, d, deadline, c) for d, c in zip(depths, counts)))
+    cpu_s = time.process_time() - cpu0
     entries = sum(p["entries"] for p in parts)
     elapsed = max(p["t_end"] for p in parts) - min(p["t_start"] for p in parts)
     return {"system": "redis-resp", "command": "XADD", "entry_size": entry_size, "in_flight": in_flight,
             "connections": connections, "entries": entries, "bytes": entries * entry_size, "elapsed_s": elapsed,
             "entries_per_s": rate(entries, elapsed), "mb_per_s": rate(entries * entry_size, elapsed) / MB,
             "latency_ms": latency_summary_ms(np.concatenate([p["latency_s"] for p in parts])),
-            "errors": sum(p["errors"] for p in parts), "error": next((p["error"] for p in parts if p["error"]), None)}
+            "errors": sum(p["errors"] for p in parts), "error": next((p["error"] for p in parts if p["error"]), None),
+            "client_cpu_pct": 100.0 * rate(cpu_s, elapsed)}
 
 
 def run_resp_load(port: int, entry_size: int, in_flight: int, duration_s: float | None = None,
@@ -314,7 +317,12 @@ def run_redis_benchmark(port: int, entry_size: int, in_flight: int, requests: in
     pipeline = max(1, in_flight // connections)
     cmd = [binary, "-h", "127.0.0.1", "-p", str(port), "-c", str(connections), "-P", str(pipeline),
            "-n", str(requests), "-d", str(entry_size), "-t", "set", "--csv"]
+    import resource
+    before, wall0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    wall_s = time.perf_counter() - wall0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # only redis-benchmark was reaped in between
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if out.returncode != 0:
         raise RuntimeError(f"redis-benchmark failed ({out.returncode}): {out.stderr[-1000:]}")
     r = parse_redis_benchmark_csv(out.stdout)
@@ -324,7 +332,7 @@ def run_redis_benchmark(port: int, entry_size: int, in_flight: int, requests: in
             "elapsed_s": rate(requests, rps), "entries_per_s": rps, "mb_per_s": rps * entry_size / MB,
             "latency_ms": {"p50": r.get("p50_latency_ms"), "p99": r.get("p99_latency_ms"),
                            "p999": None, "mean": r.get("avg_latency_ms"), "max": r.get("max_latency_ms")},
-            "errors": 0, "error": None}
+            "errors": 0, "error": None, "client_cpu_pct": 100.0 * rate(cpu_s, wall_s)}
 
 
 def main(argv=None) -> int:

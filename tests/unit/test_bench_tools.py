@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from bench import compare, load, rawdisk, redisbench, stats  # noqa: E402
-from bench.procmem import RssSampler, read_status_kib  # noqa: E402
+from bench.procmem import RssSampler, read_cpu_s, read_status_kib  # noqa: E402
 
 
 # ---------------------------------------------------------------- stats
@@ -113,7 +113,7 @@ def test_split_count_covers_the_total():
 
 
 def _raw(t_start, t_end, lat_ms, errors=0):
-    return {"t_start": t_start, "t_end": t_end, "entries": len(lat_ms), "errors": errors, "error": None,
+    return {"t_start": t_start, "t_end": t_end, "cpu_s": 1.0, "entries": len(lat_ms), "errors": errors, "error": None,
             "latency_s": np.asarray(lat_ms) / 1000.0, "reads": None, "ledger_ids": [t_start]}
 
 
@@ -125,6 +125,7 @@ def test_summarize_aggregates_writers_over_the_common_window():
     assert a["entries_per_s"] == pytest.approx(100.0) and a["mb_per_s"] == pytest.approx(0.1)
     assert a["latency_ms"]["p50"] == pytest.approx(1.0) and a["latency_ms"]["max"] == pytest.approx(3.0)
     assert a["errors"] == 2 and s["ledger_ids"] == [10.0, 11.0] and s["reads"] is None
+    assert a["client_cpu_pct"] == pytest.approx(50.0)  # 2 CPU s over a 4 s window
     text = load.format_summary(s)
     assert "100 entries/s" in text and "errors 2" in text
 
@@ -232,15 +233,17 @@ def test_compare_arguments():
             compare.parse_args(bad)
 
 
-def _m(system, size, run, eps, p99, rss=None):
+def _m(system, size, run, eps, p99, rss=None, cpu=None):
     return {"system": system, "entry_size": size, "run": run, "entries_per_s": eps, "mb_per_s": eps * size / 1e6,
-            "latency_ms": {"p99": p99}, "peak_rss_mib": rss or {}, "errors": 0}
+            "latency_ms": {"p99": p99}, "peak_rss_mib": rss or {}, "server_cpu_pct": cpu or {},
+            "client_cpu_pct": 90.0 + run, "errors": 0}
 
 
 def test_compare_summary_medians_and_ratios():
     ms = [_m("raw-disk", 100, r, v, 1.0) for r, v in enumerate((1000, 2000, 3000))]
     ms += [_m("redis-resp", 100, r, v, 5.0, {"redis-server": 10}) for r, v in enumerate((400, 500, 600))]
-    ms += [_m("bk-3", 100, r, v, p, {"bookie-0": 50, "bookie-1": 80 + r, "bookie-2": None})
+    ms += [_m("bk-3", 100, r, v, p, {"bookie-0": 50, "bookie-1": 80 + r, "bookie-2": None},
+              {"bookie-0": 10.0 * r, "bookie-1": 20.0, "bookie-2": None})
            for r, (v, p) in enumerate(((900, 9.0), (1000, 7.0), (1100, 8.0)))]
     rows = compare.summarize(ms, ["raw-disk", "redis-resp", "bk-3"], [100])
     bk = next(r for r in rows if r["system"] == "bk-3")
@@ -249,6 +252,9 @@ def test_compare_summary_medians_and_ratios():
     assert bk["x_redis_benchmark"] is None  # not measured
     assert bk["peak_rss_mib"] == 81 and bk["peak_rss_mib_max"] == 82  # largest bookie per run, median of runs
     assert bk["spread_pct"] == pytest.approx(10.0)
+    assert bk["server_cpu_pct"] == 30.0 and bk["client_cpu_pct"] == 91.0  # bookies summed per run, then median
+    raw = next(r for r in rows if r["system"] == "raw-disk")
+    assert raw["server_cpu_pct"] is None and "x_raw" not in raw
     table = compare.render_summary(rows)
     assert "bk-3" in table and "0.50" in table and "2.00" in table
 
@@ -261,9 +267,11 @@ def test_chart_degrades_without_matplotlib(monkeypatch, tmp_path):
 
 
 # ---------------------------------------------------------------- memory sampling
-def test_rss_of_this_process_and_of_a_missing_pid():
+def test_rss_and_cpu_of_this_process_and_of_a_missing_pid():
     assert read_status_kib(os.getpid())["VmRSS"] > 0
+    assert read_cpu_s(os.getpid()) > 0
     with RssSampler({"me": os.getpid(), "gone": 2 ** 22 + 12345}, interval_s=0.01) as rss:
-        pass
-    peak = rss.peak_mib()
+        sum(i * i for i in range(200_000))  # some CPU for the sampler to see
+    peak, cpu = rss.peak_mib(), rss.cpu_pct()
     assert peak["me"] > 1 and peak["gone"] is None
+    assert cpu["me"] is not None and cpu["me"] >= 0 and cpu["gone"] is None
