@@ -12,6 +12,7 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
+from cpython.long cimport PyLong_FromUnsignedLongLong
 from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memcmp
@@ -137,6 +138,9 @@ def frame_slice(list entries, Py_ssize_t start, base_offset, Py_ssize_t max_fram
         total += 4 + size
         stop += 1
     k = stop - start
+    # Offsets in C when the base is a plain non-negative int (always, for locations).
+    cdef bint cfast = type(base_offset) is int and 0 <= base_offset < (1 << 62)
+    cdef uint64_t cbase = base_offset if cfast else 0
     # Pin the entries (the caller's list may change while the copy runs without the GIL).
     pinned = tuple(entries[start:stop])
     ptrs = <const char **>malloc((k + 1) * sizeof(char *))
@@ -160,7 +164,7 @@ def frame_slice(list entries, Py_ssize_t start, base_offset, Py_ssize_t max_fram
                 nviews += 1
                 ptrs[i] = <const char *>views[nviews - 1].buf
                 lens[i] = views[nviews - 1].len
-            offsets[i] = base_offset + pos
+            offsets[i] = PyLong_FromUnsignedLongLong(cbase + <uint64_t>pos) if cfast else base_offset + pos
             pos += 4 + lens[i]
         if pos != total:
             raise ValueError("an entry changed size while being framed")

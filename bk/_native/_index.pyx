@@ -21,11 +21,21 @@ cdef uint64_t _MAX_ID = 0x7FFFFFFFFFFFFFFFULL
 cdef uint64_t _MAX_U64 = 0xFFFFFFFFFFFFFFFFULL
 
 
-cdef inline void _put_u64(uint8_t* p, uint64_t v) noexcept nogil:
-    cdef int i
-    for i in range(7, -1, -1):
-        p[i] = <uint8_t>(v & 0xFF)
-        v >>= 8
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    static inline void bk_put_u64_be(unsigned char *p, uint64_t v) {
+    #if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        v = __builtin_bswap64(v);
+        memcpy(p, &v, 8);
+    #else
+        int i;
+        for (i = 7; i >= 0; i--) { p[i] = (unsigned char)(v & 0xFF); v >>= 8; }
+    #endif
+    }
+    """
+    void _put_u64 "bk_put_u64_be"(uint8_t* p, uint64_t v) nogil
 
 
 cdef extern from "Python.h":
