@@ -212,7 +212,8 @@ class Bookie:
             cb(ctx, err)
             return
         if self._write_data:
-            self._journal(ledger_id).log(entry, cb, ctx)
+            journals = self.journals
+            (journals[0] if len(journals) == 1 else journals[ledger_id % len(journals)]).log(entry, cb, ctx)
         else:
             cb(ctx, None)
 
