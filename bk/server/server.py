@@ -8,7 +8,8 @@ serve, so clients never pick a bookie that is not listening.
 
 Stop order (SIGTERM / Ctrl-C): stop accepting, let in-flight requests finish
 (bounded), close connections, checkpoint and clear the unclean-shutdown flag
-(Bookie.stop), deregister, close the metadata session.
+(Bookie.stop), deregister, close the metadata session. AutoRecovery (when
+enabled) starts last, once the bookie is registered, and stops first.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class BookieServer:
         self._monitor: asyncio.Task | None = None
         self._registered_readonly: bool | None = None
         self._forced_read_only = False
+        self.autorecovery = None  # bk.replication.AutoRecovery when autorecovery_enabled
         self.port: int | None = None
         self.started = False
 
@@ -75,7 +77,8 @@ class BookieServer:
             self._monitor = asyncio.ensure_future(self._disk_monitor())
             self.started = True
             if cfg.autorecovery_enabled:
-                log.warning("autorecovery_enabled is set, but AutoRecovery is not implemented yet: ignored")
+                from bk.replication import AutoRecovery
+                self.autorecovery = await AutoRecovery(cfg).start()
             log.info("bookie %s serving on port %d (journal %s, %d ledgers)", self.bookie_id, self.port,
                      "on" if cfg.journal_write_data else "OFF (BP-46)", len(self.bookie.storage.ledger_ids()))
         except BaseException:
@@ -84,6 +87,7 @@ class BookieServer:
 
     async def stop(self) -> None:
         """Graceful stop; safe to call more than once."""
+        await self._stop_autorecovery()
         if self._listener is not None:
             self._listener.close()
         if self._monitor is not None:
@@ -97,7 +101,13 @@ class BookieServer:
         await self._teardown()
         log.info("bookie %s stopped", self.bookie_id)
 
+    async def _stop_autorecovery(self) -> None:
+        autorecovery, self.autorecovery = self.autorecovery, None
+        if autorecovery is not None:
+            await autorecovery.stop()
+
     async def _teardown(self) -> None:
+        await self._stop_autorecovery()
         for conn in list(self.connections):
             conn.close()
         if self._listener is not None:

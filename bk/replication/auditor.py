@@ -1,0 +1,296 @@
+"""Auditor: finds the ledgers that lost replicas and marks them under-replicated.
+
+One per cluster (AuditorElector). It keeps the set of available bookies -
+writable and read-only both count, a read-only bookie still serves its data -
+from watches on `available/` and `available/readonly/`.
+
+Lost bookies. When bookies disappear, the audit waits `lostBookieRecoveryDelay`
+seconds (the live value of the znode, else the configured default):
+- a bookie that comes back meanwhile is struck off; when none is left the
+  delayed audit is cancelled;
+- a second loss while an audit is delayed audits every pending bookie at once
+  (the cluster is losing bookies: waiting risks data);
+- a delay of 0 audits at once.
+The audit walks every ledger and marks each ledger with a segment on a lost
+bookie, naming the lost bookies that ledger uses (marks merge).
+
+The delay znode doubles as a trigger (BookKeeper's protocol, used by
+`bk shell triggeraudit` / `lostbookierecoverydelay --set`): a write of the value
+it already had, or of 0, runs a full bookie audit now; another value
+reschedules a delayed audit with the new delay.
+
+Periodic work: the bookie check (every `auditor_periodic_bookie_check_interval_s`,
+first at start, through the delay rules above) marks the ledgers of every bookie
+named in some ledger's metadata but not registered; the ledger check (every
+`auditor_periodic_check_interval_s`) probes every bookie's share of every
+segment (LedgerChecker) and marks ledgers whose bookies lost entries.
+
+All audits run one at a time (a lock), like BookKeeper's single audit thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+from bk.errors import BKError, MetadataExistsError, NoSuchLedgerMetadataError
+from bk.meta import EventType
+from bk.meta.ledger_metadata import LedgerMetadata
+from bk.meta.underreplication import LedgerUnderreplicationManager
+
+from .checker import LedgerChecker
+
+log = logging.getLogger(__name__)
+
+METADATA_READ_CONCURRENCY = 32
+
+
+class Auditor:
+    def __init__(self, bk, urm: LedgerUnderreplicationManager, bookie_id: str, *,
+                 lost_bookie_recovery_delay_s: int = 0, check_interval_s: float = 604_800,
+                 bookie_check_interval_s: float = 86_400):
+        self.bk = bk
+        self.urm = urm
+        self.bookie_id = bookie_id
+        self.default_delay_s = int(lost_bookie_recovery_delay_s)
+        self.check_interval_s = check_interval_s
+        self.bookie_check_interval_s = bookie_check_interval_s
+        self.checker = LedgerChecker(bk.pool)
+        self.available: frozenset = frozenset()
+        self.pending: set[str] = set()  # lost bookies waiting for the delay
+        self._writable: frozenset = frozenset()
+        self._readonly: frozenset = frozenset()
+        self._watches = []
+        self._tasks: set[asyncio.Task] = set()
+        self._delayed: asyncio.Task | None = None
+        self._delay_s = self.default_delay_s  # the value before the latest change (the trigger rule)
+        self._lock = asyncio.Lock()
+        self._running = False
+        # counters, for tests and status
+        self.audits = 0
+        self.delayed_audits_cancelled = 0
+        self.ledgers_marked = 0
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> "Auditor":
+        self._running = True
+        await self._init_delay()
+        reg = self.bk.registration
+        self._watches.append(await reg.watch_writable_bookies(lambda s: self._bookies_changed(writable=s)))
+        self._watches.append(await reg.watch_readonly_bookies(lambda s: self._bookies_changed(readonly=s)))
+        self._writable, self._readonly = self._watches[0].bookies, self._watches[1].bookies
+        self.available = self._writable | self._readonly
+        self._spawn(self._watch_delay(), "auditor-delay-watch")
+        if self.bookie_check_interval_s > 0:
+            self._spawn(self._periodic(self.bookie_check_interval_s, self._startup_bookie_check,
+                                       self.check_all_bookies, first_now=True), "auditor-bookie-check")
+        if self.check_interval_s > 0:
+            self._spawn(self._periodic(self.check_interval_s, None, self.check_all_ledgers, first_now=False),
+                        "auditor-ledger-check")
+        log.info("auditor %s started; available bookies: %s", self.bookie_id, sorted(self.available))
+        return self
+
+    async def stop(self) -> None:
+        self._running = False
+        for watch in self._watches:
+            watch.cancel()
+        self._watches.clear()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        log.info("auditor %s stopped", self.bookie_id)
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(self._guard(coro, name), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @staticmethod
+    async def _guard(coro, name: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("auditor task %s failed", name)
+
+    async def _init_delay(self) -> None:
+        """Publish the configured delay if the cluster has none yet (BookKeeper does the same)."""
+        if await self.urm.store.exists(self.urm.paths.lost_bookie_recovery_delay) is None:
+            try:
+                await self.urm.store.create(self.urm.paths.lost_bookie_recovery_delay,
+                                            str(self.default_delay_s).encode("ascii"), make_parents=True)
+            except MetadataExistsError:
+                pass
+        self._delay_s = await self.urm.get_lost_bookie_recovery_delay(self.default_delay_s)
+
+    # ------------------------------------------------------------ lost bookies
+    def _bookies_changed(self, writable=None, readonly=None) -> None:
+        if writable is not None:
+            self._writable = writable
+        if readonly is not None:
+            self._readonly = readonly
+        now = self._writable | self._readonly
+        lost, back = self.available - now, now - self.available
+        self.available = now
+        if back & self.pending:
+            self.pending -= back
+            log.info("auditor: bookie(s) %s are back", sorted(back))
+            if not self.pending and self._delayed is not None:
+                self._delayed.cancel()
+                self._delayed = None
+                self.delayed_audits_cancelled += 1
+                log.info("auditor: every lost bookie came back within the delay: audit cancelled")
+        if lost and self._running:
+            log.info("auditor: bookie(s) %s lost", sorted(lost))
+            self._spawn(self._bookies_lost(lost), "auditor-bookies-lost")
+
+    async def _bookies_lost(self, lost: set) -> None:
+        delay_s = await self.urm.get_lost_bookie_recovery_delay(self.default_delay_s)
+        lost = set(lost) - self.available
+        if not lost:
+            return
+        if delay_s == 0 or self._delayed is not None:
+            self._cancel_delayed()
+            bookies = self.pending | lost
+            self.pending.clear()
+            await self.audit_bookies(bookies)
+            return
+        self.pending |= lost
+        log.info("auditor: auditing %s in %d s unless they come back", sorted(self.pending), delay_s)
+        self._schedule_delayed(delay_s)
+
+    def _cancel_delayed(self) -> None:
+        if self._delayed is not None:
+            self._delayed.cancel()
+            self._delayed = None
+
+    def _schedule_delayed(self, delay_s: float) -> None:
+        self._cancel_delayed()
+
+        async def later() -> None:
+            await asyncio.sleep(delay_s)
+            self._delayed = None
+            bookies = set(self.pending)
+            self.pending.clear()
+            await self.audit_bookies(bookies)
+
+        self._delayed = self._spawn(later(), "auditor-delayed-audit")
+
+    async def _watch_delay(self) -> None:
+        while True:
+            try:
+                _, changed = await self.urm.lost_bookie_recovery_delay_watched(self.default_delay_s)
+                event = await changed
+            except BKError as e:
+                log.warning("auditor: watching lostBookieRecoveryDelay: %s; retrying", e)
+                await asyncio.sleep(1.0)
+                continue
+            if event.type in (EventType.CHANGED, EventType.CREATED):
+                await self._delay_changed()
+
+    async def _delay_changed(self) -> None:
+        delay_s = await self.urm.get_lost_bookie_recovery_delay(self.default_delay_s)
+        before, self._delay_s = self._delay_s, delay_s
+        if delay_s == 0 or delay_s == before:
+            log.info("auditor: lostBookieRecoveryDelay set to %d (was %d): auditing now", delay_s, before)
+            self._cancel_delayed()
+            self.pending.clear()
+            await self.check_all_bookies()
+        elif self._delayed is not None:
+            log.info("auditor: lostBookieRecoveryDelay now %d s: audit of %s rescheduled", delay_s,
+                     sorted(self.pending))
+            self._schedule_delayed(delay_s)
+
+    # ------------------------------------------------------------ audits
+    async def _ledgers(self) -> AsyncIterator[tuple[int, LedgerMetadata]]:
+        """Every ledger with its metadata, reading a bounded number of znodes at once."""
+        lm = self.bk.ledger_manager
+        ids = await lm.list_ledger_ids()
+        for start in range(0, len(ids), METADATA_READ_CONCURRENCY):
+            batch = ids[start:start + METADATA_READ_CONCURRENCY]
+            answers = await asyncio.gather(*(lm.read_ledger_metadata(i) for i in batch), return_exceptions=True)
+            for ledger_id, answer in zip(batch, answers):
+                if isinstance(answer, NoSuchLedgerMetadataError):
+                    continue  # deleted meanwhile
+                if isinstance(answer, BaseException):
+                    raise answer
+                yield ledger_id, answer[0]
+
+    async def _mark(self, ledger_id: int, missing) -> None:
+        await self.urm.mark_ledger_underreplicated(ledger_id, sorted(missing))
+        self.ledgers_marked += 1
+        log.info("auditor: ledger %d under-replicated (missing %s)", ledger_id, sorted(missing))
+
+    async def audit_bookies(self, bookies) -> int:
+        """Mark every ledger with a segment on one of `bookies` (those still unavailable)."""
+        async with self._lock:
+            bookies = set(bookies) - self.available
+            if not bookies:
+                return 0
+            self.audits += 1
+            log.info("auditor: auditing lost bookie(s) %s", sorted(bookies))
+            marked = 0
+            async for ledger_id, md in self._ledgers():
+                missing = bookies & md.bookies()
+                if missing:
+                    await self._mark(ledger_id, missing)
+                    marked += 1
+            log.info("auditor: audit of %s done: %d ledger(s) marked", sorted(bookies), marked)
+            return marked
+
+    async def _unregistered_bookies(self) -> tuple[set, list]:
+        available = set(await self.bk.registration.writable_bookies()) | set(
+            await self.bk.registration.readonly_bookies())
+        ledgers = [(i, md) async for i, md in self._ledgers()]
+        named = set().union(*(md.bookies() for _, md in ledgers)) if ledgers else set()
+        return named - available, ledgers
+
+    async def _startup_bookie_check(self) -> None:
+        """At start, bookies named in metadata but not registered are treated as just lost."""
+        async with self._lock:
+            lost, _ = await self._unregistered_bookies()
+        lost -= self.available
+        if lost:
+            log.info("auditor: bookie(s) %s are named in ledger metadata but not registered", sorted(lost))
+            await self._bookies_lost(lost)
+
+    async def check_all_bookies(self) -> int:
+        """The periodic bookie check (and the trigger): mark the ledgers of every unregistered bookie now."""
+        async with self._lock:
+            self.audits += 1
+            lost, ledgers = await self._unregistered_bookies()
+            marked = 0
+            for ledger_id, md in ledgers:
+                missing = lost & md.bookies()
+                if missing:
+                    await self._mark(ledger_id, missing)
+                    marked += 1
+            log.info("auditor: bookie check: %s not registered, %d ledger(s) marked", sorted(lost) or "none",
+                     marked)
+            return marked
+
+    async def check_all_ledgers(self) -> int:
+        """The periodic ledger check: probe every bookie's share of every segment with an end."""
+        async with self._lock:
+            marked = 0
+            async for ledger_id, md in self._ledgers():
+                result = await self.checker.check(ledger_id, md)
+                if result.missing:
+                    await self._mark(ledger_id, result.missing)
+                    marked += 1
+            log.info("auditor: ledger check done: %d ledger(s) marked", marked)
+            return marked
+
+    async def _periodic(self, interval_s: float, first, every, *, first_now: bool) -> None:
+        step = (first or every) if first_now else None
+        while True:
+            if step is not None:
+                try:
+                    await step()
+                except BKError as e:
+                    log.warning("auditor: periodic check failed: %s", e)
+            step = every
+            await asyncio.sleep(interval_s)
