@@ -1,6 +1,7 @@
 """`bk`: the command line.
 
     bk bookie --conf bookie.toml [--set key=value ...]     run one bookie
+    bk autorecovery --conf bookie.toml                     run AutoRecovery next to a bookie
     bk standalone [--bookies 3] [--data-dir DIR]           local ZooKeeper + bookies
     bk shell [--metadata-uri URI] <command> ...            admin and test commands
 """
@@ -32,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     bookie_cmd.add_parser(sub)
+    from . import autorecovery as autorecovery_cmd
+    autorecovery_cmd.add_parser(sub)
     standalone_cmd.add_parser(sub)
     shell_cmd.add_parser(sub)
     return p

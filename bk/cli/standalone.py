@@ -3,6 +3,11 @@
 Everything lives under --data-dir (default ./data/standalone); running it again
 reuses the same ZooKeeper data and bookie directories, so ledgers survive a
 restart. Ctrl-C (or SIGTERM) stops the bookies cleanly, then ZooKeeper.
+
+AutoRecovery runs inside every bookie (autorecovery_enabled): one of them is
+elected auditor, and a bookie that is lost for good has its ledgers
+re-replicated to the others (`bk shell autorecovery --status`, `whoisauditor`,
+`listunderreplicated`).
 """
 from __future__ import annotations
 
@@ -32,9 +37,7 @@ def run(args) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    # AutoRecovery (Auditor + ReplicationWorker) is not built yet; when it is,
-    # standalone turns it on here.
-    cluster = LocalCluster(args.data_dir, bookies=args.bookies, zk_port=args.zk_port)
+    cluster = LocalCluster(args.data_dir, bookies=args.bookies, zk_port=args.zk_port, autorecovery=True)
     print(f"starting ZooKeeper and {args.bookies} bookies under {cluster.data_dir} ...", flush=True)
     try:
         cluster.start()

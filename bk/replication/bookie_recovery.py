@@ -181,7 +181,10 @@ class BookieRecovery:
             progress.bytes_copied += nbytes
             progress.entries_copied += 1
             if on_progress is not None:
-                on_progress(progress)
+                try:
+                    on_progress(progress)
+                except Exception:
+                    log.exception("progress callback failed")
 
         slots = asyncio.Semaphore(self.parallel_ledgers)
         results: list[LedgerResult] = []
@@ -192,7 +195,10 @@ class BookieRecovery:
             results.append(result)
             progress.ledgers_done += 1
             if on_ledger is not None:
-                on_ledger(progress, result)
+                try:
+                    on_ledger(progress, result)
+                except Exception:  # a display bug must not stop the recovery
+                    log.exception("progress callback failed")
 
         await asyncio.gather(*(one(p) for p in plans))
         summary = RecoverySummary(bookie_id, sorted(results, key=lambda r: r.ledger_id), progress)
