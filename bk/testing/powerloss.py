@@ -84,3 +84,23 @@ def simulate_power_loss(track_file: str, roots: list[str], *, tear: bool = False
                         report.torn.append(path)
                 report.truncated[path] = (size, durable)
     return report
+
+
+def halt_without_checkpoint(bookie) -> None:
+    """Stop an in-process Bookie the way a crash would leave it: journals drained
+    and closed (what they acknowledged is on disk), but no final checkpoint, the
+    unclean-shutdown flag left set, and everything since the last checkpoint only
+    in the journal. The next start must replay it."""
+    for journal in bookie.journals:
+        journal.stop()
+    storage = bookie.storage
+    storage._stopping = True
+    storage._flush_event.set()
+    if storage._thread is not None:
+        storage._thread.join()
+        storage._thread = None
+    if bookie._read_pool is not None:
+        bookie._read_pool.shutdown(wait=True)
+    bookie._running = False
+    storage.entry_logger.close()
+    storage.close_index()

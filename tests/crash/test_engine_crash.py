@@ -24,6 +24,8 @@ import time
 
 import pytest
 
+from bk.testing.powerloss import halt_without_checkpoint
+
 from bk import eventloop
 from bk.bookie import Bookie
 from bk.errors import (CorruptedStorageError, LedgerFencedError, NoSuchEntryError, NoSuchLedgerError,
@@ -192,12 +194,7 @@ def _write_and_stop(cfg, ledger_id=1, count=200, checkpoint=True):
         if checkpoint:
             await b.stop()
         else:  # leave everything in the journal
-            for j in b.journals:
-                j.stop()
-            b.storage._stopping = True
-            b.storage._flush_event.set()
-            b.storage.entry_logger.close()
-            b.storage.close_index()
+            halt_without_checkpoint(b)
     eventloop.run(main())
 
 

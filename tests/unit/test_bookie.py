@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from bk.testing.powerloss import halt_without_checkpoint
+
 from bk.bookie import UNCLEAN_SHUTDOWN, Bookie
 from bk.config import load_config
 from bk.errors import (BadRequestError, BookieReadOnlyError, LedgerFencedError, LedgerLimboError,
@@ -200,12 +202,7 @@ def test_fence_and_key_survive_restart_without_checkpoint(tmp_path):
         await b.fence_ledger(8, KEY)
         await b.write_lac(8, KEY, b"explicit-lac-buffer")
         # crash-like: journals drained and closed, nothing checkpointed
-        for j in b.journals:
-            j.stop()
-        b.storage._stopping = True
-        b.storage._flush_event.set()
-        b.storage.entry_logger.close()
-        b.storage.close_index()
+        halt_without_checkpoint(b)
 
     async def check():
         b = await started(cfg)
@@ -307,12 +304,7 @@ def test_journal_off_mode_acks_from_cache_and_keeps_meta_in_journal(tmp_path):
         await b.fence_ledger(13, KEY)
         journal_records = []
         # Entries never reached the journal; the key and the fence did.
-        for j in b.journals:
-            j.stop()
-        b.storage._stopping = True
-        b.storage._flush_event.set()
-        b.storage.entry_logger.close()
-        b.storage.close_index()
+        halt_without_checkpoint(b)
         from bk.journal import Journal, LogMark
         Journal(cfg.journal_dirs[0], cfg).replay(LogMark(0, 0), lambda l, e, body: journal_records.append(e))
         assert all(e < 0 for e in journal_records) and len(journal_records) == 2
