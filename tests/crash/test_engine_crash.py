@@ -24,14 +24,12 @@ import time
 
 import pytest
 
-from bk.testing.powerloss import halt_without_checkpoint
-
 from bk import eventloop
 from bk.bookie import Bookie
 from bk.errors import (CorruptedStorageError, LedgerFencedError, NoSuchEntryError, NoSuchLedgerError,
                        UnauthorizedAccessError)
 from bk.testing.engine_host import engine_config, expected_entry, ledger_key
-from bk.testing.powerloss import simulate_power_loss
+from bk.testing.powerloss import halt_without_checkpoint, simulate_power_loss
 
 pytestmark = pytest.mark.crash
 

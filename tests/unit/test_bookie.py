@@ -5,10 +5,9 @@ import os
 
 import pytest
 
-from bk.testing.powerloss import halt_without_checkpoint
-
 from bk.bookie import UNCLEAN_SHUTDOWN, Bookie
 from bk.config import load_config
+from bk.testing.powerloss import halt_without_checkpoint
 from bk.errors import (BadRequestError, BookieReadOnlyError, LedgerFencedError, LedgerLimboError,
                        NoSuchEntryError, NoSuchLedgerError, StorageError, TooManyRequestsError,
                        UnauthorizedAccessError)
