@@ -9,12 +9,22 @@ Used by `bk standalone`, integration tests and benchmarks:
 
 Each bookie is `python -m bk.cli.main bookie --conf <data_dir>/bookie-<i>.toml`
 with its log in `<data_dir>/bookie-<i>.log`; readiness is the "ready" line the
-bookie prints once it serves and is registered.
+bookie prints once it serves and is registered. After a SIGKILL the restarted
+bookie serves at once but registers only once ZooKeeper expired the dead
+process's session (up to the session timeout): `wait_serving()` waits for the
+listener only.
+
+`LocalCluster(..., proxied=True)` puts a fault-injecting proxy
+(bk.testing.proxy.ThreadedProxy) in front of every bookie: the bookie binds
+127.0.0.2:P, the proxy listens on 127.0.0.1:P, so every client reaching the
+bookie id 127.0.0.1:P goes through `cluster.proxies[i]`. Proxies outlive
+bookie restarts.
 """
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,7 +33,6 @@ from .zookeeper import LocalZooKeeper
 
 
 def free_port() -> int:
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -52,12 +61,14 @@ def run_shell(metadata_uri: str, *args: str, timeout_s: float = 60.0) -> subproc
 
 
 class BookieProcess:
-    def __init__(self, index: int, conf_path: str, log_path: str, bookie_id: str, env: dict | None = None):
+    def __init__(self, index: int, conf_path: str, log_path: str, bookie_id: str, env: dict | None = None,
+                 bind_host: str | None = None):
         self.index = index
         self.conf_path = conf_path
         self.log_path = log_path
         self.bookie_id = bookie_id
         self.env = env
+        self.bind_host = bind_host or bookie_id.rpartition(":")[0]  # where the bookie itself listens
         self.proc: subprocess.Popen | None = None
         self._log_offset = 0
 
@@ -80,6 +91,21 @@ class BookieProcess:
                 raise RuntimeError(f"bookie {self.bookie_id} exited with {self.proc.returncode}:\n{text[-3000:]}")
             time.sleep(0.05)
         raise TimeoutError(f"bookie {self.bookie_id} not ready after {timeout_s}s; see {self.log_path}")
+
+    def wait_serving(self, timeout_s: float = 60.0) -> None:
+        """Wait until the bookie accepts connections on its own address (it may not be registered yet)."""
+        port = int(self.bookie_id.rpartition(":")[2])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"bookie {self.bookie_id} is not running (exit code {code}); see {self.log_path}")
+            try:
+                with socket.create_connection((self.bind_host, port), timeout=1.0):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"bookie {self.bookie_id} not serving after {timeout_s}s; see {self.log_path}")
 
     @property
     def alive(self) -> bool:
@@ -107,7 +133,8 @@ class BookieProcess:
 
 class LocalCluster:
     def __init__(self, data_dir: str, bookies: int = 3, *, zk_connect: str | None = None,
-                 zk_port: int | None = None, autorecovery: bool = False, env: dict | None = None, **overrides):
+                 zk_port: int | None = None, autorecovery: bool = False, env: dict | None = None,
+                 proxied: bool = False, **overrides):
         self.data_dir = os.path.abspath(data_dir)
         self.count = bookies
         self.zk: LocalZooKeeper | None = None
@@ -117,6 +144,10 @@ class LocalCluster:
         self.overrides = overrides
         self.env = env
         self.bookies: dict[int, BookieProcess] = {}
+        self.proxied = proxied
+        if proxied:
+            self.overrides.setdefault("bind_address", "127.0.0.2")
+        self.proxies: dict = {}  # index -> ThreadedProxy (proxied clusters only)
         self.metadata_uri = ""
 
     def start(self) -> "LocalCluster":
@@ -160,8 +191,14 @@ class LocalCluster:
             i = max(self.bookies, default=-1) + 1
         conf = os.path.join(self.data_dir, f"bookie-{i}.toml")
         port = self._saved_bookie_port(conf) or free_port()
-        write_toml(conf, {**self.bookie_config(i, port), **extra})
-        b = BookieProcess(i, conf, os.path.join(self.data_dir, f"bookie-{i}.log"), f"127.0.0.1:{port}", self.env)
+        values = {**self.bookie_config(i, port), **extra}
+        write_toml(conf, values)
+        bind_host = values.get("bind_address") or values["advertised_address"]
+        b = BookieProcess(i, conf, os.path.join(self.data_dir, f"bookie-{i}.log"), f"127.0.0.1:{port}", self.env,
+                          bind_host=bind_host)
+        if self.proxied and i not in self.proxies:
+            from .proxy import ThreadedProxy
+            self.proxies[i] = ThreadedProxy(bind_host, port, "127.0.0.1", port).start()
         self.bookies[i] = b
         b.start()
         if wait:
@@ -203,11 +240,25 @@ class LocalCluster:
     def bookie_ids(self) -> list[str]:
         return [b.bookie_id for b in self.bookies.values()]
 
+    def index_of(self, bookie_id: str) -> int:
+        for i, b in self.bookies.items():
+            if b.bookie_id == bookie_id:
+                return i
+        raise KeyError(f"no bookie {bookie_id} in this cluster")
+
+    def proxy_for(self, bookie_id: str):
+        """The proxy in front of `bookie_id` (a proxied cluster)."""
+        return self.proxies[self.index_of(bookie_id)]
+
     def stop(self) -> None:
         for b in self.bookies.values():
+            b.signal(signal.SIGCONT)  # a paused (SIGSTOPped) bookie could not act on SIGTERM
             b.signal(signal.SIGTERM)
         for b in self.bookies.values():
             b.stop()
+        for p in self.proxies.values():
+            p.stop()
+        self.proxies.clear()
         if self.zk is not None:
             self.zk.stop()
             self.zk = None
