@@ -52,6 +52,19 @@ def frame_records(bodies) -> bytes:
     return b"".join(parts)
 
 
+def frame_headers(bodies) -> bytes:
+    """Only the `length | crc32c` header of every body (bytes-like), back to back."""
+    parts = []
+    pack = _head.pack
+    for i, body in enumerate(bodies):
+        body = _as_bytes(body)
+        n = len(body)
+        if n > _MAX_U32:
+            raise ValueError(f"journal record body {i} is {n} bytes; the length field is 32 bits")
+        parts.append(pack(n, _value(body)))
+    return b"".join(parts)
+
+
 def _check_range(size: int, start: int, end: int, max_record_bytes: int) -> None:
     if start < 0 or end < start or end > size:
         raise ValueError(f"bad scan range [{start}, {end}) for a buffer of {size} bytes")

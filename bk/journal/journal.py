@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 Callback = Callable[[Any, BaseException | None], None]
 
 POLL_S = 0.0002  # how often a waiting group re-checks the queue
+SPLIT_MIN_BODY_BYTES = 16 * 1024  # from this average body size a batch is written without copying
+IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 
 FIELDS = 3  # a queued record is `body, cb, ctx`, flat in the queue and in a group's items
@@ -225,12 +227,11 @@ class Journal:
                     k = FIELDS * (n if n < fit else fit)
                     taken = queue[:k]
                     del queue[:k]
-                    buf = self._frame_batch(taken, frame)
+                    nbytes = self._frame_batch(taken, frame, buffers)
                     if taken:
-                        avg_bytes = len(buf) * FIELDS // len(taken) or 1
+                        avg_bytes = nbytes * FIELDS // len(taken) or 1
                     items += taken
-                    buffers.append(buf)
-                    group_bytes += len(buf)
+                    group_bytes += nbytes
                     if queue and group_bytes < threshold:
                         continue  # more is queued: keep taking before any wait
                 if group_bytes >= threshold or self._stopping:
@@ -248,11 +249,24 @@ class Journal:
             if items:
                 self._write_group(items, buffers, group_bytes)
 
-    def _frame_batch(self, taken: list, frame) -> bytes:
-        """Frame the bodies of `taken` (flat records); a record whose body the kernel
-        cannot read is failed alone and removed from `taken`."""
+    def _frame_batch(self, taken: list, frame, buffers: list) -> int:
+        """Frame the bodies of `taken` (flat records) onto `buffers`; returns the bytes
+        added. Small records are copied into one frame; big ones (SPLIT_MIN_BODY_BYTES
+        on average) get only their headers built, and each header and body is its own
+        buffer for pwritev: no copy of the body, no big fresh buffer to fault in.
+        A record whose body the kernel cannot read is failed alone and removed from `taken`."""
+        bodies = taken[0::FIELDS]
         try:
-            return frame(taken[0::FIELDS])
+            if sum(map(len, bodies)) < SPLIT_MIN_BODY_BYTES * len(bodies):
+                buf = frame(bodies)
+                buffers.append(buf)
+                return len(buf)
+            heads = memoryview(self._kernel.frame_headers(bodies))
+            nbytes = len(heads)
+            for i, body in enumerate(bodies):
+                buffers += (heads[8 * i:8 * i + 8], body)
+                nbytes += len(body)
+            return nbytes
         except (TypeError, ValueError, BufferError):
             pass
         good, parts = [], []
@@ -264,7 +278,10 @@ class Journal:
             except (TypeError, ValueError, BufferError) as e:
                 self._deliver(record, BadRequestError(f"journal record body is not bytes-like: {e}"))
         taken[:] = good
-        return b"".join(parts)
+        buf = b"".join(parts)
+        if buf:
+            buffers.append(buf)
+        return len(buf)
 
     def _write_group(self, items: list, buffers: list, group_bytes: int) -> None:
         if not group_bytes:  # every record of the group was rejected by _frame_batch
@@ -274,7 +291,8 @@ class Journal:
             if len(buffers) == 1:
                 f.write(buffers[0])
             else:
-                f.writev(buffers)
+                for i in range(0, len(buffers), IOV_MAX):  # pwritev takes at most IOV_MAX buffers
+                    f.writev(buffers[i:i + IOV_MAX])
             self._mark = LogMark(self._file_id, f.size)
             if self._sync_data:
                 f.fsync()

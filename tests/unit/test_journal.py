@@ -500,3 +500,46 @@ def test_start_uses_highest_existing_id_plus_one(tmp_path):
         assert j.current_file_id == expected
         assert os.path.exists(file_path(str(tmp_path), expected))
         j.stop()
+
+
+def test_big_records_are_written_without_a_frame_copy_and_replay_the_same(tmp_path, kernel_mode, monkeypatch):
+    """Batches of big bodies go out as header + body buffers (pwritev, IOV_MAX at a
+    time); the file is byte-for-byte what framing them would give, whatever mix of
+    sizes and buffer types."""
+    from bk.journal import journal as journal_mod
+    monkeypatch.setattr(journal_mod, "IOV_MAX", 7)  # many pwritev calls per group
+    cfg = make_config(journal_max_group_wait_ms=50, journal_flush_when_queue_empty=False,
+                      journal_buffered_writes_threshold_bytes=16 * 1024 * 1024)
+    j = Journal(str(tmp_path), cfg)
+    c = Completions()
+    bodies = []
+    for i in range(700):
+        size = journal_mod.SPLIT_MIN_BODY_BYTES + (i % 7) * 1000 if i % 50 else 100
+        body = entry(3, i, size)
+        bodies.append(body)
+        j_body = bytearray(body) if i % 11 == 0 else (memoryview(body) if i % 13 == 0 else body)
+        if i == 0:
+            j.start()
+        j.log(j_body, c.cb, i)
+    j.stop()
+    assert [ctx for ctx, exc in c.wait(700) if exc is None] == list(range(700))
+    _, got = replay_all(str(tmp_path), cfg)
+    assert [b for _, _, b in got] == bodies
+    from bk._native import load
+    with open(file_path(str(tmp_path), 1), "rb") as f:
+        assert f.read()[HEADER_BYTES:] == load("journal").frame_records(bodies)
+
+
+def test_a_bad_body_among_big_records_fails_alone(tmp_path):
+    from bk.journal import journal as journal_mod
+    j = Journal(str(tmp_path), make_config(journal_max_group_wait_ms=50, journal_flush_when_queue_empty=False))
+    c = Completions()
+    j.start()
+    big = journal_mod.SPLIT_MIN_BODY_BYTES * 2
+    j.log(entry(1, 0, big), c.cb, 0)
+    j.log("x" * big, c.cb, 1)  # a str has a length but is not bytes-like
+    j.log(entry(1, 2, big), c.cb, 2)
+    j.stop()
+    result = dict(c.wait(3))
+    assert result[0] is None and result[2] is None and isinstance(result[1], BadRequestError)
+    assert [e for _, e, _ in replay_all(str(tmp_path), make_config())[1]] == [0, 2]

@@ -85,6 +85,26 @@ def test_frame_rejects_non_buffers(k):
         k.frame_records([b"ok", "not bytes"])
 
 
+@pytest.mark.parametrize("k", KERNELS)
+def test_frame_headers_are_the_frame_without_bodies(k):
+    bodies = [b"hello", bytearray(b"ab"), memoryview(b"xyz"), bytes(70_000)]
+    heads = k.frame_headers(bodies)
+    assert len(heads) == 8 * len(bodies)
+    assert b"".join(heads[8 * i:8 * i + 8] + bytes(b) for i, b in enumerate(bodies)) == k.frame_records(bodies)
+    assert k.frame_headers([]) == b""
+    with pytest.raises(TypeError):
+        k.frame_headers([b"ok", "not bytes"])
+
+
+@need_native
+def test_frame_headers_agree_on_random_groups():
+    rng = random.Random(5)
+    for _ in range(40):
+        bodies = [rand_bytes(rng, rng.choice([1, 16, 100, rng.randint(1, 100_000)])) for _ in range(rng.randint(0, 30))]
+        mixed = [b if i % 3 else bytearray(b) if i % 2 else memoryview(b) for i, b in enumerate(bodies)]
+        assert NATIVE.frame_headers(mixed) == PURE.frame_headers(bodies)
+
+
 def _corrupt(rng: random.Random, buf: bytes, offsets: list[int]) -> tuple[bytes, str]:
     kind = rng.choice(["flip", "truncate", "zero_tail", "garbage_tail", "length"])
     if kind == "flip":
