@@ -235,14 +235,17 @@ def write_chart(rows: list[dict], path: str) -> str | None:
 
 # ---------------------------------------------------------------- the run
 def environment() -> dict:
-    def git_rev():
+    def git(*argv):
         try:
-            return subprocess.run(["git", "-C", REPO_DIR, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                  text=True, timeout=10).stdout.strip() or None
+            return subprocess.run(["git", "-C", REPO_DIR, *argv], capture_output=True, text=True,
+                                  timeout=10).stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             return None
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "bk")
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "bench_dir": bench_base_dir(), "git": git_rev(), "loadavg_start": os.getloadavg()}
+            "bench_dir": bench_base_dir(), "git": git("rev-parse", "--short", "HEAD"),
+            # the bookies run this tree: uncommitted edits under bk/ are part of what was measured
+            "bk_uncommitted": dirty.splitlines() if dirty else [], "loadavg_start": os.getloadavg()}
 
 
 def run_compare(args, log=print) -> dict:
