@@ -149,7 +149,7 @@ class Auditor:
 
     async def _bookies_lost(self, lost: set) -> None:
         delay_s = await self.urm.get_lost_bookie_recovery_delay(self.default_delay_s)
-        lost = set(lost) - self.available
+        lost = set(lost) - self.available - self.pending  # pending ones are already waiting
         if not lost:
             return
         if delay_s == 0 or self._delayed is not None:

@@ -63,7 +63,8 @@ class ReplicationWorker:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"replication-worker-{self.bookie_id}")
+            self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                                name=f"replication-worker-{self.bookie_id}")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
