@@ -4,6 +4,7 @@ which documents the contract; the pure twin is the reference.
 
 frame_entries(entries, base_offset) -> (frame, offsets)
 frame_slice(entries, start, base_offset, max_frame_bytes) -> (frame, offsets, stop)
+record_headers(entries, start, base_offset, max_frame_bytes) -> (headers, offsets, stop)
 check_sizes(entries, min_bytes, max_bytes) -> (total_bytes, first_bad)
 ledger_runs(entries, start, stop) -> list[(ledger_id, framed_bytes)]
 scan_log(buf, start, end, max_entry_bytes) -> (records, stop_offset, status)
@@ -182,6 +183,37 @@ def frame_slice(list entries, Py_ssize_t start, base_offset, Py_ssize_t max_fram
         free(views)
         free(ptrs)
         free(lens)
+
+
+def record_headers(list entries, Py_ssize_t start, base_offset, Py_ssize_t max_frame_bytes):
+    cdef Py_ssize_t n = PyList_GET_SIZE(entries)
+    cdef Py_ssize_t i, stop, size, total = 0, pos = 0
+    cdef bytes headers
+    cdef uint8_t* out
+    if start < 0 or start > n:
+        raise ValueError(f"start {start} is outside 0..{n}")
+    cdef bint cfast = type(base_offset) is int and 0 <= base_offset < (1 << 62)
+    cdef uint64_t cbase = base_offset if cfast else 0
+    stop = start
+    while stop < n:  # the same run frame_slice would take
+        size = _size_of(<object>PyList_GET_ITEM(entries, stop))
+        if <uint64_t>size > 0xFFFFFFFFULL:
+            raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
+        if stop > start and total + 4 + size > max_frame_bytes:
+            break
+        total += 4 + size
+        stop += 1
+    headers = PyBytes_FromStringAndSize(NULL, 4 * (stop - start))
+    out = <uint8_t*>PyBytes_AS_STRING(headers)
+    offsets = [None] * (stop - start)
+    for i in range(stop - start):
+        size = _size_of(<object>PyList_GET_ITEM(entries, start + i))
+        _put_u32(out + 4 * i, <uint32_t>size)
+        offsets[i] = PyLong_FromUnsignedLongLong(cbase + <uint64_t>pos) if cfast else base_offset + pos
+        pos += 4 + size
+    if pos != total:
+        raise ValueError("an entry changed size while its header was built")
+    return headers, offsets, stop
 
 
 cdef void _frame_into(uint8_t* out, const char **ptrs, Py_ssize_t *lens, Py_ssize_t k) noexcept nogil:

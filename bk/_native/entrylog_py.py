@@ -17,6 +17,13 @@ frame_slice(entries, start, base_offset, max_frame_bytes) -> (frame, offsets, st
     of framing a big batch. Raises ValueError when start is outside
     0..len(entries), and like frame_entries for a bad entry in the run.
 
+record_headers(entries, start, base_offset, max_frame_bytes) -> (headers, offsets, stop)
+    The run frame_slice would take, without copying the entries: headers is
+    the 4-byte size field of each record back to back (4 * (stop - start)
+    bytes), offsets and stop as frame_slice gives them. Writing header i then
+    entries[start + i] for each i gives frame_slice's frame (big entries go to
+    the file as separate buffers, with no copy). Same errors as frame_slice.
+
 check_sizes(entries, min_bytes, max_bytes) -> (total_bytes, first_bad)
     Checks that every entry is min_bytes..max_bytes long, in order. first_bad
     is -1 when all are, and total_bytes is then the sum of their sizes;
@@ -95,6 +102,28 @@ def frame_slice(entries: list, start: int, base_offset: int, max_frame_bytes: in
         stop += 1
     frame, offsets = frame_entries(entries[start:stop], base_offset)
     return frame, offsets, stop
+
+
+def record_headers(entries: list, start: int, base_offset: int, max_frame_bytes: int) -> tuple[bytes, list[int], int]:
+    n = len(entries)
+    if not 0 <= start <= n:
+        raise ValueError(f"start {start} is outside 0..{n}")
+    stop, total = start, 0
+    while stop < n:
+        size = _size_of(entries[stop])
+        if size > _MAX_SIZE:
+            raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
+        if stop > start and total + 4 + size > max_frame_bytes:
+            break
+        total += 4 + size
+        stop += 1
+    sizes = [_size_of(e) for e in entries[start:stop]]
+    offsets = []
+    pos = base_offset
+    for size in sizes:
+        offsets.append(pos)
+        pos += 4 + size
+    return b"".join(map(_U32.pack, sizes)), offsets, stop
 
 
 def check_sizes(entries: list, min_bytes: int, max_bytes: int) -> tuple[int, int]:

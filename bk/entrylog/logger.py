@@ -31,6 +31,8 @@ log = logging.getLogger("bk.entrylog")
 
 _READ_GUESS_BYTES = 4096  # first pread of read_entry: size + ids + most small entries
 _FRAME_MAX_BYTES = 8 * 1024 * 1024  # add_entries frames at most this much at a time
+SPLIT_MIN_ENTRY_BYTES = 16 * 1024  # from this average entry size a batch is written without copying
+IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 
 class DiskUsage(NamedTuple):
@@ -100,7 +102,7 @@ class EntryLogger:
         the next record would take the current one past entry_log_size_limit_bytes
         (a record bigger than the limit gets a log of its own). Frames at most
         _FRAME_MAX_BYTES at a time (bounded extra memory; the kernel copies big
-        frames without holding the GIL).
+        frames without holding the GIL); batches of big entries are not copied.
         """
         if self._closed:
             raise StorageError("entry logger is closed")
@@ -109,58 +111,77 @@ class EntryLogger:
         if type(entries) is not list:
             entries = list(entries)
         kernel = self._kernel
-        _, bad = kernel.check_sizes(entries, fmt.MIN_ENTRY_BYTES, self.max_entry_bytes)
+        total, bad = kernel.check_sizes(entries, fmt.MIN_ENTRY_BYTES, self.max_entry_bytes)
         if bad >= 0:
             raise ValueError(f"entry {bad} of the batch is {len(entries[bad])} bytes; entries must be "
                              f"{fmt.MIN_ENTRY_BYTES}..{self.max_entry_bytes} bytes (max_frame_size_bytes)")
+        # Big entries are not copied into a frame: each record goes out as its size
+        # field and the entry itself, two buffers of one pwritev.
+        split = total >= SPLIT_MIN_ENTRY_BYTES * len(entries)
         out: list[int] = []
         start, n = 0, len(entries)
         while start < n:
             if self._current is None:
                 self._open_new_log()
             # Fold the log id into the base, so the kernel's offsets are locations.
-            frame, locs, stop = kernel.frame_slice(entries, start, (self.current_log_id << 32) | self._written_end,
-                                                   _FRAME_MAX_BYTES)
-            self._add_framed(entries, start, frame, locs, out)
+            base = (self.current_log_id << 32) | self._written_end
+            if split:
+                heads, locs, stop = kernel.record_headers(entries, start, base, _FRAME_MAX_BYTES)
+                heads = memoryview(heads)
+                data: list | memoryview = []
+                for j in range(stop - start):
+                    data += (heads[4 * j:4 * j + 4], entries[start + j])
+                nbytes = len(heads) + sum(map(len, entries[start:stop]))
+            else:
+                frame, locs, stop = kernel.frame_slice(entries, start, base, _FRAME_MAX_BYTES)
+                data, nbytes = memoryview(frame), len(frame)
+            self._add_framed(entries, start, data, nbytes, locs, out)
             start = stop
         return out
 
-    def _add_framed(self, entries: list, start: int, frame: bytes, locs: list[int], out: list[int]) -> None:
-        """Write `frame` (records of entries[start:start + len(locs)], framed at
-        `locs` in the current log), rotating where the size limit falls; appends
-        the final locations to `out`."""
-        view = memoryview(frame)
+    def _add_framed(self, entries: list, start: int, data, nbytes: int, locs: list[int], out: list[int]) -> None:
+        """Write the records of entries[start:start + len(locs)], framed at `locs` in
+        the current log, rotating where the size limit falls; appends the final
+        locations to `out`. `data` is the framed bytes (a memoryview of `nbytes`), or
+        a list of two buffers per record (size field, entry)."""
+        split = type(data) is list
         i, n = start, start + len(locs)
         while True:
             log_base = self.current_log_id << 32
             limit_loc = log_base + self._limit_bytes
-            if locs[0] + len(view) <= limit_loc:
+            if locs[0] + nbytes <= limit_loc:
                 k = len(locs)
             else:  # records 0..k-1 end at or before the limit
                 k = bisect.bisect_right(locs, limit_loc, 1) - 1
                 if k == 0 and self._written_end == fmt.HEADER_BYTES:
                     k = 1
             if k:
-                whole = k == len(locs)
-                cut = len(view) if whole else locs[k] - locs[0]
-                self._append(view if whole else view[:cut], entries, i, i + k)
-                if whole:
+                if k == len(locs):
+                    self._append(data, entries, i, n)
                     out += locs
                     return
+                cut = locs[k] - locs[0]
+                self._append(data[:2 * k] if split else data[:cut], entries, i, i + k)
                 out += locs[:k]
-                view, locs, i = view[cut:], locs[k:], i + k
+                data = data[2 * k:] if split else data[cut:]
+                nbytes, locs, i = nbytes - cut, locs[k:], i + k
             if i == n:
                 return
             self._rotate()
             shift = ((self.current_log_id << 32) | self._written_end) - locs[0]
             locs = [x + shift for x in locs]
 
-    def _append(self, data: memoryview, entries: list, start: int, stop: int) -> None:
-        """Write one run of whole records (`data`: entries[start:stop] framed) to the
-        current log, then account them in its ledgers map."""
+    def _append(self, data, entries: list, start: int, stop: int) -> None:
+        """Write one run of whole records (`data`: entries[start:stop] framed, as one
+        buffer or a list of buffers) to the current log, then account them in its
+        ledgers map."""
         f = self._current
         try:
-            f.write(data)
+            if type(data) is list:
+                for j in range(0, len(data), IOV_MAX):  # pwritev takes at most IOV_MAX buffers
+                    f.writev(data[j:j + IOV_MAX])
+            else:
+                f.write(data)
         except StorageError:
             self._abandon_current()
             raise

@@ -390,3 +390,58 @@ def test_big_batches_are_framed_in_slices(tmp_path, monkeypatch):
         assert el.read_entry(1, i, loc) == e
     assert [r[2] for log_id in el.log_ids() for r in el.scan(log_id)] == locs
     el.close()
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["split", "copied"])
+def test_big_entries_written_without_a_copy_land_where_a_frame_would(tmp_path, monkeypatch, copy):
+    """Batches of big entries go out as (size field, entry) buffers, IOV_MAX at a
+    time, across slices and rotations: the logs hold exactly the copied frames."""
+    if copy:
+        monkeypatch.setattr(logger_mod, "SPLIT_MIN_ENTRY_BYTES", 1 << 40)
+    monkeypatch.setattr(logger_mod, "IOV_MAX", 5)
+    monkeypatch.setattr(logger_mod, "_FRAME_MAX_BYTES", 100 * KiB)
+    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=256 * KiB))
+    rng = random.Random(5)
+    es = [entry(rng.randrange(3), i, rng.choice([20 * KiB, 40 * KiB, 100, 90 * KiB])) for i in range(60)]
+    es.sort(key=lambda e: e[:16])
+    batch = [bytearray(e) if i % 7 == 0 else memoryview(e) if i % 5 == 0 else e for i, e in enumerate(es)]
+    locs = el.add_entries(batch)
+    assert len(el.log_ids()) > 3
+    for e, loc in zip(es, locs):
+        lid, eid = struct.unpack(">qq", e[:16])
+        assert el.read_entry(lid, eid, loc) == e
+    assert [r[2] for log_id in el.log_ids() for r in el.scan(log_id)] == locs
+    for log_id in el.log_ids():
+        usage: dict = {}
+        for lid, _, _, size in el.scan(log_id):
+            usage[lid] = usage.get(lid, 0) + size + 4
+        assert el.ledgers_map(log_id) == usage
+    el.close()
+
+
+def test_failed_split_write_abandons_the_log_after_some_buffers_landed(tmp_path, monkeypatch):
+    monkeypatch.setattr(logger_mod, "IOV_MAX", 3)  # the failure comes after one pwritev succeeded
+    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=1024 * KiB))
+    good = el.add_entries([entry(1, i, 20 * KiB) for i in range(2)])
+    first = el.current_log_id
+    real_writev = logger_mod.DurableFile.writev
+    calls = {"n": 0}
+
+    def failing_writev(self, buffers):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise DiskFullError("no space left on device (test)")
+        return real_writev(self, buffers)
+
+    monkeypatch.setattr(logger_mod.DurableFile, "writev", failing_writev)
+    with pytest.raises(DiskFullError):
+        el.add_entries([entry(1, i, 20 * KiB) for i in range(2, 6)])
+    monkeypatch.setattr(logger_mod.DurableFile, "writev", real_writev)
+    el.flush()
+    locs = el.add_entries([entry(1, i, 20 * KiB) for i in range(2, 6)])
+    assert {fmt.split_location(loc)[0] for loc in locs} == {first + 1}
+    for i, loc in enumerate(good + locs):
+        assert el.read_entry(1, i, loc) == entry(1, i, 20 * KiB)
+    scan = el.scan(first)
+    assert [r[1] for r in scan] == [0, 1] and scan.status == 0  # the records of the failed batch were cut
+    el.close()

@@ -121,6 +121,22 @@ def test_frame_slice_bounds_the_frame_and_takes_at_least_one(k):
 
 
 @pytest.mark.parametrize("k", KERNELS)
+def test_record_headers_are_frame_slice_without_the_copy(k):
+    es = [struct.pack(">qq", 1, i) + bytes(i * 3) for i in range(10)]
+    for start, limit in ((0, 1 << 20), (2, 60), (9, 1), (10, 100), (4, 0)):
+        heads, offsets, stop = k.record_headers(es, start, 777, limit)
+        frame, f_offsets, f_stop = k.frame_slice(es, start, 777, limit)
+        assert (offsets, stop) == (f_offsets, f_stop)
+        assert len(heads) == 4 * (stop - start)
+        assert b"".join(heads[4 * j:4 * j + 4] + es[start + j] for j in range(stop - start)) == frame
+    for bad in (-1, 11):
+        with pytest.raises(ValueError):
+            k.record_headers(es, bad, 0, 100)
+    with pytest.raises(TypeError):
+        k.record_headers([es[0], "not bytes"], 0, 0, 1000)
+
+
+@pytest.mark.parametrize("k", KERNELS)
 def test_check_sizes(k):
     es = [bytes(16), bytearray(20), memoryview(bytes(30)), bytes(17)]
     assert k.check_sizes(es, 16, 30) == (83, -1)
@@ -172,3 +188,4 @@ def test_native_agrees_with_pure_on_batch_helpers():
         assert outcome[0] == outcome[1]
         base, limit = rng.randrange(1 << 40), rng.choice([1, 50, 500, 1 << 20])
         assert NATIVE.frame_slice(entries, start, base, limit) == PURE.frame_slice(entries, start, base, limit)
+        assert NATIVE.record_headers(entries, start, base, limit) == PURE.record_headers(entries, start, base, limit)
