@@ -69,8 +69,10 @@ def payload(seed: int, i: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def cluster(zk_server, tmp_path_factory):
+    # PYTHONFAULTHANDLER: a bookie that crashes in native code leaves its stack in its log.
     c = LocalCluster(str(tmp_path_factory.mktemp("recovery-random")), bookies=BOOKIES, proxied=True,
-                     zk_connect=f"{zk_server}/recovery-random-{uuid.uuid4().hex[:8]}")
+                     zk_connect=f"{zk_server}/recovery-random-{uuid.uuid4().hex[:8]}",
+                     env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     c.start()
     yield c
     c.stop()
