@@ -39,6 +39,7 @@ from .write_cache import ReadCache, WriteCache
 log = logging.getLogger(__name__)
 
 READ_AHEAD_MAX_BYTES = 1 << 20
+FLUSH_CHUNK_ENTRIES = 65536  # a flush writes and indexes this many entries at a time
 
 
 class _PendingFlush:
@@ -224,12 +225,18 @@ class LedgerStorage:
 
     def _flush(self, p: _PendingFlush) -> None:
         ledger_ids, entry_ids, entries = p.half.sorted_columns()
-        if entries:
-            locations = self.entry_logger.add_entries(entries)
-            self.entry_logger.flush()
+        entry_logger = self.entry_logger
         with self.index.write() as w:
+            # In chunks: the locations and packed index records of one chunk at a time
+            # (bounded extra memory, reused while hot), all in this one transaction.
+            # The entry log is fsynced before the transaction commits, so the index
+            # never names a location that is not durable.
+            for i in range(0, len(entries), FLUSH_CHUNK_ENTRIES):
+                j = i + FLUSH_CHUNK_ENTRIES
+                locations = entry_logger.add_entries(entries[i:j])
+                w.put_location_lists(ledger_ids[i:j], entry_ids[i:j], locations)
             if entries:
-                w.put_location_lists(ledger_ids, entry_ids, locations)
+                entry_logger.flush()
             for lid, state in p.dirty.items():
                 if state is None:
                     w.delete_ledger(lid)
