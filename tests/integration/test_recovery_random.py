@@ -92,6 +92,7 @@ class Chaos:
         self.stopping = asyncio.Event()
         self.planned = 0  # faults run() will apply
         self.applied = 0
+        self.recovering = False  # once set, the remaining faults come quickly: they hit the recoverers
 
     def note(self, what: str) -> None:
         self.trace.append(what)
@@ -173,7 +174,7 @@ class Chaos:
         rng = self.rng
         for _ in range(self.planned):
             try:
-                await asyncio.wait_for(self.stopping.wait(), rng.uniform(0.0, 0.4))
+                await asyncio.wait_for(self.stopping.wait(), rng.uniform(0.0, 0.15 if self.recovering else 0.4))
                 return  # stop() was called
             except asyncio.TimeoutError:
                 pass
@@ -324,6 +325,7 @@ async def iteration(cluster: LocalCluster, seed: int, trace: list[str]) -> None:
             trace.append(f"recoverer {k}: closed at {rh.last_add_confirmed}")
             return rh.metadata
 
+        chaos.recovering = True
         results = await asyncio.gather(*(recoverer(k) for k in range(rng.choice([1, 1, 2, 3]))))
         if strict:
             failed = [r for r in results if isinstance(r, BaseException)]
