@@ -40,7 +40,9 @@ def add_parsers(cmds) -> None:
                                                   " outside each segment)")
     c.add_argument("--query", action="store_true", help="only list the ledgers that use the bookie")
     c.add_argument("--dry-run", action="store_true", help="print what would be done and change nothing")
-    c.add_argument("--skip-open-ledgers", action="store_true", help="leave ledgers that are not closed alone")
+    c.add_argument("--skip-open-ledgers", action="store_true",
+                   help="never fence: leave alone ledgers that are not closed and whose last (still written)"
+                        " segment uses the bookie")
     c.add_argument("--delete-cookie", action="store_true",
                    help="delete the bookie's cookie once every ledger is recovered")
     c.add_argument("--rate", default=None, metavar="BYTES_PER_S",

@@ -8,7 +8,9 @@ a segment on a lost bookie, without AutoRecovery (REPLICATION.md, "Manual recove
                                          on_progress=..., on_ledger=...)
 
 Per ledger: an open ledger whose last segment names the bookie is fenced and
-closed first (opened with recovery) - or left alone with `skip_open`; then each
+closed first (opened with recovery) - or left alone with `skip_open` (an open
+ledger that names the bookie only in earlier segments, which have an end, is
+re-replicated without fencing: its writer is not disturbed); then each
 segment naming the bookie is copied to the target (the given one, or a random
 writable bookie outside that segment, chosen per segment) and the metadata
 CASed. A ledger fails - and is named in the summary - when a segment could not
