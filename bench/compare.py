@@ -275,7 +275,7 @@ def run_compare(args, log=print) -> dict:
             zk = None
     out = {"config": {"sizes": args.sizes, "runs": args.runs, "duration_s": args.duration_s,
                       "in_flight": args.in_flight, "systems": systems, "redis_connections": args.redis_connections},
-           "environment": environment(), "notes": notes, "measurements": []}
+           "environment": environment(), "notes": notes, "measurements": [], "failures": []}
     cluster_no = 0
     try:
         for run in range(args.runs):
@@ -289,15 +289,21 @@ def run_compare(args, log=print) -> dict:
                 for system in order:
                     load_before = os.getloadavg()[0]
                     t = time.monotonic()
-                    if system == "raw-disk":
-                        m = measure_raw(size, args, run)
-                    elif system in ("redis-resp", "redis-benchmark"):
-                        m = measure_redis(size, args, run, system, resp_rate)
-                        if system == "redis-resp":
-                            resp_rate = m["entries_per_s"]
-                    else:
-                        cluster_no += 1
-                        m = measure_bk(system, size, args, run, f"{zk.connect_string}/bench-{cluster_no}")
+                    try:
+                        if system == "raw-disk":
+                            m = measure_raw(size, args, run)
+                        elif system in ("redis-resp", "redis-benchmark"):
+                            m = measure_redis(size, args, run, system, resp_rate)
+                            if system == "redis-resp":
+                                resp_rate = m["entries_per_s"]
+                        else:
+                            cluster_no += 1
+                            m = measure_bk(system, size, args, run, f"{zk.connect_string}/bench-{cluster_no}")
+                    except Exception as e:  # noqa: BLE001 - one failed measurement must not lose the others
+                        why = f"{type(e).__name__}: {e}"
+                        out["failures"].append({"system": system, "entry_size": size, "run": run, "error": why})
+                        log(f"run {run + 1}/{args.runs} {human_size(size):>6} {system:15} FAILED: {why}")
+                        continue
                     m["loadavg_1m_before"] = load_before
                     m["wall_s"] = time.monotonic() - t
                     out["measurements"].append(m)
@@ -326,6 +332,8 @@ def main(argv=None) -> int:
     print(render_summary(result["summary"]))
     for note in result["notes"]:
         print(f"note: {note}")
+    for f in result["failures"]:
+        print(f"FAILED: {f['system']} {human_size(f['entry_size'])} run {f['run'] + 1}: {f['error']}")
     os.makedirs(args.out_dir, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     json_path = os.path.join(args.out_dir, f"compare-{stamp}.json")
@@ -335,7 +343,7 @@ def main(argv=None) -> int:
     if not args.no_chart:
         png = write_chart(result["summary"], os.path.join(args.out_dir, f"compare-{stamp}.png"))
         print(f"chart: {png}" if png else MATPLOTLIB_MISSING)
-    return 1 if any(r["errors"] for r in result["summary"]) else 0
+    return 1 if result["failures"] or any(r["errors"] for r in result["summary"]) else 0
 
 
 if __name__ == "__main__":

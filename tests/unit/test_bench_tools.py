@@ -212,6 +212,26 @@ def test_compare_skips_redis_with_the_install_message(monkeypatch, tmp_path):
     assert any("apt-get install redis-server" in n for n in result["notes"])
 
 
+def test_compare_records_a_failed_measurement_and_goes_on(monkeypatch, tmp_path):
+    calls = []
+
+    def flaky(size, args, run):
+        calls.append(size)
+        if size == 100:
+            raise OSError("disk went away")
+        return compare._measurement("raw-disk", size, run, {"entries": 10, "bytes": 10 * size, "elapsed_s": 1.0,
+                                                            "entries_per_s": 10.0, "mb_per_s": 0.0,
+                                                            "latency_ms": {"p99": 1.0}}, {}, {})
+
+    monkeypatch.setattr(compare, "measure_raw", flaky)
+    args = compare.parse_args(["--systems", "raw-disk", "--runs", "1", "--sizes", "100,200"])
+    result = compare.run_compare(args, lambda msg: None)
+    assert calls == [100, 200]
+    assert result["failures"] == [{"system": "raw-disk", "entry_size": 100, "run": 0,
+                                   "error": "OSError: disk went away"}]
+    assert [(r["system"], r["entry_size"]) for r in result["summary"]] == [("raw-disk", 200)]
+
+
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed")
 def test_resp_client_against_a_real_redis_counts_every_reply():
     with redisbench.RedisServer() as server:
