@@ -164,7 +164,10 @@ class LedgerStorage:
             return True
         fut = asyncio.get_running_loop().create_future()
         self._room_waiters.append(fut)
-        self._flush_event.set()
+        # Many adds can wait at once: set the event only when it is not set (seen set,
+        # the flush thread has yet to run the checkpoint that flushes the pending half).
+        if not self._flush_event.is_set():
+            self._flush_event.set()
         try:
             await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:
