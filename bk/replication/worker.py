@@ -7,7 +7,9 @@ Loop:
 2. Take a marked ledger whose ephemeral lock it can create (a lock held by
    another worker means someone is on it; a worker that dies releases its
    locks with its session). Ledgers that recently failed here are skipped for
-   a back-off that doubles with each failure.
+   a back-off that doubles with each failure, and so are ledgers it cannot
+   help with (its bookie is in every segment naming a marked bookie): holding
+   their lock would only keep out the worker that can.
 3. Decide which bookies are lost: the marker's missing replicas and every
    bookie of the ledger that is not registered; a marked bookie that is
    registered again is probed (LedgerChecker) and kept only if it really lacks
@@ -109,6 +111,9 @@ class ReplicationWorker:
             deferred = self._deferred.get(ledger_id)
             if deferred is not None and deferred[0] > now:
                 continue
+            if not await self._worth_taking(ledger_id):
+                self._defer(ledger_id)
+                continue
             if not await self.urm.acquire_ledger_lock(ledger_id, self.bookie_id):
                 continue
             info = await self.urm.get_ledger_unreplication_info(ledger_id)
@@ -116,6 +121,23 @@ class ReplicationWorker:
                 return info
             await self.urm.release_ledger_lock(ledger_id)  # replicated meanwhile
         return None
+
+    async def _worth_taking(self, ledger_id: int) -> bool:
+        """Without the lock: could this worker do anything for the ledger? A worker whose bookie is
+        in every segment that names a marked bookie would only hold the lock that another worker
+        needs. Stale markers (no marked bookie in the ledger, ledger deleted) are taken, to clear them;
+        an open end naming a marked bookie is taken by anyone (it needs fencing, not a target)."""
+        info = await self.urm.get_ledger_unreplication_info(ledger_id)
+        if info is None:
+            return False
+        try:
+            md, _ = await self.bk.ledger_manager.read_ledger_metadata(ledger_id)
+        except NoSuchLedgerMetadataError:
+            return True
+        marked = set(info.replicas) & md.bookies()
+        if not marked or (not md.is_closed and marked & set(md.last_segment[1])):
+            return True
+        return any(marked & set(ensemble) and self.bookie_id not in ensemble for _, ensemble in md.segments)
 
     def _defer(self, ledger_id: int) -> None:
         _, last = self._deferred.get(ledger_id, (0.0, 0.0))
