@@ -5,6 +5,11 @@ writer); read_entry(), read_run(), scan(), ledgers_map(), log_ids() run on any
 thread. Records are written to the file (pwrite) as soon as they are appended,
 so readers see them through the page cache before flush() makes them durable.
 
+Writing a batch: the kernel checks sizes, frames at most _FRAME_MAX_BYTES at a
+time (small entries copied into one buffer; a batch of big ones written as
+size field + entry buffers with pwritev, no copy) and counts per-ledger bytes
+in runs, so add_entries takes no Python step per entry.
+
 Invariants:
 - `_written_end` is the end of the last whole record of the current log; readers
   never look past it (a write in progress or a failed one is invisible to them).

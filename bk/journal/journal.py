@@ -16,7 +16,10 @@ or its oldest record has waited `journal_max_group_wait_ms`, or (with
 group to fill it polls the queue every POLL_S instead of being woken per
 record. Then: one write, one fdatasync (none when `journal_sync_data` is
 false), and ONE `loop.call_soon_threadsafe` that runs every completion of the
-group in order. Records that arrive during the fsync form the next group; their
+group in order. Small records are framed into one buffer by the kernel; a
+batch of big ones (SPLIT_MIN_BODY_BYTES on average) is written as each
+record's 8-byte header and its body, separate pwritev buffers, so a body is
+never copied in user space (same bytes on disk). Records that arrive during the fsync form the next group; their
 wait is counted from the previous drain, so after a slow fsync the next group
 is flushed at once (adaptive grouping, no per-record timestamps).
 
