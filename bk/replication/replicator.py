@@ -299,6 +299,11 @@ class LedgerReplicator:
     async def close_open_ledger(self, ledger_id: int, lost: Iterable[str], grace_s: float) -> LedgerMetadata:
         """An open ledger whose last segment names a lost bookie: wait up to `grace_s` for its writer
         to replace the bookie or close the ledger, then fence and close it (open with recovery)."""
+        return (await self._close_open_ledger(ledger_id, lost, grace_s))[0]
+
+    async def _close_open_ledger(self, ledger_id: int, lost: Iterable[str],
+                                 grace_s: float) -> tuple[LedgerMetadata, bool]:
+        """(metadata, True if this call fenced and closed the ledger)."""
         lost = set(lost)
         lm = self.bk.ledger_manager
 
@@ -307,7 +312,7 @@ class LedgerReplicator:
 
         md, _ = await lm.read_ledger_metadata(ledger_id)
         if settled(md):
-            return md
+            return md, False
         if grace_s > 0:
             changed = asyncio.Event()
             watch = await lm.watch_ledger_metadata(ledger_id, lambda m, v: changed.set())
@@ -326,7 +331,7 @@ class LedgerReplicator:
             finally:
                 watch.cancel()
         if settled(md):
-            return md
+            return md, False
         log.info("ledger %d: still open with lost bookie(s) %s in its last segment; fencing and closing it",
                  ledger_id, sorted(lost & set(md.last_segment[1])))
         if md.password is None:
@@ -335,7 +340,7 @@ class LedgerReplicator:
             handle = await self.bk.open_ledger(ledger_id, md.password, recovery=True)
         except LedgerRecoveryError as e:
             raise ReplicationError(f"ledger {ledger_id}: could not fence and close it: {e}") from e
-        return handle.metadata
+        return handle.metadata, True
 
     async def replicate_segment(self, ledger_id: int, md: LedgerMetadata, index: int, lost_bookie: str,
                                 target: str, lost: Iterable[str] = (),
@@ -408,8 +413,7 @@ class LedgerReplicator:
                 if skip_open:
                     outcome.skipped_open = True
                     return outcome
-                md = await self.close_open_ledger(ledger_id, lost, open_grace_s)
-                outcome.fenced = md.is_closed
+                md, outcome.fenced = await self._close_open_ledger(ledger_id, lost, open_grace_s)
             done: set[tuple[int, str]] = set()
             while True:
                 todo = [(i, b) for i, (first, ensemble) in enumerate(md.segments) for b in ensemble

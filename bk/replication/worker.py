@@ -125,8 +125,9 @@ class ReplicationWorker:
     async def _worth_taking(self, ledger_id: int) -> bool:
         """Without the lock: could this worker do anything for the ledger? A worker whose bookie is
         in every segment that names a marked bookie would only hold the lock that another worker
-        needs. Stale markers (no marked bookie in the ledger, ledger deleted) are taken, to clear them;
-        an open end naming a marked bookie is taken by anyone (it needs fencing, not a target)."""
+        needs. Taken by anyone: stale markers (no marked bookie in the ledger, ledger deleted), an
+        open end naming a marked bookie (it needs fencing, not a target), and a marked bookie that is
+        registered again (if it still has its data the marker goes, whoever checks)."""
         info = await self.urm.get_ledger_unreplication_info(ledger_id)
         if info is None:
             return False
@@ -137,7 +138,14 @@ class ReplicationWorker:
         marked = set(info.replicas) & md.bookies()
         if not marked or (not md.is_closed and marked & set(md.last_segment[1])):
             return True
-        return any(marked & set(ensemble) and self.bookie_id not in ensemble for _, ensemble in md.segments)
+        if any(self.bookie_id not in ensemble for _, ensemble in md.segments if marked & set(ensemble)):
+            return True
+        # Only if a marked bookie is registered again: anyone may check it still has its data and unmark.
+        reg = self.bk.registration
+        for bookie in marked:
+            if await reg.registration(bookie) is not None:
+                return True
+        return False
 
     def _defer(self, ledger_id: int) -> None:
         _, last = self._deferred.get(ledger_id, (0.0, 0.0))

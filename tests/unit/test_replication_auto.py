@@ -325,3 +325,27 @@ async def test_autorecovery_inside_in_process_bookies_brings_a_wiped_bookie_back
             workers = [s.autorecovery.worker for s in cluster.servers.values()]
             assert sum(w.ledgers_replicated for w in workers) >= 1
             await urm.close()
+
+
+@run_async
+async def test_a_stale_marker_is_cleared_even_when_every_worker_is_in_the_segment():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        ids = [b.bookie_id for b in cluster.bookies]
+        lh, _ = await write_ledger(bkc, 10, ensemble=ids)
+        urm = LedgerUnderreplicationManager(bkc.store)
+        await urm.mark_ledger_underreplicated(lh.ledger_id, [ids[0]])  # e.g. marked while it restarted
+        async with BookKeeper(cluster.metadata_uri) as wbk:
+            worker, _ = await start_worker(wbk, ids[1])
+            await until(lambda: worker.ledgers_replicated == 1, "unmarked")
+            assert not await urm.is_ledger_underreplicated(lh.ledger_id)
+            await worker.stop()
+        # a marked bookie that is really gone, with every live bookie in the segment: nobody can help,
+        # and nobody holds the lock for nothing
+        await cluster.kill(cluster.bookies[0])
+        await urm.mark_ledger_underreplicated(lh.ledger_id, [ids[0]])
+        async with BookKeeper(cluster.metadata_uri) as wbk:
+            worker, _ = await start_worker(wbk, ids[1])
+            await until(lambda: lh.ledger_id in worker._deferred, "looked at and deferred")
+            assert await urm.lock_holder(lh.ledger_id) is None and worker.failures == 0
+            assert await urm.is_ledger_underreplicated(lh.ledger_id)
+            await worker.stop()
