@@ -136,7 +136,8 @@ async def write(h: History, lh, tag: str, ids, window: int) -> list[BaseExceptio
 
 
 def start_adds(h: History, lh, tag: str, ids) -> list[asyncio.Future]:
-    """Issue adds without waiting (each History.add assigns its id at once)."""
+    """Issue adds without waiting: the tasks run in creation order, each History.add invoking its
+    add and getting its entry id in one step, so ids follow `ids`."""
     return [asyncio.ensure_future(h.add(lh, payload(tag, i))) for i in ids]
 
 
