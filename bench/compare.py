@@ -41,7 +41,7 @@ import sys
 import time
 
 from . import REPO_DIR, bench_base_dir, scratch_dir
-from .load import LoadSpec, bookie_pids, local_cluster, run_load
+from .load import ADD_WINDOW, LoadSpec, bookie_pids, local_cluster, run_load
 from .procmem import RssSampler
 from .rawdisk import run_raw_disk
 from .redisbench import REDIS_BENCHMARK_MISSING, REDIS_MISSING, RedisServer, run_redis_benchmark, run_resp_load
@@ -58,6 +58,7 @@ SYSTEMS = ("raw-disk", "redis-resp", "redis-benchmark", *BK_SYSTEMS)
 LABELS = {"raw-disk": "raw disk, write+fdatasync groups", "redis-resp": "Redis AOF always, XADD, Python RESP client",
           "redis-benchmark": "Redis AOF always, SET, redis-benchmark -P",
           **{k: v[0] for k, v in BK_SYSTEMS.items()}}
+SLOW_PHASE_S = 5.0  # a set-up/tear-down phase of bench.load slower than this is logged
 REDIS_REFERENCE = "redis-resp"  # the Redis figure bk is divided by: a Python client like bk's
 MATPLOTLIB_MISSING = "matplotlib not installed (pip install matplotlib): no PNG chart; the table and JSON are complete"
 
@@ -100,7 +101,8 @@ def _measurement(system: str, size: int, run: int, r: dict, peak_rss: dict, serv
             "latency_ms": r["latency_ms"], "peak_rss_mib": peak_rss, "server_cpu_pct": server_cpu,
             "client_cpu_pct": r.get("client_cpu_pct"), "errors": r.get("errors", 0),
             "error": r.get("error"), "detail": {k: v for k, v in r.items() if k in
-                                                ("group_bytes", "command", "pipeline", "connections", "spec")}}
+                                                ("group_bytes", "command", "pipeline", "connections", "spec",
+                                                      "phases_s")}}
 
 
 def measure_raw(size: int, args, run: int) -> dict:
@@ -134,8 +136,9 @@ def measure_bk(system: str, size: int, args, run: int, zk_connect: str) -> dict:
                     write_quorum=wq, ack_quorum=aq)
     with local_cluster(bookies, zk_connect=zk_connect, prefix=f"cmp-{system}", **settings) as cluster:
         with RssSampler(bookie_pids(cluster)) as rss:
-            s = run_load(cluster.metadata_uri, spec)
-    return _measurement(system, size, run, {**s["adds"], "spec": s["spec"]}, rss.peak_mib(), rss.cpu_pct())
+            s = run_load(cluster.metadata_uri, spec, on_mark=rss.mark)
+    return _measurement(system, size, run, {**s["adds"], "spec": s["spec"], "phases_s": s["phases_s"]},
+                        rss.peak_mib(), rss.cpu_pct(between=ADD_WINDOW))
 
 
 # ---------------------------------------------------------------- summary
@@ -304,6 +307,10 @@ def run_compare(args, log=print) -> dict:
                         out["failures"].append({"system": system, "entry_size": size, "run": run, "error": why})
                         log(f"run {run + 1}/{args.runs} {human_size(size):>6} {system:15} FAILED: {why}")
                         continue
+                    slow = {k: round(v, 1) for k, v in m["detail"].get("phases_s", {}).items()
+                            if k != "adds" and v > SLOW_PHASE_S}
+                    if slow:
+                        log(f"  note: slow client phases outside the measured window (s): {slow}")
                     m["loadavg_1m_before"] = load_before
                     m["wall_s"] = time.monotonic() - t
                     out["measurements"].append(m)

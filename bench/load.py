@@ -48,6 +48,7 @@ READ_CHUNK_ENTRIES = 256
 DEFAULT_DURATION_S = 10.0
 # LocalCluster sizes its caches for tests (32 MiB); a benchmark runs the bookie's own defaults.
 BENCH_BOOKIE_SETTINGS = {"write_cache_max_size_bytes": "64MiB", "read_cache_max_size_bytes": "64MiB"}
+ADD_WINDOW = ("adds_start", "adds_end")  # the RssSampler marks run_writer sets
 DRAIN_TIMEOUT_S = 60.0  # the client times an add out after 10 s; this only bounds a wedged run
 WRITER_START_TIMEOUT_S = 120.0
 
@@ -83,19 +84,26 @@ class LoadSpec:
 
 
 # ---------------------------------------------------------------- one writer
-async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None) -> dict:
-    """One BookKeeper client driving `spec`; returns raw figures (numpy latency arrays, seconds)."""
+async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, on_mark=None) -> dict:
+    """One BookKeeper client driving `spec`; returns raw figures (numpy latency arrays, seconds).
+
+    `on_mark(label)`, if given, is called with "adds_start" and "adds_end" at the
+    edges of the measured window (RssSampler.mark, for the servers' CPU)."""
     from bk.client import BookKeeper
     from bk.errors import BKError
 
     loop = asyncio.get_running_loop()
     payload = os.urandom(spec.entry_size)
     perf = time.perf_counter
+    marks = [("begin", perf())]  # phase boundaries: a slow set-up or tear-down shows in "phases_s"
     async with BookKeeper(metadata_uri) as bkc:
+        marks.append(("connect", perf()))
         handles = [await bkc.create_ledger(spec.ensemble, spec.write_quorum, spec.ack_quorum,
                                            digest_type=spec.digest_type, password=b"")
                    for _ in range(spec.ledgers)]
+        marks.append(("create", perf()))
         await asyncio.gather(*(lh.add_entry(payload) for lh in handles))  # warm-up, not counted
+        marks.append(("warm_up", perf()))
         if start_barrier is not None:
             await loop.run_in_executor(None, start_barrier.wait)
 
@@ -117,15 +125,25 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None) -
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
-        async def wait_for_completion():
+        async def wait_for_completion(timeout_s: float | None = None) -> None:
+            # The waiter is registered before this coroutine first yields, so a completion
+            # arriving at any later point wakes it. (Wrapping this coroutine in
+            # asyncio.wait_for would run it as a task one loop step later: the last
+            # completion could slip in before the waiter exists and the drain would
+            # sleep until its timeout.)
             state["waiter"] = waiter = loop.create_future()
             try:
-                await waiter
+                if timeout_s is None:
+                    await waiter
+                else:
+                    await asyncio.wait_for(waiter, timeout_s)
             finally:
                 state["waiter"] = None
 
         depth, n_ledgers = spec.in_flight, len(handles)
         remaining = spec.count if spec.count is not None else float("inf")
+        if on_mark is not None:
+            on_mark("adds_start")
         cpu0, t0 = time.process_time(), perf()
         deadline = t0 + spec.duration_s if spec.duration_s is not None else float("inf")
         seq = 0
@@ -150,20 +168,27 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None) -
         drain_deadline = perf() + DRAIN_TIMEOUT_S
         while state["inflight"] > 0 and perf() < drain_deadline:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wait_for_completion(), max(0.0, drain_deadline - perf()))
+                await wait_for_completion(max(0.0, drain_deadline - perf()))
         if state["inflight"] > 0:
             state["errors"] += state["inflight"]
             state["error"] = state["error"] or f"{state['inflight']} adds unanswered after {DRAIN_TIMEOUT_S} s"
         t_end = max(done_t) if done_t else t0
         cpu_s = time.process_time() - cpu0
+        if on_mark is not None:
+            on_mark("adds_end")
+        marks.append(("adds", perf()))
         latency_s = np.asarray(done_t, dtype=np.float64) - np.asarray(issue_t, dtype=np.float64)[
             np.asarray(done_seq, dtype=np.int64)]
         for lh in handles:
             with contextlib.suppress(BKError):
                 await lh.close()
+        marks.append(("close_ledgers", perf()))
         reads = await read_back(bkc, handles, payload, spec) if spec.reads else None
+        marks.append(("reads", perf()))
+    marks.append(("close_client", perf()))
+    phases_s = {name: t - marks[i][1] for i, (name, t) in enumerate(marks[1:])}
     return {"t_start": t0, "t_end": t_end, "cpu_s": cpu_s, "entries": len(done_t), "errors": state["errors"],
-            "error": state["error"], "latency_s": latency_s, "reads": reads,
+            "error": state["error"], "latency_s": latency_s, "reads": reads, "phases_s": phases_s,
             "ledger_ids": [lh.ledger_id for lh in handles]}
 
 
@@ -215,15 +240,16 @@ def split_count(total: int, writers: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(writers)]
 
 
-def run_load(metadata_uri: str, spec: LoadSpec, writers: int = 1) -> dict:
+def run_load(metadata_uri: str, spec: LoadSpec, writers: int = 1, on_mark=None) -> dict:
     """Run `writers` writers (in this process when 1, else one process each); aggregated summary.
 
-    `spec.count`, if set, is the total over all writers."""
+    `spec.count`, if set, is the total over all writers. `on_mark` (see run_writer)
+    is only called with one writer: several run in other processes."""
     from bk import eventloop
     if writers < 1:
         raise ValueError(f"writers must be >= 1, got {writers}")
     if writers == 1:
-        return summarize([eventloop.run(run_writer(metadata_uri, spec))], spec, writers)
+        return summarize([eventloop.run(run_writer(metadata_uri, spec, on_mark=on_mark))], spec, writers)
     specs = [spec] * writers
     if spec.count is not None:
         if spec.count < writers:
@@ -264,7 +290,9 @@ def summarize(raw: list[dict], spec: LoadSpec, writers: int) -> dict:
             "errors": errors, "error": next((r["error"] for r in raw if r["error"]), None),
             # CPU of the writer processes (every thread) over the add window, 100 = one core
             "client_cpu_pct": 100.0 * rate(sum(r["cpu_s"] for r in raw), elapsed_s)}
-    out = {"spec": dataclasses.asdict(spec), "writers": writers, "adds": adds, "reads": None,
+    # the slowest writer's time in each phase (connect, create, warm_up, adds, close_ledgers, reads, close_client)
+    phases = {k: max(r["phases_s"][k] for r in raw) for k in raw[0]["phases_s"]} if "phases_s" in raw[0] else {}
+    out = {"spec": dataclasses.asdict(spec), "writers": writers, "adds": adds, "reads": None, "phases_s": phases,
            "ledger_ids": [i for r in raw for i in r["ledger_ids"]]}
     if spec.reads:
         rr = [r["reads"] for r in raw]
@@ -389,6 +417,9 @@ def format_summary(summary: dict) -> str:
                      f" p999 {_ms(lat['p999'])} max {_ms(lat['max'])}; errors {part['errors']}{extra}")
         if part.get("error"):
             lines.append(f"       first error: {part['error']}")
+    slow = {k: round(v, 1) for k, v in summary.get("phases_s", {}).items() if k not in ("adds", "reads") and v > 5}
+    if slow:
+        lines.append(f"note: slow client phases outside the measured window (s): {slow}")
     rss, cpu = summary.get("bookie_peak_rss_mib"), summary.get("bookie_cpu_pct") or {}
     if rss:
         lines.append("bookies: " + ", ".join(
@@ -404,9 +435,9 @@ def main(argv=None) -> int:
         print(f"starting a LocalCluster with {args.bookies} bookie(s) under {bench_base_dir()}", file=sys.stderr)
         with local_cluster(args.bookies, **args.settings) as cluster:
             with RssSampler(bookie_pids(cluster)) as rss:
-                summary = run_load(cluster.metadata_uri, spec, args.writers)
+                summary = run_load(cluster.metadata_uri, spec, args.writers, on_mark=rss.mark)
             summary["bookie_peak_rss_mib"] = rss.peak_mib()
-            summary["bookie_cpu_pct"] = rss.cpu_pct()
+            summary["bookie_cpu_pct"] = rss.cpu_pct(between=ADD_WINDOW)
             summary["bookie_settings"] = {**BENCH_BOOKIE_SETTINGS, **args.settings}
     print(format_summary(summary))
     if args.json:

@@ -82,6 +82,7 @@ class RssSampler:
         self.use_hwm = use_hwm
         self._peak_kib = {name: 0 for name in self.pids}
         self._cpu = {name: None for name in self.pids}  # (first cpu_s, first wall, last cpu_s, last wall)
+        self._marks: dict[str, dict] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -124,9 +125,21 @@ class RssSampler:
         """{name: peak MiB}; None for a process never seen (already gone, or not Linux)."""
         return {name: (kib * 1024 / MiB if kib else None) for name, kib in self._peak_kib.items()}
 
-    def cpu_pct(self) -> dict:
-        """{name: CPU % of one core between the first and last sample}; None if never seen twice."""
+    def mark(self, label: str) -> None:
+        """Snapshot every process's CPU time now (e.g. at the start and end of the measured window)."""
+        now = time.monotonic()
+        self._marks[label] = {name: (read_cpu_s(pid), now) for name, pid in self.pids.items()}
+
+    def cpu_pct(self, between: tuple[str, str] | None = None) -> dict:
+        """{name: CPU % of one core}: between two mark() labels if given and both were
+        marked, else between the first and last sample; None where unknown."""
         out = {}
+        if between is not None and all(label in self._marks for label in between):
+            a, b = (self._marks[label] for label in between)
+            for name in self.pids:
+                (c0, w0), (c1, w1) = a[name], b[name]
+                out[name] = None if c0 is None or c1 is None or w1 <= w0 else 100.0 * (c1 - c0) / (w1 - w0)
+            return out
         for name, c in self._cpu.items():
             out[name] = None if c is None or c[3] <= c[1] else 100.0 * (c[2] - c[0]) / (c[3] - c[1])
         return out

@@ -6,6 +6,7 @@ The few tests that start redis-server or write a file are tiny and bounded.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import shutil
@@ -114,6 +115,7 @@ def test_split_count_covers_the_total():
 
 def _raw(t_start, t_end, lat_ms, errors=0):
     return {"t_start": t_start, "t_end": t_end, "cpu_s": 1.0, "entries": len(lat_ms), "errors": errors, "error": None,
+            "phases_s": {"adds": t_end - t_start},
             "latency_s": np.asarray(lat_ms) / 1000.0, "reads": None, "ledger_ids": [t_start]}
 
 
@@ -128,6 +130,55 @@ def test_summarize_aggregates_writers_over_the_common_window():
     assert a["client_cpu_pct"] == pytest.approx(50.0)  # 2 CPU s over a 4 s window
     text = load.format_summary(s)
     assert "100 entries/s" in text and "errors 2" in text
+
+
+class _InstantLedger:
+    """A ledger handle whose adds are acknowledged before async_add_entry returns."""
+
+    def __init__(self, ledger_id):
+        self.ledger_id, self.next_entry_id = ledger_id, 0
+
+    def async_add_entry(self, data):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(self.next_entry_id)
+        self.next_entry_id += 1
+        return fut
+
+    async def add_entry(self, data):
+        return await self.async_add_entry(data)
+
+    async def close(self):
+        pass
+
+
+class _FakeBookKeeper:
+    def __init__(self, uri):
+        self.ledgers = 0
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        pass
+
+    async def create_ledger(self, *args, **kwargs):
+        self.ledgers += 1
+        return _InstantLedger(self.ledgers)
+
+
+@pytest.mark.timeout(30)  # a hang detector: the old drain slept DRAIN_TIMEOUT_S (60 s) here
+def test_writer_drain_wakes_for_completions_already_queued(monkeypatch):
+    """Completion callbacks queued before the drain starts must end it (no lost wake-up)."""
+    import bk.client
+    monkeypatch.setattr(bk.client, "BookKeeper", _FakeBookKeeper)
+    marks = []
+    spec = load.LoadSpec(count=1000, in_flight=64, ledgers=3, entry_size=10)
+    raw = asyncio.run(load.run_writer("mem://x/ledgers", spec, on_mark=marks.append))
+    assert raw["entries"] == 1000 and raw["errors"] == 0 and raw["latency_s"].size == 1000
+    assert (raw["latency_s"] >= 0).all() and raw["ledger_ids"] == [1, 2, 3]
+    assert marks == ["adds_start", "adds_end"]
+    s = load.summarize([raw], spec, 1)
+    assert s["adds"]["bytes"] == 10_000 and set(s["phases_s"]) >= {"connect", "adds", "close_client"}
 
 
 def test_format_summary_shows_missing_latency_as_dash():
