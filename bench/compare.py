@@ -117,9 +117,14 @@ def measure_redis(size: int, args, run: int, which: str, rate_hint: float | None
                 r = run_resp_load(server.port, size, args.in_flight, args.duration_s,
                                   connections=args.redis_connections)
             else:
-                r = run_redis_benchmark(server.port, size, args.in_flight,
-                                        redis_benchmark_requests(args.duration_s, rate_hint),
-                                        args.redis_connections, timeout_s=max(60.0, args.duration_s * 20))
+                try:
+                    r = run_redis_benchmark(server.port, size, args.in_flight,
+                                            redis_benchmark_requests(args.duration_s, rate_hint),
+                                            args.redis_connections, timeout_s=max(60.0, args.duration_s * 20))
+                except RuntimeError as e:
+                    alive = server.proc.poll() is None
+                    raise RuntimeError(f"{e} (redis-server {'running' if alive else 'exited'}; its log ends:"
+                                       f" {server.log_tail()!r})") from e
         return _measurement(which, size, run, r, rss.peak_mib(), rss.cpu_pct())
 
 

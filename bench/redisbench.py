@@ -185,6 +185,16 @@ class RedisServer:
         except OSError:
             return False
 
+    def log_tail(self, max_bytes: int = 1500) -> str:
+        """The end of redis-server's log (while it has its directory)."""
+        try:
+            with open(os.path.join(self.dir, "redis.log"), "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - max_bytes))
+                return fh.read().decode(errors="replace")
+        except (OSError, TypeError):
+            return ""
+
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
@@ -358,6 +368,8 @@ def main(argv=None) -> int:
             results.append(run_redis_benchmark(server.port, args.entry_size, args.in_flight, n, args.connections))
         except RedisMissingError as e:
             print(e, file=sys.stderr)
+        except RuntimeError as e:
+            print(f"{e}; redis log ends: {server.log_tail()!r}", file=sys.stderr)
     for r in results:
         lat = r["latency_ms"]
         p99 = "-" if lat["p99"] is None else f"{lat['p99']:.2f}"
