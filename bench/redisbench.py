@@ -318,6 +318,15 @@ def parse_redis_benchmark_csv(text: str) -> dict:
     return out
 
 
+def whole_batches(requests: int, pipeline: int, connections: int) -> int:
+    """`requests` rounded up to whole pipelines on every connection. redis-benchmark counts
+    a pipeline's replies as they arrive, so a last partial batch overshoots the total;
+    its 250 ms timer then sees no live client and finished != requests and aborts with
+    "All clients disconnected" (redis-benchmark.c, showThroughput)."""
+    step = pipeline * connections
+    return max(step, -(-requests // step) * step)
+
+
 def run_redis_benchmark(port: int, entry_size: int, in_flight: int, requests: int, connections: int = 1,
                         timeout_s: float = 300.0) -> dict:
     """`redis-benchmark -t set` with -P in_flight/connections per connection, `requests` in total."""
@@ -325,6 +334,7 @@ def run_redis_benchmark(port: int, entry_size: int, in_flight: int, requests: in
     if not binary:
         raise RedisMissingError(REDIS_BENCHMARK_MISSING)
     pipeline = max(1, in_flight // connections)
+    requests = whole_batches(requests, pipeline, connections)
     cmd = [binary, "-h", "127.0.0.1", "-p", str(port), "-c", str(connections), "-P", str(pipeline),
            "-n", str(requests), "-d", str(entry_size), "-t", "set", "--csv"]
     import resource

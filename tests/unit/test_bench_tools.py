@@ -236,6 +236,12 @@ def test_split_depth():
         redisbench.split_depth(2, 3)
 
 
+def test_redis_benchmark_requests_are_whole_pipelines():
+    assert redisbench.whole_batches(611_234, 1000, 1) == 612_000
+    assert redisbench.whole_batches(6000, 500, 2) == 6000
+    assert redisbench.whole_batches(10, 1000, 1) == 1000
+
+
 def test_parse_redis_benchmark_csv():
     text = ('"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms",'
             '"max_latency_ms"\n"SET","75859.48","10.5","1.2","9.9","12.0","13.4","20.1"\n')
