@@ -21,7 +21,8 @@ outstanding), checking every payload; read latency is per range call.
 
 Without `--metadata-uri` a LocalCluster (real ZooKeeper + `--bookies`
 bookie processes, bookie cache sizes at the bookie defaults) is started under
-<repo>/.bench-tmp and removed at the end; the bookies' peak RSS is reported.
+<repo>/.bench-tmp and removed at the end; the bookies' peak RSS and their CPU
+over the add window are reported, and the writer's own CPU always is.
 """
 from __future__ import annotations
 
