@@ -28,12 +28,17 @@ encode_add_responses(items, version=2) -> bytes
     One buffer with a complete ADD response frame per `(rc, ledger_id, entry_id)`.
 crc32c(data, crc=0) -> int
     google_crc32c.extend(crc, data) semantics, on any contiguous buffer.
+frame_add_crc32c(header, master_key, ledger_id, entry_id, lac, total_length, payload) -> bytes
+    The client's whole ADD request frame in one allocation: `length | header |
+    master_key(20) | ledger entry lac total_length (i64 BE) | crc32c | payload`,
+    the CRC32C digest (u32 BE) taken over the 32-byte entry header then the
+    payload, as DigestManager's CRC32C digest.
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.tuple cimport PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 from libc.stdint cimport uint32_t, int32_t, uint64_t, int64_t
 
 cdef extern from "crc32c.h" nogil:
@@ -291,6 +296,42 @@ def crc32c(data, unsigned long long crc=0):
                 out = bk_crc32c_extend(<uint32_t>crc, view.buf, <size_t>view.len)
         else:
             out = bk_crc32c_extend(<uint32_t>crc, view.buf, <size_t>view.len)
+        return out
+    finally:
+        PyBuffer_Release(&view)
+
+
+def frame_add_crc32c(uint32_t header, bytes master_key, int64_t ledger_id, int64_t entry_id, int64_t lac,
+                     int64_t total_length, payload):
+    cdef Py_buffer view
+    cdef bytes out
+    cdef unsigned char *p
+    cdef uint32_t crc
+    cdef Py_ssize_t body
+    if len(master_key) != _KEY_LEN:
+        raise ValueError(f"master key must be {_KEY_LEN} bytes")
+    PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    try:
+        body = 4 + _KEY_LEN + 32 + 4 + view.len
+        if body > 0x7FFFFFFF:
+            raise ValueError("frame too large")
+        out = PyBytes_FromStringAndSize(NULL, 4 + body)
+        p = <unsigned char *>PyBytes_AS_STRING(out)
+        _put_u32(p, <uint32_t>body)
+        _put_u32(p + 4, header)
+        memcpy(p + 8, PyBytes_AS_STRING(master_key), _KEY_LEN)
+        _put_i64(p + 28, ledger_id)
+        _put_i64(p + 36, entry_id)
+        _put_i64(p + 44, lac)
+        _put_i64(p + 52, total_length)
+        if view.len >= _NOGIL_MIN_BYTES:
+            with nogil:
+                crc = bk_crc32c_extend(bk_crc32c_extend(0, p + 28, 32), view.buf, <size_t>view.len)
+                memcpy(p + 64, view.buf, <size_t>view.len)
+        else:
+            crc = bk_crc32c_extend(bk_crc32c_extend(0, p + 28, 32), view.buf, <size_t>view.len)
+            memcpy(p + 64, view.buf, <size_t>view.len)
+        _put_u32(p + 60, crc)
         return out
     finally:
         PyBuffer_Release(&view)

@@ -159,3 +159,18 @@ def crc32c(data, crc: int = 0) -> int:
         raise ValueError("crc must fit in 32 bits")
     # google_crc32c wants read-only bytes; other buffers are copied once.
     return google_crc32c.extend(crc, data if type(data) is bytes else bytes(data))
+
+
+_add_frame_head = struct.Struct(">iI20sqqqqI")
+
+
+def frame_add_crc32c(header: int, master_key: bytes, ledger_id: int, entry_id: int, lac: int,
+                     total_length: int, payload) -> bytes:
+    if type(master_key) is not bytes or len(master_key) != _KEY_LEN:
+        raise ValueError(f"master key must be {_KEY_LEN} bytes")
+    payload = bytes(payload) if type(payload) is not bytes else payload
+    entry_header = struct.pack(">qqqq", ledger_id, entry_id, lac, total_length)
+    crc = google_crc32c.extend(google_crc32c.value(entry_header), payload)
+    head = _add_frame_head.pack(4 + _KEY_LEN + 32 + 4 + len(payload), header, master_key, ledger_id, entry_id,
+                                lac, total_length, crc)
+    return head + payload

@@ -60,6 +60,11 @@ _read_req = struct.Struct(">iIqq")
 _READ_HEADER = (2 << 24) | (READ << 16)
 # A bookie that failed within this many seconds is "suspect": readers try it last.
 SUSPECT_S = 5.0
+# Frames queued in one loop iteration leave together at its end, but once this
+# many bytes are queued they leave at once: a writer that pipelines thousands of
+# adds in one go would otherwise keep the bookie idle until it yields, and the
+# two processes would take turns instead of working at the same time.
+EAGER_FLUSH_BYTES = 64 * 1024
 
 
 class _Request:
@@ -116,6 +121,7 @@ class BookieClient:
         self._protocol: _BookieProtocol | None = None
         self._connect_task: asyncio.Task | None = None
         self._out: list[bytes] = []
+        self._out_bytes = 0  # bytes in _out while connected
         self._flush_scheduled = False
         self._pending: dict[tuple, _Request] = {}  # key -> oldest request (chain head)
         self._pending_count = 0
@@ -222,7 +228,10 @@ class BookieClient:
             self._arm_sweep()
         self._out.append(frame)
         if self._protocol is not None:
-            if not self._flush_scheduled:
+            self._out_bytes += len(frame)
+            if self._out_bytes >= EAGER_FLUSH_BYTES:
+                self._flush()  # let the bookie start on this while we go on producing
+            elif not self._flush_scheduled:
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
         elif self._connect_task is None:
@@ -234,6 +243,7 @@ class BookieClient:
         if protocol is None or not self._out:
             return
         out, self._out = self._out, []
+        self._out_bytes = 0
         protocol.transport.writelines(out)
 
     # ------------------------------------------------------------ connection
@@ -284,6 +294,7 @@ class BookieClient:
         pending, self._pending = self._pending, {}
         self._pending_count = 0
         self._out = []
+        self._out_bytes = 0
         self._deadlines.clear()
         for req in pending.values():
             while req is not None:

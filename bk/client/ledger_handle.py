@@ -92,6 +92,7 @@ class LedgerHandle(ReadHandle):
         self._change_task: asyncio.Task | None = None
         self._fatal: tuple[type, str] | None = None
         self._state = OPEN
+        self._refuse = None  # see _update_refuse
         self._close_task: asyncio.Task | None = None
         self._drain_waiter: asyncio.Future | None = None
         self.ensemble_changes = 0
@@ -123,23 +124,30 @@ class LedgerHandle(ReadHandle):
         self._index = {b: i for i, b in enumerate(self._ensemble)}
         pool = self._bk.pool
         self._clients = [pool.get(b) for b in self._ensemble]
+        # per ensemble index: (client, response callback bound to the bookie), and
+        # per entry id mod E: the write set's indexes and those pairs (no per-add work)
+        E, WQ = self._E, self._WQ
+        self._write_sets_by_index = [(c, partial(self._add_response, b)) for c, b in zip(self._clients, self._ensemble)]
+        self._write_set_indexes = [tuple((r + i) % E for i in range(WQ)) for r in range(E)]
+        self._write_sets = [tuple(self._write_sets_by_index[i] for i in idx) for idx in self._write_set_indexes]
 
     # ------------------------------------------------------------ adds
     async def add_entry(self, data) -> int:
         """Append `data`; returns its entry id once AQ bookies stored it."""
         return await self.async_add_entry(data)
 
-    def async_add_entry(self, data) -> asyncio.Future:
-        """Start an add and return the future of its entry id (for pipelining without tasks)."""
-        if self._state is not OPEN:
-            raise _error(LedgerClosedError, f"ledger {self.ledger_id} is closed: no more adds",
-                         self.ledger_id, None, False)
-        if self._bk.closed:
-            raise _error(LedgerClosedError, f"ledger {self.ledger_id}: its BookKeeper client is closed",
-                         self.ledger_id, None, False)
-        if self._fatal is not None:
-            cls, why = self._fatal
-            raise _error(cls, f"{why}; this add was not written", self.ledger_id, None, False)
+    def async_add_entry(self, data, callback=None):
+        """Start an add without waiting (pipelining).
+
+        Without `callback`: returns the future of the entry id. With `callback`
+        (no future is made: the cheapest way to keep thousands of adds in
+        flight): returns the entry id at once and later calls, on the event loop
+        and in entry-id order, `callback(entry_id, None)` once AQ bookies stored
+        it or `callback(entry_id, error)` if it failed. Either way an add that
+        cannot start (closed handle, fenced writer, bad data) raises here.
+        """
+        if self._refuse is not None or self._bk.closed:
+            self._raise_refused()
         if type(data) is not bytes:
             if not isinstance(data, (bytearray, memoryview)):
                 raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
@@ -150,39 +158,70 @@ class LedgerHandle(ReadHandle):
                 f" (max_frame_size_bytes {self._framer.max_frame_size_bytes} less the ADD headers)")
         entry_id = self._last_add_pushed + 1
         self._last_add_pushed = entry_id
-        self._length_pushed += len(data)
+        length = self._length_pushed = self._length_pushed + len(data)
         lac = self._lac if self._fixed_lac is None else self._fixed_lac
-        frame = self._framer.frame(entry_id, lac, self._length_pushed, data)
-        future = self._loop.create_future()
-        op = PendingAdd(entry_id, frame, future, self._length_pushed)
+        frame = self._framer.frame(entry_id, lac, length, data)
+        if callback is None:
+            future = self._loop.create_future()
+            op = PendingAdd(entry_id, frame, future, length)
+        else:
+            future = entry_id
+            op = PendingAdd(entry_id, frame, None, length, callback)
         self._pending.append(op)
-        E = self._E
-        self._send(op, [(entry_id + i) % E for i in range(self._WQ)])
+        if not self._failed_bookies:  # the common case: every bookie of the write set is up
+            op.sent = True
+            for client, respond in self._write_sets[entry_id % self._E]:
+                client.send_add(frame, self.ledger_id, entry_id, respond)
+        else:
+            self._send(op, self._write_set_indexes[entry_id % self._E])
         return future
 
+    def _raise_refused(self):
+        if self._state is not OPEN:
+            raise _error(LedgerClosedError, f"ledger {self.ledger_id} is closed: no more adds",
+                         self.ledger_id, None, False)
+        if self._bk.closed:
+            raise _error(LedgerClosedError, f"ledger {self.ledger_id}: its BookKeeper client is closed",
+                         self.ledger_id, None, False)
+        if self._fatal is not None:
+            cls, why = self._fatal
+            raise _error(cls, f"{why}; this add was not written", self.ledger_id, None, False)
+
+    def _update_refuse(self) -> None:
+        """`_refuse` is set whenever the handle's state or a fatal error refuses adds (the
+        client's own closing is checked beside it): one check on the hot path."""
+        self._refuse = True if (self._state is not OPEN or self._fatal is not None) else None
+
     def _send(self, op: PendingAdd, indexes) -> None:
-        ensemble, failed, clients = self._ensemble, self._failed_bookies, self._clients
-        frame, ledger_id, entry_id, respond = op.frame, self.ledger_id, op.entry_id, self._add_response
+        ensemble, failed, responders = self._ensemble, self._failed_bookies, self._write_sets_by_index
+        frame, ledger_id, entry_id = op.frame, self.ledger_id, op.entry_id
         op.sent = True
         for i in indexes:
-            bookie = ensemble[i]
-            if bookie in failed:
+            if ensemble[i] in failed:
                 continue  # sent to its replacement once the ensemble change is in the metadata
-            clients[i].send_add(frame, ledger_id, entry_id, partial(respond, op, bookie))
+            client, respond = responders[i]
+            client.send_add(frame, ledger_id, entry_id, respond)
 
-    def _add_response(self, op: PendingAdd, bookie: str, response, err) -> None:
+    def _add_response(self, bookie: str, response, err) -> None:
+        """A bookie's answer to an ADD (bound per bookie in _set_ensemble)."""
+        pending = self._pending
         if err is None and response.rc == EOK:
-            if op.frame is None:
+            if not pending:
                 return  # already completed or failed
+            k = response.entry_id - pending[0].entry_id
+            if k < 0 or k >= len(pending):
+                return  # already completed or failed
+            op = pending[k]
             i = self._index.get(bookie)
-            if i is None or bookie in self._failed_bookies or not in_write_set(i, op.entry_id, self._E, self._WQ):
+            if i is None or bookie in self._failed_bookies or (i - op.entry_id) % self._E >= self._WQ:
                 return  # an answer from a bookie that is (being) replaced
-            if op.ack(i) >= self._AQ and self._pending and self._pending[0] is op:
+            if op.ack(i) >= self._AQ and k == 0:
                 self._deliver()
             return
         if self._fatal is not None or self._state is CLOSED:
             return
         rc = None if err is not None else response.rc
+        entry_id = response.entry_id if response is not None else None
         if rc == EFENCED:
             self._fail(LedgerFencedError, f"ledger {self.ledger_id} is fenced (bookie {bookie}): another client"
                        " opened it with recovery; this writer can add nothing more")
@@ -190,7 +229,7 @@ class LedgerHandle(ReadHandle):
             self._fail(UnauthorizedAccessError, f"bookie {bookie} refused the master key of ledger"
                        f" {self.ledger_id} (wrong password?)")
         else:
-            self._bookie_failed(bookie, err or error_for_code(rc, ledger_id=self.ledger_id, entry_id=op.entry_id))
+            self._bookie_failed(bookie, err or error_for_code(rc, ledger_id=self.ledger_id, entry_id=entry_id))
 
     def _deliver(self) -> None:
         """Complete the acknowledged prefix of the pending adds, in entry-id order."""
@@ -202,8 +241,7 @@ class LedgerHandle(ReadHandle):
             self._lac = op.entry_id
             self._length_confirmed = op.length
             op.frame = None
-            if not op.future.done():
-                op.future.set_result(op.entry_id)
+            op.complete(op.entry_id, None)
         if not pending:
             self._wake_drain()
 
@@ -213,18 +251,19 @@ class LedgerHandle(ReadHandle):
             return
         log.warning("ledger %d: writer stops: %s", self.ledger_id, why)
         self._fatal = (cls, why)
+        self._update_refuse()
         pending = list(self._pending)
         self._pending.clear()
         for op in pending:
             op.frame = None
-            if op.future.done():
+            if op.finished():
                 continue
             if op.sent:
                 msg = (f"{why}; entry {op.entry_id} was in flight: its outcome is unknown"
                        " (it may or may not be in the ledger after recovery)")
             else:
                 msg = f"{why}; entry {op.entry_id} was not written"
-            op.future.set_exception(_error(cls, msg, self.ledger_id, op.entry_id, op.sent))
+            op.complete(op.entry_id, _error(cls, msg, self.ledger_id, op.entry_id, op.sent))
         self._wake_drain()
 
     # ------------------------------------------------------------ ensemble change
@@ -331,6 +370,7 @@ class LedgerHandle(ReadHandle):
         if self._state is CLOSED:
             return
         self._state = CLOSING
+        self._update_refuse()
         if self._close_task is None:
             self._close_task = self._loop.create_task(self._close(), name=f"close-{self.ledger_id}")
         task = self._close_task
@@ -359,9 +399,11 @@ class LedgerHandle(ReadHandle):
             metadata, version = await self._bk.ledger_manager.update_ledger_metadata(self.ledger_id, update)
         except (LedgerFencedError, NoSuchLedgerMetadataError):
             self._state = CLOSED
+            self._update_refuse()
             raise
         self._update_metadata(metadata, version)
         self._state = CLOSED
+        self._update_refuse()
         log.debug("ledger %d closed at entry %d (%d bytes)", self.ledger_id, metadata.last_entry_id,
                   metadata.length)
 

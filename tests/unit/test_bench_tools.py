@@ -138,10 +138,18 @@ class _InstantLedger:
     def __init__(self, ledger_id):
         self.ledger_id, self.next_entry_id = ledger_id, 0
 
-    def async_add_entry(self, data):
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(self.next_entry_id)
+    @property
+    def last_add_pushed(self):
+        return self.next_entry_id - 1
+
+    def async_add_entry(self, data, callback=None):
+        entry_id = self.next_entry_id
         self.next_entry_id += 1
+        if callback is not None:  # queued, like a completion the real handle delivers later
+            asyncio.get_running_loop().call_soon(callback, entry_id, None)
+            return entry_id
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(entry_id)
         return fut
 
     async def add_entry(self, data):

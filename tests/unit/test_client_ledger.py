@@ -163,6 +163,32 @@ async def test_ack_quorum_acknowledges_without_the_slowest_bookie_and_lac_is_a_p
 
 
 @run_async
+async def test_callback_adds_complete_in_entry_order_and_failures_reach_the_callback():
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await bkc.create_ledger(3, 2, 2, password=b"pw")
+        for b in cluster.bookies:
+            b.hold()
+        outcomes = []
+        ids = [lh.async_add_entry(b"%d" % i, lambda eid, err: outcomes.append((eid, err))) for i in range(60)]
+        assert ids == list(range(60))  # the id at once, no future
+        await until(lambda: sum(b.held for b in cluster.bookies) == 120, "adds at all bookies")
+        for b in cluster.bookies:
+            b.release(reverse=True)
+        await until(lambda: len(outcomes) == 60, "completions")
+        assert outcomes == [(i, None) for i in range(60)] and lh.last_add_confirmed == 59
+        # a fenced bookie: every add in flight gets its error through the callback, once
+        cluster.by_id(lh.ensemble[0]).fenced.add(lh.ledger_id)
+        failed = []
+        for i in range(6):
+            lh.async_add_entry(b"late", lambda eid, err: failed.append((eid, err)))
+        await until(lambda: len(failed) == 6, "failures")
+        assert [eid for eid, _ in failed] == list(range(60, 66))
+        assert all(isinstance(err, LedgerFencedError) and err.outcome_unknown for _, err in failed)
+        with pytest.raises(LedgerFencedError):
+            lh.async_add_entry(b"after", lambda eid, err: None)
+
+
+@run_async
 async def test_fenced_bookie_fails_the_writer_and_in_flight_adds_have_unknown_outcome():
     async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
         lh = await bkc.create_ledger(3, 3, 3, password=b"pw")

@@ -239,3 +239,29 @@ def test_native_and_pure_encode_the_same():
                  rng.randrange(-(1 << 63), 1 << 63)) for _ in range(rng.randrange(0, 50))]
         version = rng.choice([0, 1, 2])
         assert NATIVE.encode_add_responses(rows, version) == PURE.encode_add_responses(rows, version)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_frame_add_crc32c_layout(k):
+    from bk.proto import DigestManager, decode_request
+    payload = b"payload bytes"
+    frame_bytes = k.frame_add_crc32c((2 << 24) | (1 << 16) | 4, KEY, 7, 3, 2, 99, payload)
+    (length,) = struct.unpack_from(">i", frame_bytes)
+    assert length == len(frame_bytes) - 4 == 4 + 20 + 32 + 4 + len(payload)
+    req = decode_request(memoryview(frame_bytes)[4:])
+    assert (req.flags, req.master_key, req.ledger_id, req.entry_id) == (4, KEY, 7, 3)
+    # the body is exactly what the client's DigestManager frames for this entry
+    assert bytes(req.body) == DigestManager(7, "CRC32C").frame_entry(3, 2, 99, payload)
+    with pytest.raises(ValueError):
+        k.frame_add_crc32c(0, b"short", 7, 3, 2, 99, payload)
+
+
+@needs_native
+def test_native_and_pure_frame_adds_the_same():
+    rng = random.Random(11)
+    for _ in range(300):
+        args = (rng.randrange(1 << 32), rng.randbytes(20), rng.randrange(-1, 1 << 63), rng.randrange(-1, 1 << 63),
+                rng.randrange(-1, 1 << 63), rng.randrange(0, 1 << 63),
+                rng.randbytes(rng.choice([0, 1, 7, 100, 1024, 5000, 70000])))
+        assert NATIVE.frame_add_crc32c(*args) == PURE.frame_add_crc32c(*args)
+        assert NATIVE.frame_add_crc32c(*args[:-1], bytearray(args[-1])) == PURE.frame_add_crc32c(*args)
