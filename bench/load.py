@@ -54,6 +54,9 @@ DRAIN_TIMEOUT_S = 60.0  # the client times an add out after 10 s; this only boun
 WRITER_START_TIMEOUT_S = 120.0
 
 
+PACE_MIN_SLEEP_S = 0.001
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadSpec:
     duration_s: float | None = None  # at most one of duration_s / count; neither means 10 s
@@ -66,6 +69,7 @@ class LoadSpec:
     ack_quorum: int = 1
     reads: bool = False
     digest_type: str = "CRC32C"
+    rate: float | None = None  # adds/s per writer on a fixed schedule (open loop); None = as fast as possible
 
     def __post_init__(self):
         if self.duration_s is None and self.count is None:
@@ -76,6 +80,8 @@ class LoadSpec:
             raise ValueError(f"duration_s must be > 0, got {self.duration_s}")
         if self.count is not None and self.count < 1:
             raise ValueError(f"count must be >= 1, got {self.count}")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be > 0, got {self.rate}")
         for name in ("entry_size", "ledgers", "in_flight", "ensemble", "write_quorum", "ack_quorum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -154,6 +160,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
         cpu0, t0 = time.process_time(), perf()
         deadline = t0 + spec.duration_s if spec.duration_s is not None else float("inf")
         seq = 0
+        interval_s = 1.0 / spec.rate if spec.rate else 0.0
         while remaining > 0 and state["errors"] == 0:
             if state["inflight"] >= depth:
                 await wait_for_completion()
@@ -161,6 +168,17 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
             now = perf()
             if now >= deadline:
                 break
+            if interval_s:
+                # Open loop: add number `seq` is due at t0 + seq * interval. Its latency
+                # counts from when it was due, not when it left, so a stall of the
+                # system is charged to every add it delayed (no coordinated omission).
+                due = t0 + seq * interval_s
+                if due > now:
+                    # the loop's timers have ~1 ms resolution: sleep at least that long
+                    # (adds then leave in small bursts) instead of spinning on shorter sleeps
+                    await asyncio.sleep(max(due - now, PACE_MIN_SLEEP_S))
+                    continue
+                now = due
             li = seq % n_ledgers
             issue_t[li].append(now)
             try:
@@ -364,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-quorum", type=positive_int, default=1)
     p.add_argument("--ack-quorum", type=positive_int, default=1)
     p.add_argument("--writers", type=positive_int, default=1, help="writer processes")
+    p.add_argument("--rate", type=positive_float, default=None, metavar="ADDS_PER_S",
+                   help="total adds/s over all writers on a fixed schedule (latency at a given load: p99 at"
+                        " half the peak); latency counts from when each add was due. Default: as fast as"
+                        " --in-flight allows")
     p.add_argument("--reads", action="store_true", help="read every ledger back afterwards")
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON here")
     own = p.add_argument_group("own cluster (no --metadata-uri)")
@@ -382,7 +404,8 @@ def parse_args(argv=None) -> tuple[LoadSpec, argparse.Namespace]:
     try:
         spec = LoadSpec(duration_s=args.duration_s, count=args.count, entry_size=args.entry_size, ledgers=args.ledgers,
                         in_flight=args.in_flight, ensemble=args.ensemble, write_quorum=args.write_quorum,
-                        ack_quorum=args.ack_quorum, reads=args.reads)
+                        ack_quorum=args.ack_quorum, reads=args.reads,
+                        rate=args.rate / args.writers if args.rate else None)
     except ValueError as e:
         parser.error(str(e))
     if args.count is not None and args.count < args.writers:
@@ -410,7 +433,8 @@ def format_summary(summary: dict) -> str:
     how = f"{s['duration_s']:g} s" if s["duration_s"] is not None else f"{s['count']} adds"
     lines = [f"bk load: {summary['writers']} writer(s) x {s['ledgers']} ledger(s), E/WQ/AQ {s['ensemble']}/"
              f"{s['write_quorum']}/{s['ack_quorum']}, {human_size(s['entry_size'])} entries, {s['in_flight']} in"
-             f" flight per writer, {how}"]
+             f" flight per writer, {how}"
+             + (f", paced at {s['rate'] * summary['writers']:,.0f} adds/s" if s.get("rate") else "")]
     for name, part in (("adds", a), ("reads", summary.get("reads"))):
         if part is None:
             continue

@@ -189,6 +189,20 @@ def test_writer_drain_wakes_for_completions_already_queued(monkeypatch):
     assert s["adds"]["bytes"] == 10_000 and set(s["phases_s"]) >= {"connect", "adds", "close_client"}
 
 
+@pytest.mark.timeout(30)
+def test_paced_writer_issues_on_schedule_and_never_runs_ahead(monkeypatch):
+    import bk.client
+    monkeypatch.setattr(bk.client, "BookKeeper", _FakeBookKeeper)
+    spec = load.LoadSpec(count=200, in_flight=64, entry_size=10, rate=2000.0)  # 200 adds due over 0.1 s
+    raw = asyncio.run(load.run_writer("mem://x/ledgers", spec))
+    assert raw["entries"] == 200 and raw["errors"] == 0
+    # the last add is due at 199/2000 s: a paced writer cannot finish earlier
+    assert raw["t_end"] - raw["t_start"] >= 199 / 2000
+    with pytest.raises(ValueError, match="rate"):
+        load.LoadSpec(count=1, rate=0)
+    assert "paced at 2,000 adds/s" in load.format_summary(load.summarize([raw], spec, 1))
+
+
 def test_format_summary_shows_missing_latency_as_dash():
     spec = load.LoadSpec(count=5)
     s = load.summarize([_raw(1.0, 1.0, [])], spec, 1)
