@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import multiprocessing
 import os
@@ -157,6 +158,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
         remaining = spec.count if spec.count is not None else float("inf")
         if on_mark is not None:
             on_mark("adds_start")
+        gc.freeze()  # what a long-running writer does after start-up (docs/BENCHMARKS.md)
         cpu0, t0 = time.process_time(), perf()
         deadline = t0 + spec.duration_s if spec.duration_s is not None else float("inf")
         seq = 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 
@@ -54,6 +55,11 @@ async def serve(cfg: BookieConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    # Everything made while starting (modules, config, the ZooKeeper session) lives
+    # as long as the process: move it out of the cyclic GC's sight. Without this
+    # every full collection walks those objects again while adds allocate
+    # request records; measured on the add path it costs 2-3 us per add.
+    gc.freeze()
     print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri})", flush=True)
     await stop.wait()
     log.info("stopping bookie %s", cfg.bookie_id)

@@ -26,7 +26,8 @@ Invariants:
   is forgotten; a late answer to it is dropped or matched to a newer request
   with the same key (which asked the same question).
 - A completed request drops its callback at once, so the deadline queue never
-  pins payloads.
+  pins payloads, and answered requests leave the heads of the deadline queues
+  after every batch of answers.
 """
 from __future__ import annotations
 
@@ -355,6 +356,14 @@ class BookieClient:
                 callback(msg, None)
             except Exception:  # a caller's bug must not break the connection
                 log.exception("request callback failed")
+        # Drop answered requests from the heads of the deadline queues now, not at
+        # the next sweep: answers mostly come in send order, so this keeps the
+        # queues about as long as what is in flight. (Left to the sweep, every
+        # request of the last half second stayed alive, and the cyclic GC walked
+        # tens of thousands of dead records: ~3 us per add.)
+        for queue in self._deadlines.values():
+            while queue and queue[0].callback is None:
+                queue.popleft()
 
     @staticmethod
     def _complete(req: _Request, msg, err) -> None:
