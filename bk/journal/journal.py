@@ -62,11 +62,17 @@ IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 FIELDS = 3  # a queued record is `body, cb, ctx`, flat in the queue and in a group's items
 
 
+def _no_completion(ctx, exc) -> None:
+    """The callback of every record of a `log_many` run but its last (see log_many)."""
+
+
 def _complete(items: list, exc: BaseException | None) -> None:
     """Run every completion of a group (flat `body, cb, ctx, ...`), in order; one bad
-    callback does not stop the rest."""
-    it = iter(items)
-    for _body, cb, ctx in zip(it, it, it):
+    callback does not stop the rest. Records without a completion of their own
+    (inside a log_many run) are skipped without a call."""
+    for cb, ctx in zip(items[1::FIELDS], items[2::FIELDS]):
+        if cb is _no_completion:
+            continue
         try:
             cb(ctx, exc)
         except Exception:  # noqa: BLE001 - a callback's bug must not lose other acks
@@ -141,6 +147,42 @@ class Journal:
                 self._wake.set()
             return
         self._log_rejected(body, cb, ctx)
+
+    def log_many(self, bodies: list, cb: Callback, ctx: Any) -> None:
+        """Queue a run of records, in order, with ONE completion: cb(ctx, None) once the
+        group holding the LAST record is durable, cb(ctx, exc) if any record of the run fails.
+
+        Why one completion is enough: groups are written and fsynced in queue order,
+        so when the last record's group is durable every earlier record is too; and
+        a write/fsync error puts the journal in its failed state, which fails every
+        later record, the last one included. The other records carry
+        `_no_completion`. `bodies` must be `bytes` (the framing kernel reads any
+        bytes object, so no record of the run can be failed alone, which would go
+        unreported); a run with a body of another type or a bad size raises
+        BadRequestError and queues nothing.
+        """
+        n = len(bodies)
+        if not n:
+            raise BadRequestError("log_many needs at least one record")
+        if set(map(type, bodies)) != {bytes}:
+            raise BadRequestError("log_many record bodies must be bytes")
+        sizes = list(map(len, bodies))
+        lo, hi = min(sizes), max(sizes)
+        if lo < MIN_BODY_BYTES or hi > self._max_record_bytes:
+            raise BadRequestError(
+                f"journal record bodies are {lo}..{hi} bytes; each must hold ledger and entry ids "
+                f"({MIN_BODY_BYTES} bytes) and be at most {self._max_record_bytes} bytes")
+        if self._reject is not None:
+            self._fail_now(cb, ctx, self._reject)
+            return
+        flat = [None, _no_completion, None] * n
+        flat[0::FIELDS] = bodies
+        flat[-2] = cb
+        flat[-1] = ctx
+        self._queue.extend(flat)  # one atomic extend: the writer sees whole records only
+        if self._idle:
+            self._idle = False
+            self._wake.set()
 
     def _log_rejected(self, body, cb: Callback, ctx: Any) -> None:
         n = len(body)
