@@ -6,7 +6,9 @@ under the GIL, no per-record tuple kept alive for the cyclic GC to walk) and,
 only when the writer is parked waiting for work, sets an Event to wake it. No
 lock, no Condition notify per record. Only the writer removes from the queue,
 and only a prefix of whole records (`del q[:k]`), while log() only appends, so
-the two never race. The writer thread owns the open file and everything else.
+the two never race. `log_many()` queues a whole run of records (the bookie's
+add batch) with one extend and ONE completion, on the run's last record. The
+writer thread owns the open file and everything else.
 
 Group commit (STORAGE.md). The writer drains the queue into a group and keeps
 draining until the group holds `journal_buffered_writes_threshold_bytes` (a deep

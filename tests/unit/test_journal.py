@@ -543,3 +543,58 @@ def test_a_bad_body_among_big_records_fails_alone(tmp_path):
     result = dict(c.wait(3))
     assert result[0] is None and result[2] is None and isinstance(result[1], BadRequestError)
     assert [e for _, e, _ in replay_all(str(tmp_path), make_config())[1]] == [0, 2]
+
+
+# ---------------------------------------------------------------- log_many (the bookie's add batches)
+def test_log_many_completes_once_when_the_last_group_is_durable(tmp_path, kernel_mode):
+    cfg = make_config(journal_buffered_writes_threshold_bytes=1024)  # splits the run over groups
+    loop = InlineLoop()
+    j = Journal(str(tmp_path), cfg, loop=loop)
+    j.start()
+    c, written = Completions(), []
+
+    def cb(ctx, exc):
+        written.append(j.records_written)  # at completion, every record of the run is written
+        c.cb(ctx, exc)
+    j.log(entry(1, 0), cb, "single")
+    j.log_many([entry(1, i) for i in range(1, 21)], cb, "run")
+    j.log(entry(1, 21), cb, "after")
+    c.wait(3)
+    j.stop()
+    assert c.done == [("single", None), ("run", None), ("after", None)] and written[1] >= 21
+    assert len(loop.group_sizes) >= 3 and sum(loop.group_sizes) == 22
+    assert [e for _, e, _ in replay_all(str(tmp_path), cfg)[1]] == list(range(22))
+
+
+def test_log_many_run_fails_when_any_of_its_groups_fails(tmp_path, monkeypatch):
+    j = Journal(str(tmp_path), make_config(journal_buffered_writes_threshold_bytes=1024), loop=InlineLoop())
+    j.start()
+    c, writes = Completions(), []
+
+    def first_write_fails(self, *a):  # the run's first group fails, its later groups are never written
+        writes.append(a)
+        raise StorageError(f"I/O error while writing {self.path}")
+    for name in ("write", "writev"):
+        monkeypatch.setattr(DurableFile, name, first_write_fails)
+    j.log_many([entry(2, i) for i in range(20)], c.cb, "run")
+    c.wait(1)
+    j.log_many([entry(2, i) for i in range(20, 25)], c.cb, "later run")
+    c.wait(2)
+    monkeypatch.undo()
+    j.stop()
+    assert len(writes) == 1 and [ctx for ctx, _ in c.done] == ["run", "later run"]
+    assert all(isinstance(exc, StorageError) for _, exc in c.done)
+
+
+def test_log_many_refuses_bad_bodies_whole_and_fails_when_not_started(tmp_path):
+    j, c = Journal(str(tmp_path), make_config()), Completions()
+    j.log_many([entry(3, 0)], c.cb, "early")
+    assert isinstance(c.wait(1)[0][1], StorageError)
+    j.start()
+    for bad in ([], [entry(3, 1), b"short"], [bytearray(entry(3, 2))], [b"x" * (j._max_record_bytes + 1)]):
+        with pytest.raises(BadRequestError):
+            j.log_many(bad, c.cb, "bad")
+    j.log_many([entry(3, 1), entry(3, 2)], c.cb, "ok")
+    j.stop()
+    assert [ctx for ctx, _ in c.wait(2)] == ["early", "ok"] and c.done[1][1] is None
+    assert [e for _, e, _ in replay_all(str(tmp_path), make_config())[1]] == [1, 2]
