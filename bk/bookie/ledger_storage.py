@@ -151,6 +151,17 @@ class LedgerStorage:
         self._flush_event.set()
         return self._active.put(ledger_id, entry_id, entry)  # an empty half takes any entry
 
+    def put_many(self, ledger_id: int, entry_ids: list, entries: list) -> int:
+        """put() for each entry of one ledger in order, stopping at the first that finds
+        both halves full; returns how many were stored (owner thread)."""
+        stored = self._active.put_many(ledger_id, entry_ids, entries)
+        if stored == len(entries) or self._pending is not None:
+            return stored
+        self._swap()  # as put(): the marks are read before the swap
+        self._flush_event.set()
+        # the fresh half takes at least the next entry (an empty half takes any entry)
+        return stored + self._active.put_many(ledger_id, entry_ids[stored:], entries[stored:])
+
     def _swap(self) -> None:
         marks = self._mark_source()  # read before the swap: see module docstring
         dirty = {lid: (d.state() if d is not None else None) for lid, d in self._dirty.items()}

@@ -61,6 +61,32 @@ class WriteCache:
         self._put_other(rec, ledger_id, entry_id, entry)
         return True
 
+    def put_many(self, ledger_id: int, entry_ids: list, entries: list) -> int:
+        """Store entries of one ledger in order until one does not fit; returns how many
+        were stored (a prefix). Same result as `put` for each in turn, stopping at the
+        first False. A run of consecutive new ids above the ledger's highest that fits
+        as a whole (the add batch's usual case) is stored with one dict update."""
+        n = len(entries)
+        if not n:
+            return 0
+        total = sum(map(len, entries))
+        rec = self._ledgers.get(ledger_id)
+        first, last = entry_ids[0], entry_ids[-1]
+        if (self.size_bytes + total <= self.max_size_bytes and (rec is None or first > rec[1])
+                and last - first == n - 1 and entry_ids == list(range(first, last + 1))):
+            if rec is None:
+                self._ledgers[ledger_id] = [dict(zip(entry_ids, entries)), last]
+            else:
+                rec[0].update(zip(entry_ids, entries))
+                rec[1] = last
+            self.size_bytes += total
+            return n
+        put = self.put
+        for i, (entry_id, entry) in enumerate(zip(entry_ids, entries)):
+            if not put(ledger_id, entry_id, entry):
+                return i
+        return n
+
     def _put_other(self, rec, ledger_id: int, entry_id: int, entry: bytes) -> None:
         """A new ledger, an entry below the highest one, or a rewrite."""
         if rec is None:

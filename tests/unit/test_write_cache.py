@@ -68,3 +68,20 @@ def test_random_operations_match_a_plain_model():
         for lid in range(4):
             ids = [e for l, e in model if l == lid]
             assert wc.last_entry_id(lid) == (max(ids) if ids else None)
+
+
+def test_put_many_is_put_for_each_until_the_first_that_does_not_fit():
+    cases = [(1, [0, 1, 2, 3]), (1, [4, 5, 6]), (1, [9, 7, 8]), (1, [5, 10]), (2, [3, 4]), (2, [0, 1, 2])]
+    one, many = WriteCache(1 << 20), WriteCache(1 << 20)
+    for lid, eids in cases:  # in order (fast path), out of order, rewrites, new ledgers
+        entries = [_entry(lid, e, b"v%d" % len(eids)) for e in eids]
+        assert many.put_many(lid, eids, entries) == len(eids)
+        for e, entry in zip(eids, entries):
+            assert one.put(lid, e, entry)
+    assert many.sorted_items() == one.sorted_items() and many.size_bytes == one.size_bytes
+    assert many.sorted_columns() == one.sorted_columns()
+    small = WriteCache(100)
+    assert small.put_many(1, [0, 1, 2], [b"x" * 40] * 3) == 2  # the third does not fit: a prefix
+    assert small.put_many(2, [0], [b"y" * 30]) == 0 and small.size_bytes == 80
+    empty = WriteCache(10)
+    assert empty.put_many(1, [0, 1], [b"z" * 50, b"z"]) == 1  # an empty half takes any one entry
