@@ -23,6 +23,7 @@ import os
 import struct
 import time
 from hmac import compare_digest
+from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
 
 from bk.config import BookieConfig
@@ -31,6 +32,7 @@ from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, Ledger
                        UnauthorizedAccessError)
 from bk.fileio import ensure_dir
 from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
+from bk.proto.constants import FLAG_RECOVERY_ADD
 
 from .ledger_storage import LedgerStorage
 
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 UNCLEAN_SHUTDOWN = "unclean_shutdown"
 NEEDS_INTEGRITY_CHECK = "needs_integrity_check"
 _ENTRY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC
+# fields of an AddRequest-shaped tuple: flags, master_key, ledger_id, entry_id, body, version
+_ENTRY_ID, _BODY = itemgetter(3), itemgetter(4)
 
 
 def _complete_future(fut: asyncio.Future, err: BaseException | None) -> None:
@@ -48,6 +52,18 @@ def _complete_future(fut: asyncio.Future, err: BaseException | None) -> None:
         fut.set_result(None)
     else:
         fut.set_exception(err)
+
+
+def _run_done(run, err) -> None:
+    """Journal completion of an add_entries_cb run: every accepted request at once."""
+    cb, ctx, reqs = run
+    cb(ctx, reqs, err)
+
+
+def _one_done(one, err) -> None:
+    """add_entry_cb completion of one request of an add_entries_cb run."""
+    cb, ctx, req = one
+    cb(ctx, [req], err)
 
 
 def _ignore(ctx, err) -> None:
@@ -216,6 +232,135 @@ class Bookie:
             (journals[0] if len(journals) == 1 else journals[ledger_id % len(journals)]).log(entry, cb, ctx)
         else:
             cb(ctx, None)
+
+    def add_entries_cb(self, reqs: list, cb, ctx) -> None:
+        """Add a run of ADD requests of one connection (arrival order): the batch twin of
+        add_entry_cb, doing the per-ledger work once per run instead of once per entry.
+
+        `reqs` are AddRequest-shaped tuples `(flags, master_key, ledger_id, entry_id,
+        body, version)`; a body that is not `bytes` is added alone (add_entry_cb).
+        Every request is completed exactly once, on the loop, through
+        `cb(ctx, done, err)` where `done` lists requests sharing the outcome `err`:
+        - a request a check refuses: at once, alone, with the error add_entry_cb
+          gives (same checks in the same order; it stores nothing);
+        - the accepted ones: one call per journal once the last of them is durable
+          (one log_many), or at once (journal off); in arrival order per ledger;
+        - from the first request whose write-cache put finds both halves full on,
+          the rest of the run goes through add_entry_cb one by one (wait for room,
+          then ETOOMANYREQUESTS), completed alone.
+
+        Invariants kept: a ledger's first key is journaled (by _store_key, at the
+        first request that presents it) before any entry of the run is queued; every
+        entry is in the write cache before its journal record is queued (all puts
+        come before the log_many calls); fence and key state cannot change during
+        the run (it is synchronous on the loop), so they are read once per ledger
+        and a key object already compared equal for a ledger needs no new compare.
+        """
+        if self.read_only:  # rare: keep add_entry_cb's order of checks per request
+            self._add_one_by_one(reqs, cb, ctx)
+            return
+        storage = self.storage
+        unpack = _ENTRY_HEADER.unpack_from
+        groups: dict = {}  # ledger_id -> [desc, accepted requests, highest lac, key object known good]
+        cur = None  # the ledger of the last request past the id checks; its group in locals:
+        desc = good_key = append = None
+        fenced = False
+        top_lac = -1
+        for req in reqs:
+            flags, key, ledger_id, entry_id, body, _version = req
+            if type(body) is not bytes:  # log_many takes bytes only: any other body goes alone
+                self._add_one_by_one([req], cb, ctx)
+                continue
+            try:
+                try:
+                    body_ledger, body_entry, lac = unpack(body)
+                except struct.error:
+                    raise BadRequestError("entry shorter than its 24-byte header",
+                                          ledger_id=ledger_id, entry_id=entry_id) from None
+                if body_ledger != ledger_id or body_entry != entry_id:
+                    raise BadRequestError("entry body does not match its ledger/entry id",
+                                          ledger_id=ledger_id, entry_id=entry_id)
+                if entry_id < 0:
+                    raise BadRequestError("negative entry id on an add", ledger_id=ledger_id, entry_id=entry_id)
+                if ledger_id != cur:
+                    if cur is not None:
+                        groups[cur][2] = top_lac
+                    group = groups.get(ledger_id)
+                    if group is None:
+                        d = storage.get_ledger(ledger_id)
+                        if d is None:
+                            d = storage.create_ledger(ledger_id)
+                        group = groups[ledger_id] = [d, [], -1, None]
+                    desc, accepted, top_lac, good_key = group
+                    append = accepted.append
+                    fenced = desc.fenced
+                    cur = ledger_id
+                if key is not good_key:
+                    stored_key = desc.master_key
+                    if stored_key is None:
+                        self._store_key(desc, key)
+                    elif not compare_digest(stored_key, key):
+                        raise UnauthorizedAccessError(ledger_id=ledger_id)
+                    good_key = groups[ledger_id][3] = key
+                if fenced and not flags & FLAG_RECOVERY_ADD:
+                    raise LedgerFencedError(ledger_id=ledger_id)
+            except BookieError as err:
+                cb(ctx, [req], err)
+                continue
+            append(req)
+            if lac > top_lac:
+                top_lac = lac
+        if cur is None:
+            return
+        groups[cur][2] = top_lac
+        self._store_and_log(groups, cb, ctx)
+
+    def _store_and_log(self, groups: dict, cb, ctx) -> None:
+        """add_entries_cb's second half: write-cache puts per ledger, then one journal
+        call per journal (or the completion at once, journal off), then the fallback."""
+        storage = self.storage
+        journals = self.journals
+        runs: dict = {}  # journal index -> [bodies, requests]
+        rest: list = []  # requests left to add_entry_cb once a put found the cache full
+        for ledger_id, (desc, accepted, top_lac, _key) in groups.items():
+            if not accepted:
+                continue
+            if rest:
+                rest += accepted
+                continue
+            bodies = list(map(_BODY, accepted))
+            stored = storage.put_many(ledger_id, list(map(_ENTRY_ID, accepted)), bodies)
+            if stored < len(accepted):
+                rest += accepted[stored:]
+                accepted, bodies = accepted[:stored], bodies[:stored]
+                if not accepted:
+                    continue
+                top_lac = max(_ENTRY_HEADER.unpack_from(b)[2] for b in bodies)
+            if top_lac > desc.lac:
+                desc.lac = top_lac
+            index = ledger_id % len(journals) if len(journals) > 1 else 0  # as _journal()
+            run = runs.get(index)
+            if run is None:
+                runs[index] = [bodies, accepted]
+            else:
+                run[0] += bodies
+                run[1] += accepted
+        for index, (bodies, accepted) in runs.items():
+            if not self._write_data:
+                cb(ctx, accepted, None)
+                continue
+            try:
+                journals[index].log_many(bodies, _run_done, (cb, ctx, accepted))
+            except BookieError as err:  # nothing of the run was queued
+                cb(ctx, accepted, err)
+        if rest:
+            self._add_one_by_one(rest, cb, ctx)
+
+    def _add_one_by_one(self, reqs: list, cb, ctx) -> None:
+        for req in reqs:
+            flags, key, ledger_id, entry_id, body, _version = req
+            self.add_entry_cb(ledger_id, entry_id, body, key, bool(flags & FLAG_RECOVERY_ADD),
+                              _one_done, (cb, ctx, req))
 
     def _store_key(self, desc, master_key: bytes) -> None:
         """First key for a ledger: remember it and journal it (before any entry of it)."""

@@ -2,16 +2,20 @@
 
 One instance per client connection. Bytes in go through the sans-I/O
 FrameDecoder (a malformed frame length closes this connection only); decoded
-requests go to the RequestProcessor. Responses are queued and written once per
-loop iteration, so every ADD completed by one journal group (delivered in one
-loop callback) leaves in one write: ADD responses are encoded together by the
-codec kernel.
+requests go to the RequestProcessor in order, each run of consecutive ADDs of
+one read as one batch (`RequestProcessor.add_run`). Responses are queued and
+written once per loop iteration, so every ADD completed by one journal group
+(delivered in one loop callback) leaves in one write: ADD responses are
+encoded together by the codec kernel.
 
 Backpressure: when more than `max_pending_requests_per_connection` requests or
 `max_pending_bytes_per_connection` bytes are in flight, or the socket's send
 buffer is full (the client is not reading), the connection stops reading; it
 resumes at half the limit. Requests beyond twice the request limit (possible
-inside one large read) are refused with ETOOMANYREQUESTS.
+inside one large read) are refused with ETOOMANYREQUESTS. A batch is
+accounted as a whole (`begin_many`/`end_many`) only when all of it fits under
+that limit; otherwise its adds are admitted one at a time, so refusals are
+exactly those of one-by-one dispatch.
 """
 from __future__ import annotations
 
@@ -19,10 +23,11 @@ import asyncio
 import logging
 
 from bk.errors import ProtocolError
-from bk.proto import (PROTOCOL_VERSION, BadFrameLengthError, FrameDecoder, MessageEncodeError, RequestDecodeError,
-                      encode_add_responses, error_response_for)
+from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
+                      RequestDecodeError, encode_add_responses, error_response_for)
 
 log = logging.getLogger(__name__)
+_ADDS_ONLY = {AddRequest}
 
 
 class BookieConnection(asyncio.Protocol):
@@ -74,9 +79,10 @@ class BookieConnection(asyncio.Protocol):
             log.warning("closing connection from %s: %s", self.peer, e)
             self.transport.abort()
             return
-        dispatch = self._dispatch
-        for item in items:
-            dispatch(item)
+        if len(items) == 1:
+            self._dispatch(items[0])
+        elif items:
+            self._dispatch_all(items)
         if not self._reading_paused and (self.pending >= self.max_pending
                                          or self.pending_bytes >= self.max_pending_bytes):
             self._reading_paused = True
@@ -103,6 +109,27 @@ class BookieConnection(asyncio.Protocol):
             return
         self.processor.dispatch(item, self)
 
+    def _dispatch_all(self, items: list) -> None:
+        """Requests of one read in order; each run of consecutive ADDs goes to the
+        processor as one batch (a read or other op between two adds ends a run, so
+        every request still sees the effects of all requests before it)."""
+        add_run = self.processor.add_run
+        if set(map(type, items)) == _ADDS_ONLY:
+            add_run(items, self)
+            return
+        start = -1  # first add of the current run
+        for i, item in enumerate(items):
+            if type(item) is AddRequest:
+                if start < 0:
+                    start = i
+                continue
+            if start >= 0:
+                add_run(items[start:i], self)
+                start = -1
+            self._dispatch(item)
+        if start >= 0:
+            add_run(items[start:], self)
+
     def begin(self, nbytes: int) -> bool:
         """Account a request in flight; False when it must be refused (overload)."""
         if self.pending >= 2 * self.max_pending:
@@ -114,6 +141,20 @@ class BookieConnection(asyncio.Protocol):
 
     def end(self, nbytes: int) -> None:
         self.pending -= 1
+        self.pending_bytes -= nbytes
+        if self.pending == 0:
+            self.idle.set()
+        if self._reading_paused:
+            self._maybe_resume()
+
+    def begin_many(self, n: int, nbytes: int) -> None:
+        """begin() for n adds the caller checked fit under the refusal limit."""
+        self.pending += n
+        self.pending_bytes += nbytes
+        self.idle.clear()
+
+    def end_many(self, n: int, nbytes: int) -> None:
+        self.pending -= n
         self.pending_bytes -= nbytes
         if self.pending == 0:
             self.idle.set()
@@ -145,6 +186,13 @@ class BookieConnection(asyncio.Protocol):
         else:
             from bk.proto import AddResponse, encode_response
             self.send(encode_response(AddResponse(rc, ledger_id, entry_id), version))
+
+    def send_add_rows(self, rows: list) -> None:
+        """ADD responses (current protocol version) as `(rc, ledger_id, entry_id)` rows."""
+        if self.closed:
+            return
+        self._add_rows += rows
+        self._schedule_flush()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:

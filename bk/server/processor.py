@@ -1,8 +1,12 @@
 """RequestProcessor: op code -> handler, between the codec and the Bookie.
 
-ADDs take the synchronous callback path (`Bookie.add_entry_cb`): no task or
-future per add; the journal's group completion calls `_add_done` for each add
-of the group in one loop callback. Reads and the other ops run as tasks.
+ADDs take the synchronous callback path: no task or future per add. The
+consecutive ADDs of one socket read go to the bookie as one run
+(`add_run` -> `Bookie.add_entries_cb`): admitted in one accounting step,
+checked per ledger once, journaled with one call, and answered by one
+`_adds_done` per completion batch (all the run's accepted adds of one journal
+share one). A lone ADD takes `Bookie.add_entry_cb` and `_add_done`. Reads and
+the other ops run as tasks.
 
 Every handler answers exactly once, with the request's ids and version, and
 turns a BookieError into its wire code; anything unexpected is logged and
@@ -13,16 +17,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from itertools import repeat
+from operator import itemgetter
 
 from bk.errors import BookieError, BookieIOError, NoSuchEntryError, TooManyRequestsError
-from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest, BatchReadRequest,
-                      BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse, ReadLacRequest,
+from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, PROTOCOL_VERSION, AddRequest, AuthRequest,
+                      BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse, ReadLacRequest,
                       ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest, WriteLacResponse,
                       encode_response)
 
 log = logging.getLogger(__name__)
 
 _EIO = BookieIOError.code
+_LEDGER_ID, _ENTRY_ID, _BODY, _VERSION = itemgetter(2), itemgetter(3), itemgetter(4), itemgetter(5)  # AddRequest
+_CURRENT_VERSION = {PROTOCOL_VERSION}
 FREE_DISK_SPACE, TOTAL_DISK_SPACE = 0x1, 0x2
 
 
@@ -66,6 +74,37 @@ class RequestProcessor:
         conn, ledger_id, entry_id, version, nbytes = ctx
         conn.end(nbytes)
         conn.send_add_response(0 if err is None else _code(err), ledger_id, entry_id, version)
+
+    def add_run(self, reqs: list, conn) -> None:
+        """A run of consecutive ADDs from one socket read: admitted together, handed to
+        the bookie in one call (Bookie.add_entries_cb), answered per completion batch."""
+        n = len(reqs)
+        if n == 1 or conn.pending + n > 2 * conn.max_pending:
+            # Near the refusal limit (or alone) each add is admitted or refused on its own,
+            # exactly as one by one: an add that fails at once frees its slot for the next.
+            for req in reqs:
+                self._add(req, conn)
+            return
+        # Below the limit every add of the run would be admitted one by one too.
+        conn.begin_many(n, sum(map(len, map(_BODY, reqs))))
+        done = self._adds_done if set(map(_VERSION, reqs)) == _CURRENT_VERSION else self._adds_done_versions
+        self.bookie.add_entries_cb(reqs, done, conn)
+
+    @staticmethod
+    def _adds_done(conn, reqs: list, err) -> None:
+        """Completion of adds of one run sharing an outcome (all at the current version)."""
+        n = len(reqs)
+        conn.end_many(n, sum(map(len, map(_BODY, reqs))))
+        rc = 0 if err is None else _code(err)
+        conn.send_add_rows(list(zip(repeat(rc, n), map(_LEDGER_ID, reqs), map(_ENTRY_ID, reqs))))
+
+    @staticmethod
+    def _adds_done_versions(conn, reqs: list, err) -> None:
+        """As _adds_done for a run holding adds of older protocol versions."""
+        conn.end_many(len(reqs), sum(map(len, map(_BODY, reqs))))
+        rc = 0 if err is None else _code(err)
+        for req in reqs:
+            conn.send_add_response(rc, req.ledger_id, req.entry_id, req.version)
 
     # ------------------------------------------------------------ everything else
     def _spawn(self, handler):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bk import eventloop
-from bk.proto import (FLAG_DO_FENCING, AddRequest, FrameDecoder, ReadRequest, StatusCode, encode_request,
+from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, FrameDecoder, ReadRequest, StatusCode, encode_request,
                       master_key)
 from bk.proto.digest import DigestManager
 from bk.testing.cluster import LocalCluster, write_toml
@@ -240,3 +240,117 @@ def test_bad_config_is_an_error_naming_the_key(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bk.cli.main", "bookie", "--set", "bookie_port=notaport"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "bookie_port" in out.stderr
+
+
+# ---------------------------------------------------------------- add batches (one socket read of many ADDs)
+def test_one_write_of_adds_reads_and_bad_adds_is_answered_per_request(cluster):
+    async def main():
+        async with Raw(port_of(cluster)) as c:
+            reqs = []  # (frame, what the answer must be), sent in ONE write
+            for e in range(6):
+                reqs += [(add_frame(20, e), ("add", 20, e, 0)), (add_frame(21, e), ("add", 21, e, 0))]
+            reqs.append((add_frame(21, 9, key=master_key(b"wrong")), ("add", 21, 9, StatusCode.EUA)))
+            reqs.append((encode_request(ReadRequest(0, 20, 3)), ("read", 20, 3, 0)))  # sees the add before it
+            neg = bytearray(add_frame(20, 6))
+            neg[4 + 4 + 20 + 8: 4 + 4 + 20 + 16] = struct.pack(">q", -3)
+            reqs.append((bytes(neg), ("add", 20, -3, StatusCode.EBADREQ)))
+            reqs += [(add_frame(20, 6), ("add", 20, 6, 0)), (add_frame(21, 6), ("add", 21, 6, 0))]
+            c.send(b"".join(frame for frame, _ in reqs))
+            rs = await c.recv(len(reqs))
+            got = sorted(("read" if hasattr(r, "body") else "add", r.ledger_id, r.entry_id, r.rc) for r in rs)
+            assert got == sorted(want for _, want in reqs)
+            c.send(encode_request(ReadRequest(0, 21, 9)))
+            c.send(encode_request(ReadRequest(0, 21, -1)))
+            rs = {r.entry_id: r for r in await c.recv(2)}
+            assert rs[9].rc == StatusCode.ENOENTRY  # the wrong-key add stored nothing
+            last = DigestManager(21, "CRC32C", b"pw").verify_entry(6, rs[-1].body)  # the last: entry 6
+            assert rs[-1].rc == 0 and bytes(last[2]) == b"data"
+    eventloop.run(main())
+
+
+def test_one_write_to_a_fenced_ledger_refuses_all_but_recovery_adds(cluster):
+    async def main():
+        port = port_of(cluster)
+        assert await add_ok(port, 22, 0) == 0
+        async with Raw(port) as c:
+            c.send(encode_request(ReadRequest(FLAG_DO_FENCING, 22, -1, KEY)))
+            (r,) = await c.recv()
+            assert r.rc == 0
+            frames = [add_frame(22, 1), recovery_add_frame(22, 1), add_frame(22, 2), recovery_add_frame(22, 2)]
+            c.send(b"".join(frames))
+            rs = sorted((r.entry_id, r.rc) for r in await c.recv(4))
+            assert rs == sorted([(1, StatusCode.EFENCED), (1, 0), (2, StatusCode.EFENCED), (2, 0)])
+    eventloop.run(main())
+
+
+def recovery_add_frame(ledger_id, entry_id, payload=b"data"):
+    body = DigestManager(ledger_id, "CRC32C", b"pw").frame_entry(entry_id, entry_id - 1, len(payload), payload)
+    return encode_request(AddRequest(FLAG_RECOVERY_ADD, KEY, ledger_id, entry_id, body))
+
+
+class FakeTransport:
+    def __init__(self):
+        self.out, self.paused = [], False
+
+    def write(self, data):
+        self.out.append(bytes(data))
+
+    def pause_reading(self):
+        self.paused = True
+
+    def resume_reading(self):
+        self.paused = False
+
+    def get_extra_info(self, name):
+        return None
+
+    def close(self):
+        pass
+
+    abort = close
+
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_connection_batches_keep_accounting_and_refusals_of_one_by_one(tmp_path, journal):
+    """In process (no ZooKeeper): a read of many adds is admitted, refused over twice the
+    request limit, accounted and answered exactly as one add at a time would be."""
+    from types import SimpleNamespace
+    from bk.bookie import Bookie
+    from bk.config import load_config
+    from bk.server.connection import BookieConnection
+    from bk.server.processor import RequestProcessor
+
+    async def main():
+        cfg = load_config(env={}, overrides=dict(
+            journal_dirs=[str(tmp_path / "j")], ledger_dirs=[str(tmp_path / "l")], journal_write_data=journal,
+            max_pending_requests_per_connection=4))
+        bookie = Bookie(cfg)
+        await bookie.start()
+        try:
+            server = SimpleNamespace(config=cfg, processor=RequestProcessor(bookie, cfg), connections=set())
+            conn = BookieConnection(server)
+            conn.connection_made(transport := FakeTransport())
+            decoder = FrameDecoder()
+
+            async def answers(n):
+                got = []
+                while len(got) < n:
+                    await asyncio.sleep(0.005)
+                    got += decoder.feed_responses(b"".join(transport.out))
+                    transport.out.clear()
+                return sorted((r.entry_id, r.rc) for r in got)
+
+            conn.data_received(b"".join(add_frame(30, e) for e in range(3)))  # a batch under the limit
+            assert await answers(3) == [(0, 0), (1, 0), (2, 0)]
+            assert (conn.pending, conn.pending_bytes, conn.idle.is_set()) == (0, 0, True)
+            # 10 adds, limit 2 x 4: with the journal on, 8 are in flight and 2 refused (reading
+            # paused meanwhile); journal off, each completes at once and frees its slot
+            conn.data_received(b"".join(add_frame(30, e) for e in range(3, 13)))
+            assert transport.paused == journal
+            refused = [(e, StatusCode.ETOOMANYREQUESTS) for e in (11, 12)] if journal else []
+            ok = [(e, 0) for e in range(3, 11 if journal else 13)]
+            assert await answers(10) == sorted(ok + refused)
+            assert (conn.pending, conn.pending_bytes, conn.idle.is_set(), transport.paused) == (0, 0, True, False)
+        finally:
+            await bookie.stop()
+    asyncio.run(main())

@@ -7,6 +7,7 @@ import pytest
 
 from bk.bookie import UNCLEAN_SHUTDOWN, Bookie
 from bk.config import load_config
+from bk.proto import FLAG_RECOVERY_ADD, AddRequest
 from bk.testing.powerloss import halt_without_checkpoint
 from bk.errors import (BadRequestError, BookieReadOnlyError, LedgerFencedError, LedgerLimboError,
                        NoSuchEntryError, NoSuchLedgerError, StorageError, TooManyRequestsError,
@@ -392,4 +393,194 @@ def test_many_ledgers_large_volume_and_rotation(tmp_path):
             assert len([f for f in journal_files if f.endswith(".txn")]) <= 3
         finally:
             await b2.stop()
+    run(main())
+
+
+# ---------------------------------------------------------------- batches (Bookie.add_entries_cb)
+def req(ledger_id, entry_id, key=KEY, body=None, flags=0):
+    return AddRequest(flags, key, ledger_id, entry_id, entry(ledger_id, entry_id) if body is None else body)
+
+
+class Answers:
+    """add_entries_cb completions; every request must be answered exactly once."""
+
+    def __init__(self):
+        self.got: list = []  # (request, error) in completion order
+        self.calls = 0
+
+    def cb(self, ctx, reqs, err):
+        self.calls += 1
+        self.got += [(r, err) for r in reqs]
+
+    async def wait(self, reqs):
+        while len(self.got) < len(reqs):
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)  # nothing more may arrive
+        assert sorted(map(id, (r for r, _ in self.got))) == sorted(map(id, reqs))
+        err_of = {id(r): err for r, err in self.got}
+        return [type(err_of[id(r)]) if err_of[id(r)] else None for r in reqs]
+
+
+def test_batch_mixed_valid_and_invalid_adds(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            reqs = [req(1, 0), req(1, 1, body=entry(1, 2)), req(1, -1), req(1, 1, body=b"tiny" * 3),
+                    req(1, 1, body=entry(2, 1)), req(1, 1), req(2, 0, body=bytearray(entry(2, 0))), req(1, 2)]
+            a = Answers()
+            b.add_entries_cb(reqs, a.cb, None)
+            assert await a.wait(reqs) == [None] + [BadRequestError] * 4 + [None, None, None]
+            assert [await b.read_entry(1, e) for e in range(3)] == [entry(1, e) for e in range(3)]
+            assert await b.read_entry(2, 0) == entry(2, 0)  # a bytearray body went alone, as add_entry_cb
+            assert b.storage.last_entry_id(1) == 2
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_batch_two_ledgers_interleaved_journal_key_first_and_survive_a_crash(tmp_path):
+    cfg = make_config(tmp_path)
+    reqs = [req(lid, eid, body=entry(lid, eid, lac=eid - 1)) for eid in range(10) for lid in (10, 11)]
+
+    async def write():
+        b = await started(cfg)
+        a = Answers()
+        b.add_entries_cb(reqs, a.cb, None)
+        assert await a.wait(reqs) == [None] * 20 and a.calls == 1  # one journal run, one completion
+        assert b.last_add_confirmed(10) == b.last_add_confirmed(11) == 8
+        halt_without_checkpoint(b)
+
+    async def check():
+        from bk.journal import MASTER_KEY, Journal, LogMark
+        records = []
+        Journal(cfg.journal_dirs[0], cfg).replay(LogMark(0, 0), lambda l, e, body: records.append((l, e)))
+        for lid in (10, 11):  # the key record first, then the entries in order
+            assert [e for l, e in records if l == lid] == [MASTER_KEY] + list(range(10))
+        b = await started(cfg)
+        try:
+            for lid, eid in ((10, 9), (11, 0), (11, 9)):
+                assert await b.read_entry(lid, eid) == entry(lid, eid, lac=eid - 1)
+            with pytest.raises(UnauthorizedAccessError):
+                await b.add_entry(10, 10, entry(10, 10), OTHER_KEY)
+        finally:
+            await b.stop()
+    run(write())
+    run(check())
+
+
+def test_batch_wrong_key_in_the_middle_stores_nothing_for_it(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            await b.add_entry(1, 0, entry(1, 0), KEY)
+            equal_key = bytes(bytearray(KEY))  # equal, another object: compared again
+            reqs = [req(1, 1), req(1, 2, OTHER_KEY), req(1, 3, equal_key), req(1, 4, OTHER_KEY), req(1, 5),
+                    req(3, 0, b"short"), req(3, 1), req(3, 2, OTHER_KEY)]  # ledger 3: first key 5 bytes
+            a = Answers()
+            b.add_entries_cb(reqs, a.cb, None)
+            eua = UnauthorizedAccessError
+            assert await a.wait(reqs) == [None, eua, None, eua, None, BadRequestError, None, eua]
+            for eid in (2, 4):
+                with pytest.raises(NoSuchEntryError):
+                    await b.read_entry(1, eid)
+            assert await b.read_entry(1, 5) == entry(1, 5)
+            await b.fence_ledger(3, KEY)  # the second request's key became ledger 3's key
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_batch_fenced_ledger_refuses_all_but_recovery_adds(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path))
+        try:
+            await b.add_entry(5, 0, entry(5, 0), KEY)
+            await b.fence_ledger(5, KEY)
+            rec = FLAG_RECOVERY_ADD
+            reqs = [req(5, 1), req(5, 1, flags=rec), req(5, 2), req(5, 2, flags=rec), req(5, 3)]
+            a = Answers()
+            b.add_entries_cb(reqs, a.cb, None)
+            fenced = LedgerFencedError
+            assert await a.wait(reqs) == [fenced, None, fenced, None, fenced]
+            assert [await b.read_entry(5, e) for e in (1, 2)] == [entry(5, 1), entry(5, 2)]
+            with pytest.raises(NoSuchEntryError):
+                await b.read_entry(5, 3)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_batch_journal_failure_fails_the_whole_run(tmp_path, monkeypatch):
+    from bk.fileio import DurableFile
+
+    async def main():
+        b = await started(make_config(tmp_path, journal_buffered_writes_threshold_bytes=1024))
+        try:
+            await b.add_entry(1, 0, entry(1, 0), KEY)
+
+            def boom(self, *a):
+                raise StorageError(f"I/O error while writing {self.path}")
+            monkeypatch.setattr(DurableFile, "write", boom)
+            monkeypatch.setattr(DurableFile, "writev", boom)
+            reqs = [req(1, eid) for eid in range(1, 21)]  # spans several 1 KiB groups
+            a = Answers()
+            b.add_entries_cb(reqs, a.cb, None)
+            assert await a.wait(reqs) == [StorageError] * 20 and a.calls == 1
+            with pytest.raises(StorageError):  # and nothing after it is acknowledged
+                await b.add_entry(1, 21, entry(1, 21), KEY)
+            monkeypatch.undo()
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_batch_write_cache_full_mid_run_waits_then_refuses_each(tmp_path):
+    cfg = make_config(tmp_path, write_cache_max_size_bytes="2MiB", write_cache_full_wait_ms=200,
+                      flush_interval_ms=50)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            real = b.storage.entry_logger.add_entries
+
+            def broken(entries):
+                raise StorageError("simulated disk failure")
+            b.storage.entry_logger.add_entries = broken
+            payload = b"x" * 60_000
+            reqs = [req(14, eid, body=entry(14, eid, payload)) for eid in range(60)]  # 3.6 MB > both halves
+            a = Answers()
+            b.add_entries_cb(reqs, a.cb, None)
+            answers = await a.wait(reqs)
+            acked = [r.entry_id for r, err in zip(reqs, answers) if err is None]
+            assert acked == list(range(len(acked))) and 0 < len(acked) < 60
+            assert set(answers[len(acked):]) == {TooManyRequestsError}
+            b.storage.entry_logger.add_entries = real  # the disk recovers
+            await b.checkpoint()
+            for eid in acked:
+                assert await b.read_entry(14, eid) == entry(14, eid, payload)
+            with pytest.raises(NoSuchEntryError):
+                await b.read_entry(14, len(acked))
+            await b.add_entry(14, len(acked), entry(14, len(acked), payload), KEY)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_batch_journal_off_answers_at_once_and_read_only_refuses(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path, journal_write_data=False))
+        try:
+            reqs = [req(1, 0), req(1, 1, OTHER_KEY), req(1, 1)]
+            a = Answers()
+            b.add_entries_cb(reqs, a.cb, None)
+            assert len(a.got) == 3  # no journal to wait for
+            assert await a.wait(reqs) == [None, UnauthorizedAccessError, None]
+            b.set_read_only(True)
+            reqs = [req(1, 2), req(1, 3, body=entry(1, 4)), req(1, 4)]
+            a = Answers()
+            b.add_entries_cb(reqs, a.cb, None)
+            assert await a.wait(reqs) == [BookieReadOnlyError, BadRequestError, BookieReadOnlyError]
+            assert b.storage.last_entry_id(1) == 1
+        finally:
+            await b.stop()
     run(main())
