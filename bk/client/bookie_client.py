@@ -20,14 +20,14 @@ Invariants:
 - Connection loss (or a malformed response, which drops the connection) fails
   every pending request of that bookie with BookieConnectionError; the next
   request reconnects on demand.
-- Timeouts are swept, not armed per request: each timeout value keeps a deque
-  of requests in send order (so in deadline order) and one timer per client
-  expires the heads. A request that times out fails with BookieTimeoutError and
-  is forgotten; a late answer to it is dropped or matched to a newer request
-  with the same key (which asked the same question).
-- A completed request drops its callback at once, so the deadline queue never
-  pins payloads, and answered requests leave the heads of the deadline queues
-  after every batch of answers.
+- Timeouts are swept, not armed per request: a pending request is a
+  `(callback, deadline)` pair in the pending table, and one timer per client
+  walks the table every `timeout / 8` (at most 0.5 s) and expires what is due.
+  No per-request timer, task or queue entry: an answered request is gone at
+  once (nothing keeps it alive for the cyclic GC to walk). A request that times
+  out fails with BookieTimeoutError and is forgotten; a late answer to it is
+  dropped or matched to a newer request with the same key (which asked the same
+  question).
 """
 from __future__ import annotations
 
@@ -66,18 +66,6 @@ SUSPECT_S = 5.0
 # adds in one go would otherwise keep the bookie idle until it yields, and the
 # two processes would take turns instead of working at the same time.
 EAGER_FLUSH_BYTES = 64 * 1024
-
-
-class _Request:
-    """A pending request; requests with the same key form a FIFO chain through `next`."""
-
-    __slots__ = ("key", "callback", "deadline", "next")
-
-    def __init__(self, key, callback, deadline):
-        self.key = key
-        self.callback = callback  # None once answered, failed or expired
-        self.deadline = deadline
-        self.next = None
 
 
 class _BookieProtocol(asyncio.Protocol):
@@ -124,9 +112,12 @@ class BookieClient:
         self._out: list[bytes] = []
         self._out_bytes = 0  # bytes in _out while connected
         self._flush_scheduled = False
-        self._pending: dict[tuple, _Request] = {}  # key -> oldest request (chain head)
+        # key -> (callback, deadline) of the oldest pending request with that key;
+        # later requests with a key already pending (rare) wait in _queued, in send order
+        self._pending: dict[tuple, tuple] = {}
+        self._queued: dict[tuple, deque] = {}
         self._pending_count = 0
-        self._deadlines: dict[float, deque] = {}
+        self._shortest_timeout_s = min(self.add_timeout_s, self.read_timeout_s)
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._request_ids = itertools.count(1)
         self._closed = False
@@ -211,20 +202,18 @@ class BookieClient:
         if self._closed:
             callback(None, BookieConnectionError(f"bookie {self.bookie_id}: client is closed"))
             return
-        req = _Request(key, callback, self._loop.time() + timeout_s)
-        pending = self._pending
-        head = pending.get(key)
-        if head is None:
-            pending[key] = req
-        else:  # rare: another request with the same key is pending
-            while head.next is not None:
-                head = head.next
-            head.next = req
+        request = (callback, self._loop.time() + timeout_s)
+        if self._pending.setdefault(key, request) is not request:  # rare: the same question again
+            queued = self._queued.get(key)
+            if queued is None:
+                queued = self._queued[key] = deque()
+            queued.append(request)
         self._pending_count += 1
-        by_deadline = self._deadlines.get(timeout_s)
-        if by_deadline is None:
-            by_deadline = self._deadlines[timeout_s] = deque()
-        by_deadline.append(req)
+        if timeout_s < self._shortest_timeout_s:
+            self._shortest_timeout_s = timeout_s
+            if self._sweep_handle is not None:
+                self._sweep_handle.cancel()
+                self._sweep_handle = None
         if self._sweep_handle is None:
             self._arm_sweep()
         self._out.append(frame)
@@ -293,14 +282,14 @@ class BookieClient:
         """Fail every pending request (they were all sent on the connection that is gone)."""
         self.last_failure_at = self._loop.time()
         pending, self._pending = self._pending, {}
+        queued, self._queued = self._queued, {}
         self._pending_count = 0
         self._out = []
         self._out_bytes = 0
-        self._deadlines.clear()
-        for req in pending.values():
-            while req is not None:
-                self._complete(req, None, err)
-                req = req.next
+        for key, (callback, _) in pending.items():
+            _call(callback, None, err)
+            for callback, _ in queued.get(key, ()):
+                _call(callback, None, err)
 
     def close(self) -> None:
         """Fail everything pending and drop the connection; the client cannot be reused."""
@@ -343,80 +332,59 @@ class BookieClient:
             else:  # AUTH answers: we never authenticate
                 log.debug("bookie %s: ignoring %r", self.bookie_id, msg)
                 continue
-            req = pending.pop(key, None)
-            if req is None:
+            request = pending.pop(key, None)
+            if request is None:
                 log.debug("bookie %s: no pending request for %r (late answer?)", self.bookie_id, msg)
                 continue
-            if req.next is not None:
-                pending[key] = req.next
+            if self._queued:
+                self._promote(key)
             self._pending_count -= 1
-            callback = req.callback
-            req.callback = None
             try:
-                callback(msg, None)
+                request[0](msg, None)
             except Exception:  # a caller's bug must not break the connection
                 log.exception("request callback failed")
-        # Drop answered requests from the heads of the deadline queues now, not at
-        # the next sweep: answers mostly come in send order, so this keeps the
-        # queues about as long as what is in flight. (Left to the sweep, every
-        # request of the last half second stayed alive, and the cyclic GC walked
-        # tens of thousands of dead records: ~3 us per add.)
-        for queue in self._deadlines.values():
-            while queue and queue[0].callback is None:
-                queue.popleft()
 
-    @staticmethod
-    def _complete(req: _Request, msg, err) -> None:
-        callback = req.callback
-        if callback is None:
-            return
-        req.callback = None
-        try:
-            callback(msg, err)
-        except Exception:  # a caller's bug must not break the connection
-            log.exception("request callback failed")
+    def _promote(self, key: tuple) -> None:
+        """The oldest queued request with `key` (if any) becomes the pending one."""
+        queued = self._queued.get(key)
+        if queued:
+            self._pending[key] = queued.popleft()
+            if not queued:
+                del self._queued[key]
 
     # ------------------------------------------------------------ timeouts
-    def _unlink(self, req: _Request) -> bool:
-        """Remove `req` from its key's chain; False if it is not pending."""
-        head = self._pending.get(req.key)
-        if head is req:
-            if req.next is None:
-                del self._pending[req.key]
-            else:
-                self._pending[req.key] = req.next
-            return True
-        while head is not None and head.next is not req:
-            head = head.next
-        if head is None:
-            return False
-        head.next = req.next
-        return True
-
     def _arm_sweep(self) -> None:
-        tick = min(self.add_timeout_s, self.read_timeout_s, *self._deadlines) / 8
+        tick = self._shortest_timeout_s / 8
         self._sweep_handle = self._loop.call_later(min(max(tick, 0.005), 0.5), self._sweep)
 
     def _sweep(self) -> None:
+        """Expire every request whose deadline passed (the oldest of a key first)."""
         self._sweep_handle = None
         now = self._loop.time()
-        expired = []
-        for queue in self._deadlines.values():
-            while queue and (queue[0].callback is None or queue[0].deadline <= now):
-                req = queue.popleft()
-                if req.callback is not None:
-                    expired.append(req)
-        for req in expired:
-            if req.callback is None or not self._unlink(req):
-                continue
+        expired = [(key, request) for key, request in self._pending.items() if request[1] <= now]
+        for key, queued in self._queued.items():
+            for request in [r for r in queued if r[1] <= now]:
+                queued.remove(request)
+                expired.append((key, request))
+        for key in [k for k, q in self._queued.items() if not q]:
+            del self._queued[key]
+        for key, request in expired:
+            if self._pending.get(key) is request:
+                del self._pending[key]
+                self._promote(key)
             self._pending_count -= 1
             self.last_failure_at = now
-            self._complete(req, None, BookieTimeoutError(
-                f"bookie {self.bookie_id} did not answer {_describe(req.key)} in time"))
-        for timeout_s in [t for t, queue in self._deadlines.items() if not queue]:
-            del self._deadlines[timeout_s]
-        if self._deadlines:
+            _call(request[0], None, BookieTimeoutError(
+                f"bookie {self.bookie_id} did not answer {_describe(key)} in time"))
+        if self._pending:
             self._arm_sweep()
+
+
+def _call(callback: Callback, msg, err) -> None:
+    try:
+        callback(msg, err)
+    except Exception:  # a caller's bug must not break the connection
+        log.exception("request callback failed")
 
 
 def _describe(key: tuple) -> str:

@@ -190,6 +190,28 @@ async def test_timeout_fails_the_request_and_a_late_answer_is_ignored():
 
 
 @run_async
+async def test_timeouts_expire_same_key_requests_in_order_and_custom_timeouts_are_honoured():
+    bookie = await FakeBookie().start()
+    client = BookieClient(bookie.bookie_id, read_timeout_s=10.0)
+    try:
+        bookie.hold()
+        answers = Collector()
+        client.send_read(1, 0, answers)  # the default 10 s: must outlive the short ones below
+        client.send_read(1, 0, answers, timeout_s=0.05)  # same key, queued behind the first
+        client.send_read(1, 5, answers, timeout_s=0.05)
+        await until(lambda: len(answers.answers) == 2, "the two short requests to expire")
+        assert all(isinstance(err, BookieTimeoutError) for _, err in answers.answers)
+        assert client.pending_count == 1  # the 10 s read of entry 0 is still pending
+        assert bookie.release() == 3  # answers: entry 0 goes to the pending read, the rest are dropped
+        await until(lambda: len(answers.answers) == 3, "the long read's answer")
+        response, err = answers.answers[2]
+        assert err is None and response.entry_id == 0 and client.pending_count == 0
+    finally:
+        client.close()
+        await bookie.stop()
+
+
+@run_async
 async def test_malformed_response_drops_the_connection_and_fails_pending():
     bookie = await FakeBookie().start()
     client = BookieClient(bookie.bookie_id)
