@@ -24,8 +24,22 @@ scan_add_responses(buf, start, max_frame, record=tuple) -> (items, end, err, def
     `record` is `tuple` or a tuple subclass without instance fields (a
     NamedTuple): records are filled in place, as tuple.__new__(record, values)
     would build them, without a Python-level call per frame.
+scan_add_run(reqs) -> list[(start, end, top_lac or None)]
+    The bookie's ADD batch in one pass. `reqs`: AddRequest-shaped tuples
+    `(flags, master_key, ledger_id, entry_id, body, ...)`. A request is plain
+    when flags, ledger_id and entry_id are ints fitting signed 64 bits,
+    master_key and body are exactly bytes, the body holds the 24-byte entry
+    header, names the same ledger and entry ids, and entry_id >= 0. Consecutive
+    plain requests with equal ledger ids, the SAME key object and equal
+    `flags & FLAG_RECOVERY_ADD` (0x2) form one segment `(start, end, top_lac)`,
+    top_lac the highest LAC (entry header bytes 16..24, i64 BE) among them; any
+    other request is a segment of its own `(i, i + 1, None)`. Segments cover
+    `reqs` in order.
 encode_add_responses(items, version=2) -> bytes
     One buffer with a complete ADD response frame per `(rc, ledger_id, entry_id)`.
+encode_add_acks(reqs, rc, version=2) -> bytes
+    The same for one status `rc` and the ids at positions 2 and 3 of every
+    request (AddRequest-shaped): no row tuple per answer.
 crc32c(data, crc=0) -> int
     google_crc32c.extend(crc, data) semantics, on any contiguous buffer.
 frame_add_crc32c(header, master_key, ledger_id, entry_id, lac, total_length, payload) -> bytes
@@ -34,9 +48,13 @@ frame_add_crc32c(header, master_key, ledger_id, entry_id, lac, total_length, pay
     the CRC32C digest (u32 BE) taken over the 32-byte entry header then the
     payload, as DigestManager's CRC32C digest.
 """
+cimport cython
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
-from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_SET_ITEM, PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.ref cimport PyObject
+from cpython.bytes cimport PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.long cimport PyLong_Check, PyLong_AsLongLong
 from cpython.ref cimport Py_INCREF
 from libc.string cimport memcmp, memcpy
 from libc.stdint cimport uint32_t, int32_t, uint64_t, int64_t
@@ -260,6 +278,75 @@ def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple
         PyBuffer_Release(&view)
 
 
+cdef enum:
+    _FLAG_RECOVERY_ADD = 0x2
+    _ENTRY_HEADER = 24  # ledger id, entry id, LAC
+
+
+cdef inline bint _as_i64(object o, int64_t *out) except -1:
+    """An int fitting signed 64 bits into *out; False (no error left set) otherwise."""
+    cdef long long v
+    if not PyLong_Check(o):
+        return False
+    try:
+        v = PyLong_AsLongLong(o)
+    except OverflowError:
+        return False
+    out[0] = v
+    return True
+
+
+cdef bint _plain_add(object req, int64_t *v, PyObject **key) except -1:
+    """scan_add_run's test; sets v = [flags & recovery, ledger id, lac] and *key."""
+    cdef object body
+    cdef const unsigned char *p
+    cdef int64_t flags, entry_id
+    if not isinstance(req, tuple) or PyTuple_GET_SIZE(req) < 5:
+        return False
+    body = <object>PyTuple_GET_ITEM(req, 4)
+    if not PyBytes_CheckExact(body) or PyBytes_GET_SIZE(body) < _ENTRY_HEADER:
+        return False
+    if not PyBytes_CheckExact(<object>PyTuple_GET_ITEM(req, 1)):
+        return False
+    if not (_as_i64(<object>PyTuple_GET_ITEM(req, 0), &flags) and _as_i64(<object>PyTuple_GET_ITEM(req, 2), &v[1])
+            and _as_i64(<object>PyTuple_GET_ITEM(req, 3), &entry_id)):
+        return False
+    p = <const unsigned char *>PyBytes_AS_STRING(body)
+    if entry_id < 0 or _i64(p) != v[1] or _i64(p + 8) != entry_id:
+        return False
+    v[0] = flags & _FLAG_RECOVERY_ADD
+    v[2] = _i64(p + 16)
+    key[0] = PyTuple_GET_ITEM(req, 1)
+    return True
+
+
+@cython.boundscheck(True)  # items of unknown shape: an index past the end is an IndexError
+def scan_add_run(reqs):
+    cdef list items = reqs if type(reqs) is list else list(reqs)
+    cdef Py_ssize_t i = 0, start, n = len(items)
+    cdef int64_t v[3]
+    cdef int64_t recovery, ledger_id, top
+    cdef PyObject *key = NULL
+    cdef PyObject *seg_key
+    cdef list out = []
+    while i < n:
+        if not _plain_add(items[i], v, &key):
+            out.append((i, i + 1, None))
+            i += 1
+            continue
+        start, recovery, ledger_id, seg_key, top = i, v[0], v[1], key, v[2]
+        i += 1
+        while i < n:
+            if (not _plain_add(items[i], v, &key) or v[1] != ledger_id or key != seg_key
+                    or v[0] != recovery):
+                break
+            if v[2] > top:
+                top = v[2]
+            i += 1
+        out.append((start, i, top))
+    return out
+
+
 def encode_add_responses(items, int version=2):
     cdef list rows = list(items)
     cdef Py_ssize_t i, n = len(rows)
@@ -275,6 +362,38 @@ def encode_add_responses(items, int version=2):
     p = <unsigned char *>PyBytes_AS_STRING(out)
     for i in range(n):
         rc, ledger_id, entry_id = rows[i]
+        _put_u32(p, _ADD_RESPONSE)
+        _put_u32(p + 4, header)
+        _put_u32(p + 8, <uint32_t>rc)
+        _put_i64(p + 12, ledger_id)
+        _put_i64(p + 20, entry_id)
+        p += 4 + _ADD_RESPONSE
+    return out
+
+
+@cython.boundscheck(True)
+def encode_add_acks(reqs, int32_t rc, int version=2):
+    cdef list items = reqs if type(reqs) is list else list(reqs)
+    cdef Py_ssize_t i, n = len(items)
+    cdef int64_t ledger_id, entry_id
+    cdef uint32_t header
+    cdef bytes out
+    cdef unsigned char *p
+    cdef object req
+    if version < 0 or version > _MAX_VERSION:
+        raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
+    header = _OP_ADD if version == 0 else ((<uint32_t>version << 24) | (_OP_ADD << 16))
+    out = PyBytes_FromStringAndSize(NULL, n * (4 + _ADD_RESPONSE))
+    p = <unsigned char *>PyBytes_AS_STRING(out)
+    for i in range(n):
+        req = items[i]
+        if isinstance(req, tuple) and PyTuple_GET_SIZE(req) >= 4:
+            # PyTuple_GET_ITEM: a NamedTuple's generic item lookup goes through Python
+            ledger_id = <object>PyTuple_GET_ITEM(req, 2)
+            entry_id = <object>PyTuple_GET_ITEM(req, 3)
+        else:
+            ledger_id = req[2]
+            entry_id = req[3]
         _put_u32(p, _ADD_RESPONSE)
         _put_u32(p + 4, header)
         _put_u32(p + 8, <uint32_t>rc)

@@ -129,6 +129,47 @@ def scan_add_responses(buf, start: int, max_frame: int, record=tuple):
     return out, pos, err, deferred
 
 
+_FLAG_RECOVERY_ADD = 0x2
+_entry_header = struct.Struct(">qqq")  # ledger id, entry id, LAC
+
+
+def scan_add_run(reqs):
+    items = reqs if type(reqs) is list else list(reqs)
+    unpack = _entry_header.unpack_from
+    out, start, n = [], 0, len(items)
+    seg_key = seg_ledger = seg_recovery = top = None  # the open segment (seg_key None: none open)
+    for i, req in enumerate(items):
+        plain = False
+        if isinstance(req, tuple) and len(req) >= 5:
+            if len(req) == 6:
+                flags, key, ledger_id, entry_id, body, _ = req
+            else:
+                flags, key, ledger_id, entry_id, body = req[:5]
+            if (type(body) is bytes and len(body) >= 24 and type(key) is bytes and isinstance(flags, int)
+                    and isinstance(ledger_id, int) and isinstance(entry_id, int)
+                    and _I64_MIN <= flags <= _I64_MAX):
+                # ids equal to the body's i64 fields are in range by that
+                body_ledger, body_entry, lac = unpack(body)
+                plain = entry_id >= 0 and body_ledger == ledger_id and body_entry == entry_id
+        if plain:
+            recovery = flags & _FLAG_RECOVERY_ADD
+            if key is seg_key and ledger_id == seg_ledger and recovery == seg_recovery:
+                if lac > top:
+                    top = lac
+                continue
+            if seg_key is not None:
+                out.append((start, i, top))
+            seg_key, seg_ledger, seg_recovery, start, top = key, ledger_id, recovery, i, lac
+            continue
+        if seg_key is not None:
+            out.append((start, i, top))
+            seg_key = None
+        out.append((i, i + 1, None))
+    if seg_key is not None:
+        out.append((start, n, top))
+    return out
+
+
 def encode_add_responses(items, version: int = 2) -> bytes:
     rows = list(items)
     if not 0 <= version <= _MAX_VERSION:
@@ -152,6 +193,14 @@ def encode_add_responses(items, version: int = 2) -> bytes:
         if not (_I64_MIN <= ledger_id <= _I64_MAX and _I64_MIN <= entry_id <= _I64_MAX):
             raise OverflowError("ledger and entry ids must fit in signed 64 bits")
     raise OverflowError("an ADD response value is out of range")
+
+
+def encode_add_acks(reqs, rc: int, version: int = 2) -> bytes:
+    if not isinstance(rc, int):
+        raise TypeError(f"an integer is required, got {type(rc).__name__}")
+    if not _I32_MIN <= rc <= _I32_MAX:
+        raise OverflowError(f"rc {rc} does not fit in 32 bits")
+    return encode_add_responses([(rc, req[2], req[3]) for req in reqs], version)
 
 
 def crc32c(data, crc: int = 0) -> int:

@@ -26,6 +26,7 @@ from hmac import compare_digest
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
 
+from bk._native import load
 from bk.config import BookieConfig
 from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, LedgerFencedError,
                        LedgerLimboError, NoSuchEntryError, NoSuchLedgerError, TooManyRequestsError,
@@ -43,6 +44,7 @@ NEEDS_INTEGRITY_CHECK = "needs_integrity_check"
 _ENTRY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC
 # fields of an AddRequest-shaped tuple: flags, master_key, ledger_id, entry_id, body, version
 _ENTRY_ID, _BODY = itemgetter(3), itemgetter(4)
+_scan_add_run = load("codec").scan_add_run
 
 
 def _complete_future(fut: asyncio.Future, err: BaseException | None) -> None:
@@ -241,8 +243,9 @@ class Bookie:
         body, version)`; a body that is not `bytes` is added alone (add_entry_cb).
         Every request is completed exactly once, on the loop, through
         `cb(ctx, done, err)` where `done` lists requests sharing the outcome `err`:
-        - a request a check refuses: at once, alone, with the error add_entry_cb
-          gives (same checks in the same order; it stores nothing);
+        - requests a check refuses: at once (with the rest of their segment, see
+          below), with the error add_entry_cb gives (same checks in the same
+          order); nothing of them is stored;
         - the accepted ones: one call per journal once the last of them is durable
           (one log_many), or at once (journal off); in arrival order per ledger;
         - from the first request whose write-cache put finds both halves full on,
@@ -260,60 +263,40 @@ class Bookie:
             self._add_one_by_one(reqs, cb, ctx)
             return
         storage = self.storage
-        unpack = _ENTRY_HEADER.unpack_from
         groups: dict = {}  # ledger_id -> [desc, accepted requests, highest lac, key object known good]
-        cur = None  # the ledger of the last request past the id checks; its group in locals:
-        desc = good_key = append = None
-        fenced = False
-        top_lac = -1
-        for req in reqs:
-            flags, key, ledger_id, entry_id, body, _version = req
-            if type(body) is not bytes:  # log_many takes bytes only: any other body goes alone
-                self._add_one_by_one([req], cb, ctx)
+        # The kernel checks every entry header (ids, length) and splits the run into
+        # segments of one ledger, one key object and one recovery flag (with their top
+        # LAC): what is left per segment is the ledger's key and fence check.
+        for start, end, top_lac in _scan_add_run(reqs):
+            if top_lac is None:  # a bad request (add_entry_cb answers its EBADREQ) or a non-bytes body
+                self._add_one_by_one(reqs[start:end], cb, ctx)
                 continue
+            flags, key, ledger_id = reqs[start][:3]
+            group = groups.get(ledger_id)
+            if group is None:
+                desc = storage.get_ledger(ledger_id)
+                if desc is None:
+                    desc = storage.create_ledger(ledger_id)
+                group = groups[ledger_id] = [desc, [], -1, None]
+            desc = group[0]
             try:
-                try:
-                    body_ledger, body_entry, lac = unpack(body)
-                except struct.error:
-                    raise BadRequestError("entry shorter than its 24-byte header",
-                                          ledger_id=ledger_id, entry_id=entry_id) from None
-                if body_ledger != ledger_id or body_entry != entry_id:
-                    raise BadRequestError("entry body does not match its ledger/entry id",
-                                          ledger_id=ledger_id, entry_id=entry_id)
-                if entry_id < 0:
-                    raise BadRequestError("negative entry id on an add", ledger_id=ledger_id, entry_id=entry_id)
-                if ledger_id != cur:
-                    if cur is not None:
-                        groups[cur][2] = top_lac
-                    group = groups.get(ledger_id)
-                    if group is None:
-                        d = storage.get_ledger(ledger_id)
-                        if d is None:
-                            d = storage.create_ledger(ledger_id)
-                        group = groups[ledger_id] = [d, [], -1, None]
-                    desc, accepted, top_lac, good_key = group
-                    append = accepted.append
-                    fenced = desc.fenced
-                    cur = ledger_id
-                if key is not good_key:
+                if key is not group[3]:
                     stored_key = desc.master_key
                     if stored_key is None:
                         self._store_key(desc, key)
                     elif not compare_digest(stored_key, key):
                         raise UnauthorizedAccessError(ledger_id=ledger_id)
-                    good_key = groups[ledger_id][3] = key
-                if fenced and not flags & FLAG_RECOVERY_ADD:
+                    group[3] = key
+                if desc.fenced and not flags & FLAG_RECOVERY_ADD:
                     raise LedgerFencedError(ledger_id=ledger_id)
             except BookieError as err:
-                cb(ctx, [req], err)
+                cb(ctx, reqs[start:end], err)
                 continue
-            append(req)
-            if lac > top_lac:
-                top_lac = lac
-        if cur is None:
-            return
-        groups[cur][2] = top_lac
-        self._store_and_log(groups, cb, ctx)
+            group[1] += reqs[start:end]
+            if top_lac > group[2]:
+                group[2] = top_lac
+        if groups:
+            self._store_and_log(groups, cb, ctx)
 
     def _store_and_log(self, groups: dict, cb, ctx) -> None:
         """add_entries_cb's second half: write-cache puts per ledger, then one journal

@@ -62,6 +62,9 @@ IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 
 FIELDS = 3  # a queued record is `body, cb, ctx`, flat in the queue and in a group's items
+_BYTES_ONLY = {bytes}
+# every length within bounds in one C pass (the entry-log kernel's generic size check)
+_check_sizes = load("entrylog").check_sizes
 
 
 def _no_completion(ctx, exc) -> None:
@@ -166,14 +169,14 @@ class Journal:
         n = len(bodies)
         if not n:
             raise BadRequestError("log_many needs at least one record")
-        if set(map(type, bodies)) != {bytes}:
+        if set(map(type, bodies)) != _BYTES_ONLY:
             raise BadRequestError("log_many record bodies must be bytes")
-        sizes = list(map(len, bodies))
-        lo, hi = min(sizes), max(sizes)
-        if lo < MIN_BODY_BYTES or hi > self._max_record_bytes:
+        _total, bad = _check_sizes(bodies if type(bodies) is list else list(bodies),
+                                   MIN_BODY_BYTES, self._max_record_bytes)
+        if bad >= 0:
             raise BadRequestError(
-                f"journal record bodies are {lo}..{hi} bytes; each must hold ledger and entry ids "
-                f"({MIN_BODY_BYTES} bytes) and be at most {self._max_record_bytes} bytes")
+                f"journal record body {bad} of the run is {len(bodies[bad])} bytes; each must hold ledger and "
+                f"entry ids ({MIN_BODY_BYTES} bytes) and be at most {self._max_record_bytes} bytes")
         if self._reject is not None:
             self._fail_now(cb, ctx, self._reject)
             return

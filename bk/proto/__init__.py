@@ -5,7 +5,7 @@ write the bytes these functions return. See /work/shared/docs/PROTOCOL.md and
 docs/PROTOCOL-EXTENSIONS.md (READ_LAC, WRITE_LAC, GET_BOOKIE_INFO layouts).
 """
 from bk.proto.codec import (
-    decode_request, decode_response, encode_add_responses, encode_error_response, encode_header,
+    decode_request, decode_response, encode_add_acks, encode_add_responses, encode_error_response, encode_header,
     encode_request, encode_response, error_response_for, split_header,
 )
 from bk.proto.constants import (
@@ -29,6 +29,6 @@ __all__ = [
     "MessageEncodeError", "OpCode", "PROTOCOL_VERSION", "ReadLacRequest", "ReadLacResponse", "ReadRequest",
     "ReadResponse", "RequestDecodeError", "RequestVersionError", "ResponseDecodeError", "StatusCode",
     "UnknownDigestTypeError", "V3_STATUS", "WriteLacRequest", "WriteLacResponse", "decode_request",
-    "decode_response", "encode_add_responses", "encode_error_response", "encode_header", "encode_request",
-    "encode_response", "error_response_for", "keys_equal", "master_key", "parse_digest_type", "split_header",
+    "decode_response", "encode_add_acks", "encode_add_responses", "encode_error_response", "encode_header",
+    "encode_request", "encode_response", "error_response_for", "keys_equal", "master_key", "parse_digest_type", "split_header",
 ]

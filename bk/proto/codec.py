@@ -373,6 +373,15 @@ def encode_add_responses(rows, version: int = PROTOCOL_VERSION) -> bytes:
         raise MessageEncodeError(f"cannot encode ADD responses: {e}") from None
 
 
+def encode_add_acks(reqs, rc: int, version: int = PROTOCOL_VERSION) -> bytes:
+    """encode_add_responses for one status `rc` over AddRequests: a frame per request
+    with its ledger and entry ids, in order (the bookie's batch completion)."""
+    try:
+        return _codec.encode_add_acks(reqs, rc, version)
+    except (OverflowError, TypeError, ValueError, IndexError) as e:
+        raise MessageEncodeError(f"cannot encode ADD responses: {e}") from None
+
+
 def encode_error_response(op: int | None, rc: int, ledger_id: int | None = None, entry_id: int | None = None,
                           request_id: int | None = None, version: int = PROTOCOL_VERSION) -> bytes:
     """The error answer to a request of `op`, in that op's response layout.

@@ -187,11 +187,15 @@ class BookieConnection(asyncio.Protocol):
             from bk.proto import AddResponse, encode_response
             self.send(encode_response(AddResponse(rc, ledger_id, entry_id), version))
 
-    def send_add_rows(self, rows: list) -> None:
-        """ADD responses (current protocol version) as `(rc, ledger_id, entry_id)` rows."""
+    def send_add_frames(self, frames: bytes) -> None:
+        """ADD response frames already encoded (a batch completion), after every
+        response queued before them."""
         if self.closed:
             return
-        self._add_rows += rows
+        if self._add_rows:  # keep responses in completion order
+            self._out.append(encode_add_responses(self._add_rows))
+            self._add_rows = []
+        self._out.append(frames)
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:

@@ -17,21 +17,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from itertools import repeat
 from operator import itemgetter
 
 from bk.errors import BookieError, BookieIOError, NoSuchEntryError, TooManyRequestsError
 from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, PROTOCOL_VERSION, AddRequest, AuthRequest,
-                      BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse, ReadLacRequest,
-                      ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest, WriteLacResponse,
-                      encode_response)
+                      BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
+                      ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
+                      WriteLacResponse, encode_add_acks, encode_response)
 
 log = logging.getLogger(__name__)
 
 _EIO = BookieIOError.code
-_LEDGER_ID, _ENTRY_ID, _BODY, _VERSION = itemgetter(2), itemgetter(3), itemgetter(4), itemgetter(5)  # AddRequest
+_BODY, _VERSION = itemgetter(4), itemgetter(5)  # AddRequest fields
 _CURRENT_VERSION = {PROTOCOL_VERSION}
 FREE_DISK_SPACE, TOTAL_DISK_SPACE = 0x1, 0x2
+
+
+def _done_bytes(run: tuple, reqs: list) -> int:
+    """Body bytes of the completed part `reqs` of an add run `(conn, n, nbytes)`.
+
+    Completions split a run into disjoint parts, so a part of the run's size is all
+    of it: its byte count is known without touching the (by now cold) bodies."""
+    _conn, n, nbytes = run
+    return nbytes if len(reqs) == n else sum(map(len, map(_BODY, reqs)))
 
 
 def _code(err: BaseException) -> int:
@@ -86,22 +94,23 @@ class RequestProcessor:
                 self._add(req, conn)
             return
         # Below the limit every add of the run would be admitted one by one too.
-        conn.begin_many(n, sum(map(len, map(_BODY, reqs))))
+        nbytes = sum(map(len, map(_BODY, reqs)))
+        conn.begin_many(n, nbytes)
         done = self._adds_done if set(map(_VERSION, reqs)) == _CURRENT_VERSION else self._adds_done_versions
-        self.bookie.add_entries_cb(reqs, done, conn)
+        self.bookie.add_entries_cb(reqs, done, (conn, n, nbytes))
 
     @staticmethod
-    def _adds_done(conn, reqs: list, err) -> None:
+    def _adds_done(run, reqs: list, err) -> None:
         """Completion of adds of one run sharing an outcome (all at the current version)."""
-        n = len(reqs)
-        conn.end_many(n, sum(map(len, map(_BODY, reqs))))
-        rc = 0 if err is None else _code(err)
-        conn.send_add_rows(list(zip(repeat(rc, n), map(_LEDGER_ID, reqs), map(_ENTRY_ID, reqs))))
+        conn = run[0]
+        conn.end_many(len(reqs), _done_bytes(run, reqs))
+        conn.send_add_frames(encode_add_acks(reqs, 0 if err is None else _code(err)))
 
     @staticmethod
-    def _adds_done_versions(conn, reqs: list, err) -> None:
+    def _adds_done_versions(run, reqs: list, err) -> None:
         """As _adds_done for a run holding adds of older protocol versions."""
-        conn.end_many(len(reqs), sum(map(len, map(_BODY, reqs))))
+        conn = run[0]
+        conn.end_many(len(reqs), _done_bytes(run, reqs))
         rc = 0 if err is None else _code(err)
         for req in reqs:
             conn.send_add_response(rc, req.ledger_id, req.entry_id, req.version)

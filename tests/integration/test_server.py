@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from bk import eventloop
-from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, FrameDecoder, ReadRequest, StatusCode, encode_request,
-                      master_key)
+from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, FrameDecoder, ReadRequest, StatusCode,
+                      encode_request, master_key)
 from bk.proto.digest import DigestManager
 from bk.testing.cluster import LocalCluster, write_toml
 
@@ -340,8 +340,10 @@ def test_connection_batches_keep_accounting_and_refusals_of_one_by_one(tmp_path,
                     transport.out.clear()
                 return sorted((r.entry_id, r.rc) for r in got)
 
-            conn.data_received(b"".join(add_frame(30, e) for e in range(3)))  # a batch under the limit
-            assert await answers(3) == [(0, 0), (1, 0), (2, 0)]
+            # a batch under the limit, completed in two parts (the EUA at once, the rest when durable)
+            wrong_key = add_frame(30, 99, key=master_key(b"no"))
+            conn.data_received(b"".join([add_frame(30, 0), add_frame(30, 1), wrong_key, add_frame(30, 2)]))
+            assert await answers(4) == [(0, 0), (1, 0), (2, 0), (99, StatusCode.EUA)]
             assert (conn.pending, conn.pending_bytes, conn.idle.is_set()) == (0, 0, True)
             # 10 adds, limit 2 x 4: with the journal on, 8 are in flight and 2 refused (reading
             # paused meanwhile); journal off, each completes at once and frees its slot

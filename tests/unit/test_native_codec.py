@@ -265,3 +265,54 @@ def test_native_and_pure_frame_adds_the_same():
                 rng.randbytes(rng.choice([0, 1, 7, 100, 1024, 5000, 70000])))
         assert NATIVE.frame_add_crc32c(*args) == PURE.frame_add_crc32c(*args)
         assert NATIVE.frame_add_crc32c(*args[:-1], bytearray(args[-1])) == PURE.frame_add_crc32c(*args)
+
+
+# ---------------------------------------------------------------- the bookie's ADD batch
+def entry_body(ledger_id, entry_id, lac=-1, payload=b"p"):
+    return struct.pack(">qqqq", ledger_id, entry_id, lac, len(payload)) + payload
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_scan_add_run_segments(k):
+    other = bytes(bytearray(KEY))  # equal bytes, another object: a new segment
+
+    def add(lid, eid, key=KEY, flags=0, lac=-1, body=None):
+        return AddRecord(flags, key, lid, eid, entry_body(lid, eid, lac) if body is None else body, 2)
+    reqs = [add(1, 0), add(1, 1, lac=5, flags=1), add(1, 2, flags=2), add(1, 3, flags=3, lac=7),  # recovery bit
+            add(1, 4, key=other), add(2, 0, lac=9), add(1, 5),                                   # key, ledger
+            add(2, -1), add(2, 1, body=entry_body(2, 2)), add(2, 1, body=entry_body(3, 1)),     # bad ids
+            add(2, 1, body=bytearray(entry_body(2, 1))), add(2, 1, body=b"short"), (0, KEY, 2, 1), "x",
+            add(2, 1, key=bytearray(KEY)), add(1 << 63, 1, body=entry_body(0, 1)), add(2, 1, flags=1 << 64),
+            add(2, 1, lac=-5), (0, KEY, 2, 2, entry_body(2, 2, 4))]                             # plain tuples too
+    assert k.scan_add_run(reqs) == [
+        (0, 2, 5), (2, 4, 7), (4, 5, -1), (5, 6, 9), (6, 7, -1),
+        *[(i, i + 1, None) for i in range(7, 17)], (17, 19, 4)]
+    assert k.scan_add_run([]) == [] and k.scan_add_run(tuple(reqs[:2])) == [(0, 2, 5)]
+
+
+@needs_native
+def test_native_and_pure_scan_add_runs_the_same():
+    rng = random.Random(5)
+    keys = [KEY, bytes(bytearray(KEY)), bytes(20)]
+    for _ in range(300):
+        reqs = []
+        for _ in range(rng.randrange(0, 40)):
+            lid, eid = rng.choice([0, 1, 2, -1, 1 << 62]), rng.choice([0, 1, 5, -2, 1 << 62])
+            body = entry_body(lid if rng.random() < 0.9 else lid + 1, eid, rng.randrange(-3, 1 << 40))
+            reqs.append(AddRecord(rng.choice([0, 1, 2, 3]), rng.choice(keys), lid, eid,
+                                  body if rng.random() < 0.95 else body[:rng.randrange(0, 30)], 2))
+        assert NATIVE.scan_add_run(reqs) == PURE.scan_add_run(reqs)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_encode_add_acks_is_encode_add_responses_of_one_rc(k):
+    reqs = [AddRecord(0, KEY, 7, e, b"", 2) for e in range(5)] + [(0, KEY, 8, 1 << 62)]
+    for version in (0, 1, 2):
+        want = k.encode_add_responses([(-101, r[2], r[3]) for r in reqs], version)
+        assert k.encode_add_acks(reqs, -101, version) == want
+    assert k.encode_add_acks([], 0) == b""
+    for bad_reqs, rc, version, err in (([(0, KEY, 1 << 63, 0)], 0, 2, OverflowError),
+                                       (reqs, 1 << 31, 2, OverflowError), ([(0, KEY, 1)], 0, 2, IndexError),
+                                       (reqs, 0, 3, ValueError), ([(0, KEY, "x", 0)], 0, 2, TypeError)):
+        with pytest.raises(err):
+            k.encode_add_acks(bad_reqs, rc, version)
