@@ -341,7 +341,7 @@ class Bookie:
 
     def _add_one_by_one(self, reqs: list, cb, ctx) -> None:
         for req in reqs:
-            flags, key, ledger_id, entry_id, body, _version = req
+            flags, key, ledger_id, entry_id, body = req[:5]
             self.add_entry_cb(ledger_id, entry_id, body, key, bool(flags & FLAG_RECOVERY_ADD),
                               _one_done, (cb, ctx, req))
 

@@ -438,22 +438,24 @@ def test_batch_mixed_valid_and_invalid_adds(tmp_path):
     run(main())
 
 
-def test_batch_two_ledgers_interleaved_journal_key_first_and_survive_a_crash(tmp_path):
-    cfg = make_config(tmp_path)
+@pytest.mark.parametrize("journals", [1, 2])
+def test_batch_two_ledgers_interleaved_journal_key_first_and_survive_a_crash(tmp_path, journals):
+    cfg = make_config(tmp_path, journal_dirs=[str(tmp_path / f"journal{i}") for i in range(journals)])
     reqs = [req(lid, eid, body=entry(lid, eid, lac=eid - 1)) for eid in range(10) for lid in (10, 11)]
 
     async def write():
         b = await started(cfg)
         a = Answers()
         b.add_entries_cb(reqs, a.cb, None)
-        assert await a.wait(reqs) == [None] * 20 and a.calls == 1  # one journal run, one completion
+        assert await a.wait(reqs) == [None] * 20 and a.calls == journals  # one run and completion per journal
         assert b.last_add_confirmed(10) == b.last_add_confirmed(11) == 8
         halt_without_checkpoint(b)
 
     async def check():
         from bk.journal import MASTER_KEY, Journal, LogMark
         records = []
-        Journal(cfg.journal_dirs[0], cfg).replay(LogMark(0, 0), lambda l, e, body: records.append((l, e)))
+        for d in cfg.journal_dirs:
+            Journal(d, cfg).replay(LogMark(0, 0), lambda l, e, body: records.append((l, e)))
         for lid in (10, 11):  # the key record first, then the entries in order
             assert [e for l, e in records if l == lid] == [MASTER_KEY] + list(range(10))
         b = await started(cfg)
