@@ -15,8 +15,9 @@ draining until the group holds `journal_buffered_writes_threshold_bytes` (a deep
 queue is taken in threshold-sized groups, so a group's buffer stays bounded),
 or its oldest record has waited `journal_max_group_wait_ms`, or (with
 `journal_flush_when_queue_empty`) the queue is empty. While it waits for the
-group to fill it polls the queue every POLL_S instead of being woken per
-record. Then: one write, one fdatasync (none when `journal_sync_data` is
+group to fill it blocks on the Event until the deadline, and log() wakes it
+early only when the queue holds what would fill the group (`_fill_len`, one
+integer compare per record, no wake per record, no polling). Then: one write, one fdatasync (none when `journal_sync_data` is
 false), and ONE `loop.call_soon_threadsafe` that runs every completion of the
 group in order. Small records are framed into one buffer by the kernel; a
 batch of big ones (SPLIT_MIN_BODY_BYTES on average) is written as each
@@ -56,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 Callback = Callable[[Any, BaseException | None], None]
 
-POLL_S = 0.0002  # how often a waiting group re-checks the queue
 SPLIT_MIN_BODY_BYTES = 16 * 1024  # from this average body size a batch is written without copying
 IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
@@ -103,6 +103,9 @@ class Journal:
         self._queue: list = []  # flat: body, cb, ctx, body, cb, ctx, ...
         self._idle = False  # the writer is parked on _wake; log() must set it
         self._wake = threading.Event()
+        # while the writer waits for a group to fill: wake it once the queue is this long
+        # (0: it is not waiting for that); written by both threads under the GIL
+        self._fill_len = 0
         self._stopping = False
         # log() fails at once when this is set (journal failed, stopped or not started)
         self._reject: BaseException | None = StorageError(f"journal {journal_dir} is not started")
@@ -146,9 +149,13 @@ class Journal:
         # hot path (once per add on the loop): one check, one list extend, and a
         # wakeup only when the writer is parked
         if self._reject is None and MIN_BODY_BYTES <= len(body) <= self._max_record_bytes:
-            self._queue.extend((body, cb, ctx))
+            queue = self._queue
+            queue.extend((body, cb, ctx))
             if self._idle:
                 self._idle = False
+                self._wake.set()
+            elif self._fill_len and len(queue) >= self._fill_len:
+                self._fill_len = 0
                 self._wake.set()
             return
         self._log_rejected(body, cb, ctx)
@@ -184,9 +191,13 @@ class Journal:
         flat[0::FIELDS] = bodies
         flat[-2] = cb
         flat[-1] = ctx
-        self._queue.extend(flat)  # one atomic extend: the writer sees whole records only
+        queue = self._queue
+        queue.extend(flat)  # one atomic extend: the writer sees whole records only
         if self._idle:
             self._idle = False
+            self._wake.set()
+        elif self._fill_len and len(queue) >= self._fill_len:
+            self._fill_len = 0
             self._wake.set()
 
     def _log_rejected(self, body, cb: Callback, ctx: Any) -> None:
@@ -243,7 +254,7 @@ class Journal:
         queue = self._queue
         frame = self._frame
         monotonic = time.monotonic
-        sleep = time.sleep
+        wake = self._wake
         max_wait_s = self._max_wait_s
         threshold = self._threshold_bytes
         flush_when_empty = self._flush_when_empty
@@ -291,7 +302,16 @@ class Journal:
                 now = monotonic()
                 if now >= deadline:
                     break
-                sleep(min(deadline - now, POLL_S))
+                # Block until the deadline, or until log() sees the queue hold what
+                # fills the group. Clear first, then publish _fill_len, then re-check
+                # the queue: a record queued at any point either is seen here or
+                # finds _fill_len set and wakes us.
+                wake.clear()
+                want = FIELDS * ((threshold - group_bytes) // avg_bytes + 1)
+                self._fill_len = want
+                if len(queue) < want and not self._stopping:
+                    wake.wait(deadline - now)
+                self._fill_len = 0
             if not queue:
                 # records queued from here on arrived after this drain; leftovers
                 # (a full group left them behind) keep the older estimate
@@ -419,4 +439,4 @@ class Journal:
         return f"Journal({self.journal_dir!r}, file={self._file_id:x}, mark={self._mark})"
 
 
-__all__ = ["Journal", "POLL_S", "FIELDS"]
+__all__ = ["Journal", "FIELDS"]

@@ -8,6 +8,7 @@ import asyncio
 import os
 import struct
 import threading
+import time
 
 import pytest
 
@@ -277,6 +278,24 @@ def test_threshold_flushes_without_waiting_for_max_wait(tmp_path):
         j.log(entry(1, i, 1000), c.cb, i)
     c.wait(5)
     j.stop()
+    assert all(exc is None for _, exc in c.done)
+
+
+def test_a_waiting_group_is_woken_by_the_record_that_fills_it(tmp_path):
+    # The writer has taken the first record and waits (one-minute deadline) for more;
+    # records trickle in one by one, each after the writer is asleep again: log()
+    # must wake it once the queue holds what fills the 4 KiB group.
+    cfg = make_config(journal_max_group_wait_ms=60_000, journal_flush_when_queue_empty=False,
+                      journal_buffered_writes_threshold_bytes=4096)
+    j = Journal(str(tmp_path), cfg)
+    j.start()
+    c = Completions()
+    for i in range(8):
+        j.log(entry(1, i, 1000), c.cb, i)
+        time.sleep(0.02)
+    c.wait(4, timeout_s=10)  # the first four records fill a group: written long before the deadline
+    j.stop()  # the rest (a group that never fills) is written by stop
+    assert sorted(ctx for ctx, _ in c.done) == list(range(8))
     assert all(exc is None for _, exc in c.done)
 
 
