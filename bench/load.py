@@ -163,6 +163,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
         deadline = t0 + spec.duration_s if spec.duration_s is not None else float("inf")
         seq = 0
         interval_s = 1.0 / spec.rate if spec.rate else 0.0
+        pacing_lag: list[float] = []  # paced: how late each add left (the generator's own delay)
         while remaining > 0 and state["errors"] == 0:
             if state["inflight"] >= depth:
                 await wait_for_completion()
@@ -180,6 +181,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
                     # (adds then leave in small bursts) instead of spinning on shorter sleeps
                     await asyncio.sleep(max(due - now, PACE_MIN_SLEEP_S))
                     continue
+                pacing_lag.append(now - due)
                 now = due
             li = seq % n_ledgers
             issue_t[li].append(now)
@@ -215,6 +217,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
     phases_s = {name: t - marks[i][1] for i, (name, t) in enumerate(marks[1:])}
     return {"t_start": t0, "t_end": t_end, "cpu_s": cpu_s, "entries": len(done_t), "errors": state["errors"],
             "error": state["error"], "latency_s": latency_s, "reads": reads, "phases_s": phases_s,
+            "pacing_lag_s": np.asarray(pacing_lag, dtype=np.float64),
             "ledger_ids": [lh.ledger_id for lh in handles]}
 
 
@@ -313,6 +316,9 @@ def summarize(raw: list[dict], spec: LoadSpec, writers: int) -> dict:
     adds = {"entries": entries, "bytes": entries * spec.entry_size, "elapsed_s": elapsed_s,
             "entries_per_s": rate(entries, elapsed_s), "mb_per_s": rate(entries * spec.entry_size, elapsed_s) / MB,
             "latency_ms": latency_summary_ms(np.concatenate([r["latency_s"] for r in raw])),
+            # paced runs: how late the generator itself issued adds (part of every latency above)
+            "pacing_lag_ms": (latency_summary_ms(np.concatenate([r["pacing_lag_s"] for r in raw]))
+                              if spec.rate else None),
             "errors": errors, "error": next((r["error"] for r in raw if r["error"]), None),
             # CPU of the writer processes (every thread) over the add window, 100 = one core
             "client_cpu_pct": 100.0 * rate(sum(r["cpu_s"] for r in raw), elapsed_s)}
@@ -449,6 +455,10 @@ def format_summary(summary: dict) -> str:
                      f" p999 {_ms(lat['p999'])} max {_ms(lat['max'])}; errors {part['errors']}{extra}")
         if part.get("error"):
             lines.append(f"       first error: {part['error']}")
+        lag = part.get("pacing_lag_ms")
+        if lag:
+            lines.append(f"       of which the generator's own pacing lag (add left after it was due): ms p50"
+                         f" {_ms(lag['p50'])} p99 {_ms(lag['p99'])} max {_ms(lag['max'])}")
     slow = {k: round(v, 1) for k, v in summary.get("phases_s", {}).items() if k not in ("adds", "reads") and v > 5}
     if slow:
         lines.append(f"note: slow client phases outside the measured window (s): {slow}")
