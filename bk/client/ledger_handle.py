@@ -215,7 +215,11 @@ class LedgerHandle(ReadHandle):
             i = self._index.get(bookie)
             if i is None or bookie in self._failed_bookies or (i - op.entry_id) % self._E >= self._WQ:
                 return  # an answer from a bookie that is (being) replaced
-            if op.ack(i) >= self._AQ and k == 0:
+            bit = 1 << i  # op.ack(i), inlined
+            if not op.acked & bit:
+                op.acked |= bit
+                op.ack_count += 1
+            if k == 0 and op.ack_count >= self._AQ:
                 self._deliver()
             return
         if self._fatal is not None or self._state is CLOSED:
@@ -238,10 +242,19 @@ class LedgerHandle(ReadHandle):
         pending, aq = self._pending, self._AQ
         while pending and pending[0].ack_count >= aq:
             op = pending.popleft()
-            self._lac = op.entry_id
+            entry_id = op.entry_id
+            self._lac = entry_id
             self._length_confirmed = op.length
             op.frame = None
-            op.complete(op.entry_id, None)
+            callback = op.callback
+            if callback is None:
+                op.complete(entry_id, None)
+                continue
+            op.callback = None  # the callback form, inlined (the hot one)
+            try:
+                callback(entry_id, None)
+            except Exception:  # a caller's bug must not stop the other completions
+                log.exception("add callback of entry %d failed", entry_id)
         if not pending:
             self._wake_drain()
 
