@@ -365,6 +365,14 @@ def test_chart_degrades_without_matplotlib(monkeypatch, tmp_path):
     assert not (tmp_path / "c.png").exists()
 
 
+def test_chart_is_a_png_when_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib")  # scripts/setup installs it (the bench extra)
+    ms = [_m("raw-disk", 100, 0, 10.0, 1.0), _m("bk-1", 100, 0, 5.0, 2.0)]
+    rows = compare.summarize(ms, ["raw-disk", "bk-1"], [100])
+    path = compare.write_chart(rows, str(tmp_path / "c.png"))
+    assert path is not None and (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ---------------------------------------------------------------- memory sampling
 def test_rss_and_cpu_of_this_process_and_of_a_missing_pid():
     assert read_status_kib(os.getpid())["VmRSS"] > 0
