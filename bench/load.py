@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import json
 import multiprocessing
 import os
@@ -97,6 +96,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
 
     `on_mark(label)`, if given, is called with "adds_start" and "adds_end" at the
     edges of the measured window (RssSampler.mark, for the servers' CPU)."""
+    from bk import eventloop
     from bk.client import BookKeeper
     from bk.errors import BKError
 
@@ -158,7 +158,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
         remaining = spec.count if spec.count is not None else float("inf")
         if on_mark is not None:
             on_mark("adds_start")
-        gc.freeze()  # what a long-running writer does after start-up (docs/BENCHMARKS.md)
+        eventloop.tune_gc()  # what a long-running writer does after start-up (docs/BENCHMARKS.md)
         cpu0, t0 = time.process_time(), perf()
         deadline = t0 + spec.duration_s if spec.duration_s is not None else float("inf")
         seq = 0

@@ -19,7 +19,6 @@ E/WQ/AQ 1/1/1 and 3/2/2 (two sends and two answers per add), callback adds
 from __future__ import annotations
 
 import asyncio
-import gc
 import statistics
 import struct
 
@@ -111,7 +110,7 @@ async def write_round(ensemble: int, wq: int, aq: int, use_callback: bool) -> fl
             def done_future(fut) -> None:
                 done(fut.result(), None)
 
-            gc.freeze()  # as bench.load does after its set-up
+            eventloop.tune_gc()  # as bench.load does after its set-up
             t0 = loop.time()
             issued = 0
             while issued < ADDS:

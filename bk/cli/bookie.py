@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 
@@ -55,11 +54,7 @@ async def serve(cfg: BookieConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    # Everything made while starting (modules, config, the ZooKeeper session) lives
-    # as long as the process: move it out of the cyclic GC's sight. Without this
-    # every full collection walks those objects again while adds allocate
-    # request records; measured on the add path it costs 2-3 us per add.
-    gc.freeze()
+    eventloop.tune_gc()  # start-up objects out of the GC's sight; fewer young collections
     print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri})", flush=True)
     await stop.wait()
     log.info("stopping bookie %s", cfg.bookie_id)
