@@ -151,12 +151,8 @@ class Journal:
         if self._reject is None and MIN_BODY_BYTES <= len(body) <= self._max_record_bytes:
             queue = self._queue
             queue.extend((body, cb, ctx))
-            if self._idle:
-                self._idle = False
-                self._wake.set()
-            elif self._fill_len and len(queue) >= self._fill_len:
-                self._fill_len = 0
-                self._wake.set()
+            if self._idle or (self._fill_len and len(queue) >= self._fill_len):
+                self._wake_writer()
             return
         self._log_rejected(body, cb, ctx)
 
@@ -193,12 +189,14 @@ class Journal:
         flat[-1] = ctx
         queue = self._queue
         queue.extend(flat)  # one atomic extend: the writer sees whole records only
-        if self._idle:
-            self._idle = False
-            self._wake.set()
-        elif self._fill_len and len(queue) >= self._fill_len:
-            self._fill_len = 0
-            self._wake.set()
+        if self._idle or (self._fill_len and len(queue) >= self._fill_len):
+            self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        """The writer is parked (idle) or waits for a group that the queue now fills."""
+        self._idle = False
+        self._fill_len = 0
+        self._wake.set()
 
     def _log_rejected(self, body, cb: Callback, ctx: Any) -> None:
         n = len(body)
