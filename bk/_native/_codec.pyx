@@ -347,6 +347,24 @@ def scan_add_run(reqs):
     return out
 
 
+cdef uint32_t _add_header(int version) except? 0:
+    """The v0..v2 ADD response header word."""
+    if version < 0 or version > _MAX_VERSION:
+        raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
+    return _OP_ADD if version == 0 else ((<uint32_t>version << 24) | (_OP_ADD << 16))
+
+
+cdef inline unsigned char *_put_ack(unsigned char *p, uint32_t header, int32_t rc, int64_t ledger_id,
+                                    int64_t entry_id) noexcept nogil:
+    """One complete ADD response frame at p; returns the end."""
+    _put_u32(p, _ADD_RESPONSE)
+    _put_u32(p + 4, header)
+    _put_u32(p + 8, <uint32_t>rc)
+    _put_i64(p + 12, ledger_id)
+    _put_i64(p + 20, entry_id)
+    return p + 4 + _ADD_RESPONSE
+
+
 def encode_add_responses(items, int version=2):
     cdef list rows = list(items)
     cdef Py_ssize_t i, n = len(rows)
@@ -355,19 +373,12 @@ def encode_add_responses(items, int version=2):
     cdef uint32_t header
     cdef bytes out
     cdef unsigned char *p
-    if version < 0 or version > _MAX_VERSION:
-        raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
-    header = _OP_ADD if version == 0 else ((<uint32_t>version << 24) | (_OP_ADD << 16))
+    header = _add_header(version)
     out = PyBytes_FromStringAndSize(NULL, n * (4 + _ADD_RESPONSE))
     p = <unsigned char *>PyBytes_AS_STRING(out)
     for i in range(n):
         rc, ledger_id, entry_id = rows[i]
-        _put_u32(p, _ADD_RESPONSE)
-        _put_u32(p + 4, header)
-        _put_u32(p + 8, <uint32_t>rc)
-        _put_i64(p + 12, ledger_id)
-        _put_i64(p + 20, entry_id)
-        p += 4 + _ADD_RESPONSE
+        p = _put_ack(p, header, rc, ledger_id, entry_id)
     return out
 
 
@@ -380,9 +391,7 @@ def encode_add_acks(reqs, int32_t rc, int version=2):
     cdef bytes out
     cdef unsigned char *p
     cdef object req
-    if version < 0 or version > _MAX_VERSION:
-        raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
-    header = _OP_ADD if version == 0 else ((<uint32_t>version << 24) | (_OP_ADD << 16))
+    header = _add_header(version)
     out = PyBytes_FromStringAndSize(NULL, n * (4 + _ADD_RESPONSE))
     p = <unsigned char *>PyBytes_AS_STRING(out)
     for i in range(n):
@@ -394,12 +403,7 @@ def encode_add_acks(reqs, int32_t rc, int version=2):
         else:
             ledger_id = req[2]
             entry_id = req[3]
-        _put_u32(p, _ADD_RESPONSE)
-        _put_u32(p + 4, header)
-        _put_u32(p + 8, <uint32_t>rc)
-        _put_i64(p + 12, ledger_id)
-        _put_i64(p + 20, entry_id)
-        p += 4 + _ADD_RESPONSE
+        p = _put_ack(p, header, rc, ledger_id, entry_id)
     return out
 
 
