@@ -334,7 +334,12 @@ def test_read_only_refuses_adds(tmp_path):
     run(main())
 
 
-def test_write_cache_full_waits_then_too_many_requests_and_loses_nothing(tmp_path):
+def _with_failing_checkpoints(tmp_path, add_all) -> None:
+    """A bookie with a 2 MiB write cache whose checkpoints fail (a broken entry-log disk):
+    `await add_all(b, payload)` adds 60 KB entries of ledger 14 until the cache is full
+    and returns (acked entry ids, the first refused id). Then the disk recovers: every
+    acked entry is readable after a checkpoint, the refused one was never stored, and it
+    can be added now."""
     cfg = make_config(tmp_path, write_cache_max_size_bytes="2MiB", write_cache_full_wait_ms=200,
                       flush_interval_ms=50)
 
@@ -347,24 +352,32 @@ def test_write_cache_full_waits_then_too_many_requests_and_loses_nothing(tmp_pat
                 raise StorageError("simulated disk failure")
             b.storage.entry_logger.add_entries = broken
             payload = b"x" * 60_000
-            acked, refused = [], []
-            for eid in range(60):  # 3.6 MB > both halves
-                try:
-                    await b.add_entry(14, eid, entry(14, eid, payload), KEY)
-                    acked.append(eid)
-                except TooManyRequestsError:
-                    refused.append(eid)
-            assert acked and refused
-            assert b.storage.last_checkpoint_error is not None
+            acked, refused = await add_all(b, payload)
             b.storage.entry_logger.add_entries = real  # the disk recovers
             await b.checkpoint()
             for eid in acked:
                 assert await b.read_entry(14, eid) == entry(14, eid, payload)
-            nxt = refused[0]
-            await b.add_entry(14, nxt, entry(14, nxt, payload), KEY)
+            with pytest.raises(NoSuchEntryError):
+                await b.read_entry(14, refused)
+            await b.add_entry(14, refused, entry(14, refused, payload), KEY)
         finally:
             await b.stop()
     run(main())
+
+
+def test_write_cache_full_waits_then_too_many_requests_and_loses_nothing(tmp_path):
+    async def add_all(b, payload):
+        acked, refused = [], []
+        for eid in range(60):  # 3.6 MB > both halves
+            try:
+                await b.add_entry(14, eid, entry(14, eid, payload), KEY)
+                acked.append(eid)
+            except TooManyRequestsError:
+                refused.append(eid)
+        assert acked and refused
+        assert b.storage.last_checkpoint_error is not None
+        return acked, refused[0]
+    _with_failing_checkpoints(tmp_path, add_all)
 
 
 def test_many_ledgers_large_volume_and_rotation(tmp_path):
@@ -537,35 +550,16 @@ def test_batch_journal_failure_fails_the_whole_run(tmp_path, monkeypatch):
 
 
 def test_batch_write_cache_full_mid_run_waits_then_refuses_each(tmp_path):
-    cfg = make_config(tmp_path, write_cache_max_size_bytes="2MiB", write_cache_full_wait_ms=200,
-                      flush_interval_ms=50)
-
-    async def main():
-        b = await started(cfg)
-        try:
-            real = b.storage.entry_logger.add_entries
-
-            def broken(entries):
-                raise StorageError("simulated disk failure")
-            b.storage.entry_logger.add_entries = broken
-            payload = b"x" * 60_000
-            reqs = [req(14, eid, body=entry(14, eid, payload)) for eid in range(60)]  # 3.6 MB > both halves
-            a = Answers()
-            b.add_entries_cb(reqs, a.cb, None)
-            answers = await a.wait(reqs)
-            acked = [r.entry_id for r, err in zip(reqs, answers) if err is None]
-            assert acked == list(range(len(acked))) and 0 < len(acked) < 60
-            assert set(answers[len(acked):]) == {TooManyRequestsError}
-            b.storage.entry_logger.add_entries = real  # the disk recovers
-            await b.checkpoint()
-            for eid in acked:
-                assert await b.read_entry(14, eid) == entry(14, eid, payload)
-            with pytest.raises(NoSuchEntryError):
-                await b.read_entry(14, len(acked))
-            await b.add_entry(14, len(acked), entry(14, len(acked), payload), KEY)
-        finally:
-            await b.stop()
-    run(main())
+    async def add_all(b, payload):
+        reqs = [req(14, eid, body=entry(14, eid, payload)) for eid in range(60)]  # 3.6 MB > both halves
+        a = Answers()
+        b.add_entries_cb(reqs, a.cb, None)
+        answers = await a.wait(reqs)
+        acked = [r.entry_id for r, err in zip(reqs, answers) if err is None]
+        assert acked == list(range(len(acked))) and 0 < len(acked) < 60
+        assert set(answers[len(acked):]) == {TooManyRequestsError}
+        return acked, len(acked)
+    _with_failing_checkpoints(tmp_path, add_all)
 
 
 def test_batch_journal_off_answers_at_once_and_read_only_refuses(tmp_path):
