@@ -13,10 +13,11 @@ try:
     from Cython.Build import cythonize
     from setuptools import Extension
 
-    sources = sorted(glob.glob(os.path.join("bk", "_native", "*.pyx")))
+    # bk/_native: byte kernels; bk/client/_core.pyx: the client's add path
+    sources = sorted(glob.glob(os.path.join("bk", "_native", "*.pyx")) + glob.glob(os.path.join("bk", "client", "*.pyx")))
     extensions = [
         Extension(
-            "bk._native." + os.path.splitext(os.path.basename(src))[0],
+            os.path.splitext(src)[0].replace(os.sep, "."),
             [src],
             include_dirs=[os.path.join("bk", "_native")],
             extra_compile_args=["-O3"],

@@ -1,7 +1,9 @@
 """The one place that chooses native (Cython) or pure-Python byte kernels.
 
 A kernel NAME lives in `bk/_native/_NAME.pyx` (compiled to `bk._native._NAME`)
-with a pure twin `bk/_native/NAME_py.py` exposing the same functions.
+with a pure twin `bk/_native/NAME_py.py` exposing the same functions. The one
+kernel outside bk/_native is the client's add path, `bk/client/_core.pyx` with
+its twin `bk/client/core_py.py` (domain objects, so it lives with the client).
 `BK_NO_NATIVE=1` forces the twins; `BK_REQUIRE_NATIVE=1` makes a missing
 compiled module an ImportError instead of a silent fallback.
 """
@@ -18,31 +20,32 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
-def load_pure(name: str) -> ModuleType:
-    return importlib.import_module(f"bk._native.{name}_py")
+def load_pure(name: str, package: str = "bk._native") -> ModuleType:
+    return importlib.import_module(f"{package}.{name}_py")
 
 
-def load_native(name: str) -> ModuleType | None:
+def load_native(name: str, package: str = "bk._native") -> ModuleType | None:
     """The compiled kernel, or None when it was not built."""
     try:
-        return importlib.import_module(f"bk._native._{name}")
+        return importlib.import_module(f"{package}._{name}")
     except ImportError:
         return None
 
 
-def load(name: str) -> ModuleType:
+def load(name: str, package: str = "bk._native") -> ModuleType:
+    """Kernel NAME of `package` (bk._native's byte kernels; bk.client's add path as `core`)."""
     if _flag("BK_NO_NATIVE"):
         _chosen[name] = "pure"
-        return load_pure(name)
-    mod = load_native(name)
+        return load_pure(name, package)
+    mod = load_native(name, package)
     if mod is None:
         if _flag("BK_REQUIRE_NATIVE"):
             raise ImportError(
-                f"native kernel bk._native._{name} is not built and BK_REQUIRE_NATIVE=1; "
+                f"native kernel {package}._{name} is not built and BK_REQUIRE_NATIVE=1; "
                 "run `pip install -e .` with Cython and a C compiler"
             )
         _chosen[name] = "pure"
-        return load_pure(name)
+        return load_pure(name, package)
     _chosen[name] = "native"
     return mod
 

@@ -39,10 +39,11 @@ import struct
 from collections import deque
 from typing import Callable
 
+from bk import _native
 from bk.errors import BookieConnectionError, BookieTimeoutError, ProtocolError
 from bk.meta.registration import split_bookie_id
 from bk.proto import (
-    DEFAULT_MAX_FRAME_SIZE_BYTES, FLAG_DO_FENCING, AddResponse, BadFrameLengthError, BatchReadRequest,
+    DEFAULT_MAX_FRAME_SIZE_BYTES, FLAG_DO_FENCING, BadFrameLengthError, BatchReadRequest,
     BatchReadResponse, FrameDecoder, GetBookieInfoRequest, GetBookieInfoResponse, OpCode, ReadLacRequest,
     ReadLacResponse, ReadRequest, ReadResponse, ResponseDecodeError, WriteLacRequest, WriteLacResponse,
     encode_request,
@@ -50,6 +51,7 @@ from bk.proto import (
 from bk.proto.constants import MASTER_KEY_LENGTH
 
 log = logging.getLogger(__name__)
+RequestCore = _native.load("core", "bk.client").RequestCore
 
 ADD, READ, READ_LAC, WRITE_LAC, INFO, BATCH = (
     int(OpCode.ADD_ENTRY), int(OpCode.READ_ENTRY), int(OpCode.READ_LAC), int(OpCode.WRITE_LAC),
@@ -94,7 +96,7 @@ class _BookieProtocol(asyncio.Protocol):
         self.client._connection_lost(self, exc)
 
 
-class BookieClient:
+class BookieClient(RequestCore):
     """The connection to one bookie and its pending requests."""
 
     def __init__(self, bookie_id: str, *, add_timeout_s: float = 10.0, read_timeout_s: float = 10.0,
@@ -142,12 +144,6 @@ class BookieClient:
         return at is not None and self._loop.time() - at < SUSPECT_S
 
     # ------------------------------------------------------------ requests
-    def send_add(self, frame: bytes, ledger_id: int, entry_id: int, callback: Callback,
-                 timeout_s: float | None = None) -> None:
-        """Send a complete ADD request frame (see ledger_handle's framing)."""
-        self._send((ADD, ledger_id, entry_id), frame, callback,
-                   self.add_timeout_s if timeout_s is None else timeout_s)
-
     def send_read(self, ledger_id: int, entry_id: int, callback: Callback, *, flags: int = 0,
                   master_key: bytes | None = None, timeout_s: float | None = None) -> None:
         """READ of one entry (-1 = the bookie's last entry); fencing reads carry the key."""
@@ -198,43 +194,19 @@ class BookieClient:
         send(*args, done, **kwargs)
         return fut
 
-    def _send(self, key: tuple, frame: bytes, callback: Callback, timeout_s: float) -> None:
-        if self._closed:
-            callback(None, BookieConnectionError(f"bookie {self.bookie_id}: client is closed"))
-            return
-        request = (callback, self._loop.time() + timeout_s)
-        if self._pending.setdefault(key, request) is not request:  # rare: the same question again
-            queued = self._queued.get(key)
-            if queued is None:
-                queued = self._queued[key] = deque()
-            queued.append(request)
-        self._pending_count += 1
-        if timeout_s < self._shortest_timeout_s:
-            self._shortest_timeout_s = timeout_s
-            if self._sweep_handle is not None:
-                self._sweep_handle.cancel()
-                self._sweep_handle = None
-        if self._sweep_handle is None:
-            self._arm_sweep()
-        self._out.append(frame)
-        if self._protocol is not None:
-            self._out_bytes += len(frame)
-            if self._out_bytes >= EAGER_FLUSH_BYTES:
-                self._flush()  # let the bookie start on this while we go on producing
-            elif not self._flush_scheduled:
-                self._flush_scheduled = True
-                self._loop.call_soon(self._flush)
-        elif self._connect_task is None:
-            self._connect_task = self._loop.create_task(self._connect(), name=f"connect-{self.bookie_id}")
+    # called by RequestCore._send (bk/client/_core.pyx, twin core_py.py) on its rare paths
+    def _refuse_closed(self, callback: Callback) -> None:
+        callback(None, BookieConnectionError(f"bookie {self.bookie_id}: client is closed"))
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        protocol = self._protocol
-        if protocol is None or not self._out:
-            return
-        out, self._out = self._out, []
-        self._out_bytes = 0
-        protocol.transport.writelines(out)
+    def _queue(self, key: tuple, request: tuple) -> None:
+        """A second request with a key already pending waits behind it, in send order."""
+        queued = self._queued.get(key)
+        if queued is None:
+            queued = self._queued[key] = deque()
+        queued.append(request)
+
+    def _start_connect(self) -> None:
+        self._connect_task = self._loop.create_task(self._connect(), name=f"connect-{self.bookie_id}")
 
     # ------------------------------------------------------------ connection
     async def _connect(self) -> None:
@@ -306,43 +278,26 @@ class BookieClient:
             protocol.transport.close()
 
     # ------------------------------------------------------------ responses
-    def _dispatch_all(self, protocol: _BookieProtocol, items) -> None:
-        if protocol is not self._protocol:
-            return
-        pending = self._pending
-        for msg in items:
-            t = type(msg)
-            if t is AddResponse:
-                key = (ADD, msg.ledger_id, msg.entry_id)
-            elif t is ReadResponse:
-                key = (READ, msg.ledger_id, msg.entry_id)
-                if key not in pending:
-                    key = (READ, msg.ledger_id, -1)
-            elif t is BatchReadResponse:
-                key = (BATCH, msg.request_id)
-            elif t is ReadLacResponse:
-                key = (READ_LAC, msg.ledger_id)
-            elif t is WriteLacResponse:
-                key = (WRITE_LAC, msg.ledger_id)
-            elif t is GetBookieInfoResponse:
-                key = (INFO,)
-            elif t is ResponseDecodeError:
-                self._protocol_error(protocol, msg)
-                return
-            else:  # AUTH answers: we never authenticate
-                log.debug("bookie %s: ignoring %r", self.bookie_id, msg)
-                continue
-            request = pending.pop(key, None)
-            if request is None:
-                log.debug("bookie %s: no pending request for %r (late answer?)", self.bookie_id, msg)
-                continue
-            if self._queued:
-                self._promote(key)
-            self._pending_count -= 1
-            try:
-                request[0](msg, None)
-            except Exception:  # a caller's bug must not break the connection
-                log.exception("request callback failed")
+    # RequestCore._dispatch_all matches ADD answers itself and asks this for the rest.
+    def _key_for(self, protocol: _BookieProtocol, msg):
+        """The pending-table key `msg` answers; None to skip it, False after a protocol error."""
+        t = type(msg)
+        if t is ReadResponse:
+            key = (READ, msg.ledger_id, msg.entry_id)
+            return key if key in self._pending else (READ, msg.ledger_id, -1)
+        if t is BatchReadResponse:
+            return (BATCH, msg.request_id)
+        if t is ReadLacResponse:
+            return (READ_LAC, msg.ledger_id)
+        if t is WriteLacResponse:
+            return (WRITE_LAC, msg.ledger_id)
+        if t is GetBookieInfoResponse:
+            return (INFO,)
+        if t is ResponseDecodeError:
+            self._protocol_error(protocol, msg)
+            return False
+        log.debug("bookie %s: ignoring %r", self.bookie_id, msg)  # AUTH answers: we never authenticate
+        return None
 
     def _promote(self, key: tuple) -> None:
         """The oldest queued request with `key` (if any) becomes the pending one."""

@@ -37,7 +37,6 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from functools import partial
 
 from bk.errors import (
     BKError, BookieError, IncorrectParameterError, LedgerClosedError, LedgerFencedError, MetadataFormatError,
@@ -45,12 +44,15 @@ from bk.errors import (
     error_for_code,
 )
 from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
+from bk import _native
 from bk.proto import DigestManager, StatusCode
 
-from .quorum import AddFramer, PendingAdd, in_write_set
+from .quorum import AddFramer, in_write_set
 from .read_handle import ReadHandle
 
 log = logging.getLogger(__name__)
+_core = _native.load("core", "bk.client")
+AddCore, AddResponder, PendingAdd = _core.AddCore, _core.AddResponder, _core.PendingAdd
 
 EOK = int(StatusCode.EOK)
 EFENCED = int(StatusCode.EFENCED)
@@ -69,12 +71,14 @@ def _error(cls: type, message: str, ledger_id: int, entry_id: int | None, outcom
     return err
 
 
-class LedgerHandle(ReadHandle):
+class LedgerHandle(AddCore, ReadHandle):
     def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
                  master_key: bytes, *, add_flags: int = 0):
         super().__init__(bk, ledger_id, metadata, version, digest, master_key)
         self._loop = asyncio.get_running_loop()
         self._framer = AddFramer(digest, master_key, bk.max_frame_size_bytes, add_flags)
+        # the core frames small CRC32C entries with the codec kernel directly (None: ask the framer)
+        self._frame_small, self._add_header = self._framer.small_frame_kernel()
         self._fixed_lac: int | None = None  # recovery stamps every entry with the LAC it started from
         self._max_payload_bytes = self._framer.max_payload_bytes()
         self._E = metadata.ensemble_size
@@ -127,54 +131,16 @@ class LedgerHandle(ReadHandle):
         # per ensemble index: (client, response callback bound to the bookie), and
         # per entry id mod E: the write set's indexes and those pairs (no per-add work)
         E, WQ = self._E, self._WQ
-        self._write_sets_by_index = [(c, partial(self._add_response, b)) for c, b in zip(self._clients, self._ensemble)]
+        self._write_sets_by_index = [(c, AddResponder(self, b)) for c, b in zip(self._clients, self._ensemble)]
         self._write_set_indexes = [tuple((r + i) % E for i in range(WQ)) for r in range(E)]
         self._write_sets = [tuple(self._write_sets_by_index[i] for i in idx) for idx in self._write_set_indexes]
 
     # ------------------------------------------------------------ adds
+    # async_add_entry, _add_response (an EOK answer) and _deliver are AddCore's
+    # (bk/client/_core.pyx, twin core_py.py); the rare paths below are called by name.
     async def add_entry(self, data) -> int:
         """Append `data`; returns its entry id once AQ bookies stored it."""
         return await self.async_add_entry(data)
-
-    def async_add_entry(self, data, callback=None):
-        """Start an add without waiting (pipelining).
-
-        Without `callback`: returns the future of the entry id. With `callback`
-        (no future is made: the cheapest way to keep thousands of adds in
-        flight): returns the entry id at once and later calls, on the event loop
-        and in entry-id order, `callback(entry_id, None)` once AQ bookies stored
-        it or `callback(entry_id, error)` if it failed. Either way an add that
-        cannot start (closed handle, fenced writer, bad data) raises here.
-        """
-        if self._refuse is not None or self._bk.closed:
-            self._raise_refused()
-        if type(data) is not bytes:
-            if not isinstance(data, (bytearray, memoryview)):
-                raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
-            data = bytes(data)
-        if len(data) > self._max_payload_bytes:
-            raise IncorrectParameterError(
-                f"entry of {len(data)} bytes is larger than {self._max_payload_bytes} bytes"
-                f" (max_frame_size_bytes {self._framer.max_frame_size_bytes} less the ADD headers)")
-        entry_id = self._last_add_pushed + 1
-        self._last_add_pushed = entry_id
-        length = self._length_pushed = self._length_pushed + len(data)
-        lac = self._lac if self._fixed_lac is None else self._fixed_lac
-        frame = self._framer.frame(entry_id, lac, length, data)
-        if callback is None:
-            future = self._loop.create_future()
-            op = PendingAdd(entry_id, frame, future, length)
-        else:
-            future = entry_id
-            op = PendingAdd(entry_id, frame, None, length, callback)
-        self._pending.append(op)
-        if not self._failed_bookies:  # the common case: every bookie of the write set is up
-            op.sent = True
-            for client, respond in self._write_sets[entry_id % self._E]:
-                client.send_add(frame, self.ledger_id, entry_id, respond)
-        else:
-            self._send(op, self._write_set_indexes[entry_id % self._E])
-        return future
 
     def _raise_refused(self):
         if self._state is not OPEN:
@@ -186,6 +152,11 @@ class LedgerHandle(ReadHandle):
         if self._fatal is not None:
             cls, why = self._fatal
             raise _error(cls, f"{why}; this add was not written", self.ledger_id, None, False)
+
+    def _too_large(self, n: int):
+        raise IncorrectParameterError(
+            f"entry of {n} bytes is larger than {self._max_payload_bytes} bytes"
+            f" (max_frame_size_bytes {self._framer.max_frame_size_bytes} less the ADD headers)")
 
     def _update_refuse(self) -> None:
         """`_refuse` is set whenever the handle's state or a fatal error refuses adds (the
@@ -202,26 +173,8 @@ class LedgerHandle(ReadHandle):
             client, respond = responders[i]
             client.send_add(frame, ledger_id, entry_id, respond)
 
-    def _add_response(self, bookie: str, response, err) -> None:
-        """A bookie's answer to an ADD (bound per bookie in _set_ensemble)."""
-        pending = self._pending
-        if err is None and response.rc == EOK:
-            if not pending:
-                return  # already completed or failed
-            k = response.entry_id - pending[0].entry_id
-            if k < 0 or k >= len(pending):
-                return  # already completed or failed
-            op = pending[k]
-            i = self._index.get(bookie)
-            if i is None or bookie in self._failed_bookies or (i - op.entry_id) % self._E >= self._WQ:
-                return  # an answer from a bookie that is (being) replaced
-            bit = 1 << i  # op.ack(i), inlined
-            if not op.acked & bit:
-                op.acked |= bit
-                op.ack_count += 1
-            if k == 0 and op.ack_count >= self._AQ:
-                self._deliver()
-            return
+    def _add_failure(self, bookie: str, response, err) -> None:
+        """A bookie's answer to an ADD other than EOK, or a failure to get one."""
         if self._fatal is not None or self._state is CLOSED:
             return
         rc = None if err is not None else response.rc
@@ -234,29 +187,6 @@ class LedgerHandle(ReadHandle):
                        f" {self.ledger_id} (wrong password?)")
         else:
             self._bookie_failed(bookie, err or error_for_code(rc, ledger_id=self.ledger_id, entry_id=entry_id))
-
-    def _deliver(self) -> None:
-        """Complete the acknowledged prefix of the pending adds, in entry-id order."""
-        if self._changing:
-            return
-        pending, aq = self._pending, self._AQ
-        while pending and pending[0].ack_count >= aq:
-            op = pending.popleft()
-            entry_id = op.entry_id
-            self._lac = entry_id
-            self._length_confirmed = op.length
-            op.frame = None
-            callback = op.callback
-            if callback is None:
-                op.complete(entry_id, None)
-                continue
-            op.callback = None  # the callback form, inlined (the hot one)
-            try:
-                callback(entry_id, None)
-            except Exception:  # a caller's bug must not stop the other completions
-                log.exception("add callback of entry %d failed", entry_id)
-        if not pending:
-            self._wake_drain()
 
     def _fail(self, cls: type, why: str) -> None:
         """Fatal for the writer: fail every pending add and refuse every later one."""

@@ -14,7 +14,6 @@ ensemble change (the frame names no bookie).
 """
 from __future__ import annotations
 
-import logging
 import struct
 
 from bk import _native
@@ -26,10 +25,10 @@ _entry_header = struct.Struct(">qqqq")
 _frame_head = struct.Struct(">iI")
 # header(4) + master key(20) + entry header(32) + digest(N) + payload
 _ADD_FIXED_BYTES = 4 + MASTER_KEY_LENGTH + ENTRY_HEADER_LENGTH
-log = logging.getLogger(__name__)
 _frame_add_crc32c = _native.load("codec").frame_add_crc32c
 # Above this payload size google_crc32c's 3-way CRC beats the kernel's single
 # stream by more than the extra copy of the join costs (measured ~8 KiB).
+# The add path's core (core_py.SMALL_FRAME_MAX_PAYLOAD) uses the same bound.
 _KERNEL_FRAME_MAX_PAYLOAD = 8192
 
 
@@ -87,62 +86,14 @@ class AddFramer:
         body_bytes = _ADD_FIXED_BYTES + len(digest) + len(payload)
         return b"".join((_frame_head.pack(body_bytes, self._header), self.master_key, header, digest, payload))
 
+    def small_frame_kernel(self) -> tuple:
+        """`(kernel, header)`: `kernel(header, master_key, ledger_id, entry_id, lac, total_length, payload)`
+        builds the same frame as `frame` for payloads up to SMALL_FRAME_MAX_PAYLOAD bytes; the kernel
+        is None unless the digest is CRC32C (then only `frame` knows how)."""
+        return (_frame_add_crc32c if self._crc32c else None), self._header
+
     def frame_with_flags(self, flags: int, entry_id: int, lac: int, total_length: int, payload: bytes) -> bytes:
         """Like `frame` but with other header flags (FLAG_RECOVERY_ADD for recovery writes)."""
         frame = self.frame(entry_id, lac, total_length, payload)
         header = (2 << 24) | (int(OpCode.ADD_ENTRY) << 16) | flags
         return frame[:4] + struct.pack(">I", header) + frame[8:]
-
-
-class PendingAdd:
-    """One entry between add_entry and its completion.
-
-    `acked` is a bit mask over ensemble indexes of the bookies that answered
-    EOK under the current ensemble; `ack_count` its population. An ensemble
-    change clears the bits of the indexes whose bookie changed. The outcome goes
-    to `future` or, for callback adds, to `callback(entry_id, error)`: exactly once.
-    """
-
-    __slots__ = ("entry_id", "frame", "future", "callback", "length", "acked", "ack_count", "sent")
-
-    def __init__(self, entry_id: int, frame: bytes, future, length: int, callback=None):
-        self.entry_id = entry_id
-        self.frame = frame
-        self.future = future
-        self.callback = callback
-        self.length = length  # cumulative ledger length including this entry
-        self.acked = 0
-        self.ack_count = 0
-        self.sent = False  # sent to at least one bookie: its outcome is unknown if it fails
-
-    def ack(self, index: int) -> int:
-        bit = 1 << index
-        if not self.acked & bit:
-            self.acked |= bit
-            self.ack_count += 1
-        return self.ack_count
-
-    def unack(self, index: int) -> None:
-        bit = 1 << index
-        if self.acked & bit:
-            self.acked &= ~bit
-            self.ack_count -= 1
-
-    def finished(self) -> bool:
-        return self.future.done() if self.future is not None else self.callback is None
-
-    def complete(self, entry_id: int, err: BaseException | None) -> None:
-        future = self.future
-        if future is not None:
-            if not future.done():
-                if err is None:
-                    future.set_result(entry_id)
-                else:
-                    future.set_exception(err)
-            return
-        callback, self.callback = self.callback, None
-        if callback is not None:
-            try:
-                callback(entry_id, err)
-            except Exception:  # a caller's bug must not stop the other completions
-                log.exception("add callback of entry %d failed", entry_id)
