@@ -42,6 +42,7 @@ import time
 
 from . import REPO_DIR, bench_base_dir, scratch_dir
 from .load import ADD_WINDOW, LoadSpec, bookie_pids, local_cluster, run_load
+from .diskstats import BlockDevice
 from .procmem import RssSampler
 from .rawdisk import run_raw_disk
 from .redisbench import REDIS_BENCHMARK_MISSING, REDIS_MISSING, RedisServer, run_redis_benchmark, run_resp_load
@@ -95,8 +96,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- one measurement each
-def _measurement(system: str, size: int, run: int, r: dict, peak_rss: dict, server_cpu: dict) -> dict:
+def _measurement(system: str, size: int, run: int, r: dict, peak_rss: dict, server_cpu: dict,
+                 disk_mb_per_s: float | None = None) -> dict:
     return {"system": system, "entry_size": size, "run": run, "entries": r["entries"], "bytes": r["bytes"],
+            "disk_mb_per_s": disk_mb_per_s,
             "elapsed_s": r["elapsed_s"], "entries_per_s": r["entries_per_s"], "mb_per_s": r["mb_per_s"],
             "latency_ms": r["latency_ms"], "peak_rss_mib": peak_rss, "server_cpu_pct": server_cpu,
             "client_cpu_pct": r.get("client_cpu_pct"), "errors": r.get("errors", 0),
@@ -140,10 +143,10 @@ def measure_bk(system: str, size: int, args, run: int, zk_connect: str) -> dict:
     spec = LoadSpec(duration_s=args.duration_s, entry_size=size, in_flight=args.in_flight, ensemble=e,
                     write_quorum=wq, ack_quorum=aq)
     with local_cluster(bookies, zk_connect=zk_connect, prefix=f"cmp-{system}", **settings) as cluster:
-        with RssSampler(bookie_pids(cluster)) as rss:
+        with RssSampler(bookie_pids(cluster), disk=BlockDevice.of(bench_base_dir())) as rss:
             s = run_load(cluster.metadata_uri, spec, on_mark=rss.mark)
     return _measurement(system, size, run, {**s["adds"], "spec": s["spec"], "phases_s": s["phases_s"]},
-                        rss.peak_mib(), rss.cpu_pct(between=ADD_WINDOW))
+                        rss.peak_mib(), rss.cpu_pct(between=ADD_WINDOW), rss.disk_mb_per_s(ADD_WINDOW))
 
 
 # ---------------------------------------------------------------- summary
@@ -175,6 +178,9 @@ def summarize(measurements: list[dict], systems, sizes) -> list[dict]:
                        (v for v in rss_per_run if v is not None), default=None),
                    "server_cpu_pct": median_or_none(_total(m["server_cpu_pct"]) for m in ms),
                    "client_cpu_pct": median_or_none(m.get("client_cpu_pct") for m in ms),
+                   # raw-disk's payload MB/s is what its disk wrote; bk's device figure includes its overheads
+                   "disk_mb_per_s": (median_or_none(m["mb_per_s"] for m in ms) if system == "raw-disk" else
+                                     median_or_none(m.get("disk_mb_per_s") for m in ms)),
                    "errors": sum(m["errors"] for m in ms)}
             med[system] = row["entries_per_s"]
             rows.append(row)
@@ -187,14 +193,14 @@ def summarize(measurements: list[dict], systems, sizes) -> list[dict]:
 
 
 def render_summary(rows: list[dict]) -> str:
-    headers = ["system", "size", "entries/s", "±%", "MB/s", "p99 ms", "peak RSS MiB", "srv CPU%", "cli CPU%",
-               "bk/raw", "bk/Redis"]
+    headers = ["system", "size", "entries/s", "±%", "MB/s", "disk MB/s", "p99 ms", "peak RSS MiB", "srv CPU%",
+               "cli CPU%", "bk/raw", "bk/Redis"]
     body = []
     for r in rows:
         x = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         body.append([r["system"], human_size(r["entry_size"]), fmt_num(r["entries_per_s"]),
                      "-" if r["spread_pct"] is None else f"{r['spread_pct']:.0f}", fmt_num(r["mb_per_s"], 1),
-                     fmt_num(r["p99_ms"], 1), fmt_num(r["peak_rss_mib"]), fmt_num(r.get("server_cpu_pct")),
+                     fmt_num(r.get("disk_mb_per_s"), 1), fmt_num(r["p99_ms"], 1), fmt_num(r["peak_rss_mib"]), fmt_num(r.get("server_cpu_pct")),
                      fmt_num(r.get("client_cpu_pct")),
                      x(r.get("x_raw")) if r["system"] in BK_SYSTEMS else "",
                      x(r.get("x_redis")) if r["system"] in BK_SYSTEMS else ""])

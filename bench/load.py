@@ -42,6 +42,7 @@ from functools import partial
 import numpy as np
 
 from . import bench_base_dir, child_env, scratch_dir
+from .diskstats import BlockDevice
 from .procmem import RssSampler
 from .stats import MB, human_size, latency_summary_ms, parse_size, positive_float, positive_int, rate
 
@@ -121,18 +122,20 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
         first_id = [lh.last_add_pushed + 1 for lh in handles]
         latencies: list[float] = []
         done_t: list[float] = []
-        state = {"inflight": 0, "errors": 0, "error": None, "waiter": None}
+        state = {"errors": 0, "error": None, "waiter": None}
+        inflight = 0  # adds issued and not completed (closure cells: the hot counters stay off dict lookups)
 
         def done(li, entry_id, err):
-            state["inflight"] -= 1
-            if err is not None:
-                state["errors"] += 1
-                if state["error"] is None:
-                    state["error"] = repr(err)
-            else:
+            nonlocal inflight
+            inflight -= 1
+            if err is None:
                 t = perf()
                 done_t.append(t)
                 latencies.append(t - issue_t[li][entry_id - first_id[li]])
+            else:
+                state["errors"] += 1
+                if state["error"] is None:
+                    state["error"] = repr(err)
             waiter = state["waiter"]
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -165,7 +168,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
         interval_s = 1.0 / spec.rate if spec.rate else 0.0
         pacing_lag: list[float] = []  # paced: how late each add left (the generator's own delay)
         while remaining > 0 and state["errors"] == 0:
-            if state["inflight"] >= depth:
+            if inflight >= depth:
                 await wait_for_completion()
                 continue
             now = perf()
@@ -191,16 +194,16 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
                 state["errors"] += 1
                 state["error"] = state["error"] or repr(e)
                 break
-            state["inflight"] += 1
+            inflight += 1
             seq += 1
             remaining -= 1
         drain_deadline = perf() + DRAIN_TIMEOUT_S
-        while state["inflight"] > 0 and perf() < drain_deadline:
+        while inflight > 0 and perf() < drain_deadline:
             with contextlib.suppress(asyncio.TimeoutError):
                 await wait_for_completion(max(0.0, drain_deadline - perf()))
-        if state["inflight"] > 0:
-            state["errors"] += state["inflight"]
-            state["error"] = state["error"] or f"{state['inflight']} adds unanswered after {DRAIN_TIMEOUT_S} s"
+        if inflight > 0:
+            state["errors"] += inflight
+            state["error"] = state["error"] or f"{inflight} adds unanswered after {DRAIN_TIMEOUT_S} s"
         t_end = max(done_t) if done_t else t0
         cpu_s = time.process_time() - cpu0
         if on_mark is not None:
@@ -466,6 +469,10 @@ def format_summary(summary: dict) -> str:
     if rss:
         lines.append("bookies: " + ", ".join(
             f"{k} peak RSS {_num(v, 'MiB')} CPU {_num(cpu.get(k), '%')}" for k, v in rss.items()))
+    disk = summary.get("disk") or {}
+    if disk.get("mb_per_s") is not None:
+        lines.append(f"disk : {disk['device']} written {disk['mb_per_s']:.1f} MB/s over the add window (every"
+                     " write to the device: compare with python -m bench.rawdisk)")
     return "\n".join(lines)
 
 
@@ -476,10 +483,13 @@ def main(argv=None) -> int:
     else:
         print(f"starting a LocalCluster with {args.bookies} bookie(s) under {bench_base_dir()}", file=sys.stderr)
         with local_cluster(args.bookies, **args.settings) as cluster:
-            with RssSampler(bookie_pids(cluster)) as rss:
+            disk = BlockDevice.of(bench_base_dir())
+            with RssSampler(bookie_pids(cluster), disk=disk) as rss:
                 summary = run_load(cluster.metadata_uri, spec, args.writers, on_mark=rss.mark)
             summary["bookie_peak_rss_mib"] = rss.peak_mib()
             summary["bookie_cpu_pct"] = rss.cpu_pct(between=ADD_WINDOW)
+            # what the bookies' disk wrote over the add window (journal + entry logs + index + anything else)
+            summary["disk"] = {"device": disk.name if disk else None, "mb_per_s": rss.disk_mb_per_s(ADD_WINDOW)}
             summary["bookie_settings"] = {**BENCH_BOOKIE_SETTINGS, **args.settings}
     print(format_summary(summary))
     if args.json:

@@ -76,13 +76,15 @@ def read_cpu_s(pid: int) -> float | None:
 
 
 class RssSampler:
-    def __init__(self, pids: dict, interval_s: float = 0.1, use_hwm: bool = True):
+    def __init__(self, pids: dict, interval_s: float = 0.1, use_hwm: bool = True, disk=None):
         self.pids = dict(pids)
+        self.disk = disk  # a diskstats.BlockDevice: its written bytes are snapshot at each mark()
         self.interval_s = interval_s
         self.use_hwm = use_hwm
         self._peak_kib = {name: 0 for name in self.pids}
         self._cpu = {name: None for name in self.pids}  # (first cpu_s, first wall, last cpu_s, last wall)
         self._marks: dict[str, dict] = {}
+        self._disk_marks: dict[str, tuple] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -129,6 +131,15 @@ class RssSampler:
         """Snapshot every process's CPU time now (e.g. at the start and end of the measured window)."""
         now = time.monotonic()
         self._marks[label] = {name: (read_cpu_s(pid), now) for name, pid in self.pids.items()}
+        if self.disk is not None:
+            self._disk_marks[label] = (self.disk.written_bytes(), now)
+
+    def disk_mb_per_s(self, between: tuple[str, str]) -> float | None:
+        """MB/s (10^6 bytes) written to the disk between two mark() labels; None if unknown."""
+        a, b = (self._disk_marks.get(label) for label in between)
+        if a is None or b is None or a[0] is None or b[0] is None or b[1] <= a[1]:
+            return None
+        return (b[0] - a[0]) / (b[1] - a[1]) / 1e6
 
     def cpu_pct(self, between: tuple[str, str] | None = None) -> dict:
         """{name: CPU % of one core}: between two mark() labels if given and both were

@@ -11,6 +11,7 @@ import os
 import pathlib
 import shutil
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from bench import compare, load, rawdisk, redisbench, stats  # noqa: E402
+from bench.diskstats import BlockDevice  # noqa: E402
 from bench.procmem import RssSampler, read_cpu_s, read_status_kib  # noqa: E402
 
 
@@ -332,17 +334,17 @@ def test_compare_arguments():
             compare.parse_args(bad)
 
 
-def _m(system, size, run, eps, p99, rss=None, cpu=None):
+def _m(system, size, run, eps, p99, rss=None, cpu=None, disk=None):
     return {"system": system, "entry_size": size, "run": run, "entries_per_s": eps, "mb_per_s": eps * size / 1e6,
             "latency_ms": {"p99": p99}, "peak_rss_mib": rss or {}, "server_cpu_pct": cpu or {},
-            "client_cpu_pct": 90.0 + run, "errors": 0}
+            "client_cpu_pct": 90.0 + run, "errors": 0, "disk_mb_per_s": disk}
 
 
 def test_compare_summary_medians_and_ratios():
     ms = [_m("raw-disk", 100, r, v, 1.0) for r, v in enumerate((1000, 2000, 3000))]
     ms += [_m("redis-resp", 100, r, v, 5.0, {"redis-server": 10}) for r, v in enumerate((400, 500, 600))]
     ms += [_m("bk-3", 100, r, v, p, {"bookie-0": 50, "bookie-1": 80 + r, "bookie-2": None},
-              {"bookie-0": 10.0 * r, "bookie-1": 20.0, "bookie-2": None})
+              {"bookie-0": 10.0 * r, "bookie-1": 20.0, "bookie-2": None}, disk=[3.0, 1.0, 2.0][r])
            for r, (v, p) in enumerate(((900, 9.0), (1000, 7.0), (1100, 8.0)))]
     rows = compare.summarize(ms, ["raw-disk", "redis-resp", "bk-3"], [100])
     bk = next(r for r in rows if r["system"] == "bk-3")
@@ -352,8 +354,10 @@ def test_compare_summary_medians_and_ratios():
     assert bk["peak_rss_mib"] == 81 and bk["peak_rss_mib_max"] == 82  # largest bookie per run, median of runs
     assert bk["spread_pct"] == pytest.approx(10.0)
     assert bk["server_cpu_pct"] == 30.0 and bk["client_cpu_pct"] == 91.0  # bookies summed per run, then median
+    assert bk["disk_mb_per_s"] == 2.0  # the device's rate, median of runs
     raw = next(r for r in rows if r["system"] == "raw-disk")
     assert raw["server_cpu_pct"] is None and "x_raw" not in raw
+    assert raw["disk_mb_per_s"] == pytest.approx(0.2)  # raw-disk's payload is what its disk wrote
     table = compare.render_summary(rows)
     assert "bk-3" in table and "0.50" in table and "2.00" in table
 
@@ -382,3 +386,40 @@ def test_rss_and_cpu_of_this_process_and_of_a_missing_pid():
     peak, cpu = rss.peak_mib(), rss.cpu_pct()
     assert peak["me"] > 1 and peak["gone"] is None
     assert cpu["me"] is not None and cpu["me"] >= 0 and cpu["gone"] is None
+
+
+# ---------------------------------------------------------------- disk throughput
+def test_block_device_counts_what_a_synced_write_puts_on_the_disk(tmp_path):
+    dev = BlockDevice.of(str(tmp_path))
+    if dev is None:
+        pytest.skip("the test directory is not on a block device in /proc/diskstats (tmpfs?)")
+    before = dev.written_bytes()
+    with open(tmp_path / "f", "wb") as fh:
+        fh.write(os.urandom(4 << 20))
+        fh.flush()
+        os.fsync(fh.fileno())
+    # other processes may write too: at least our 4 MiB reached the device
+    assert dev.written_bytes() - before >= 4 << 20
+
+
+def test_block_device_of_a_path_that_is_no_device():
+    assert BlockDevice.of("/proc") is None
+    assert BlockDevice("no-such-disk").written_bytes() is None
+
+
+def test_sampler_reports_disk_rate_between_marks(tmp_path):
+    class FakeDisk:
+        name, value = "fake", 0
+
+        def written_bytes(self):
+            return self.value
+    disk = FakeDisk()
+    rss = RssSampler({}, disk=disk)
+    rss.mark("a")
+    disk.value = 10_000_000
+    time.sleep(0.01)
+    rss.mark("b")
+    rate = rss.disk_mb_per_s(("a", "b"))
+    assert 0 < rate <= 10 / 0.01
+    assert rss.disk_mb_per_s(("a", "missing")) is None
+    assert RssSampler({}).disk_mb_per_s(("a", "b")) is None
