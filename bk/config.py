@@ -47,6 +47,11 @@ class BookieConfig:
 
     # --- ledger storage
     entry_log_size_limit_bytes: int = 1 * GiB
+    # BookKeeper's flushEntrylogBytes: fdatasync the entry log every this many bytes a
+    # checkpoint writes (0 = only at its end, BookKeeper's default). A whole checkpoint
+    # queued on the disk at once holds up a journal fsync on the same disk for tens of ms:
+    # 1 MiB steps cut the p99 add latency at 50k 1 KiB adds/s from 65 to 15 ms (BENCHMARKS.md).
+    entry_log_flush_bytes: int = 1 * MiB
     write_cache_max_size_bytes: int = 64 * MiB
     write_cache_full_wait_ms: int = 10_000  # adds wait this long for space, then ETOOMANYREQUESTS (BookKeeper: 10 s)
     read_cache_max_size_bytes: int = 64 * MiB
@@ -162,6 +167,8 @@ def _check(cfg: BookieConfig) -> None:
         bad("write_cache_max_size_bytes", "must be at least 2MiB")
     if cfg.entry_log_size_limit_bytes < 64 * KiB:
         bad("entry_log_size_limit_bytes", "must be at least 64KiB")
+    if cfg.entry_log_flush_bytes < 0:
+        bad("entry_log_flush_bytes", "must be 0 (off) or a byte count")
     if cfg.journal_max_size_bytes < 64 * KiB:
         bad("journal_max_size_bytes", "must be at least 64KiB")
     if cfg.max_frame_size_bytes < 1024:

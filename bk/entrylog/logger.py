@@ -71,6 +71,9 @@ class EntryLogger:
         self._config = config
         self._ledger_dirs = [str(d) for d in ledger_dirs]
         self._limit_bytes = config.entry_log_size_limit_bytes
+        self._flush_bytes = config.entry_log_flush_bytes
+        # frames no bigger than the flush step, so a step is one write + one fdatasync
+        self._frame_max = min(_FRAME_MAX_BYTES, self._flush_bytes) if self._flush_bytes else _FRAME_MAX_BYTES
         self.max_entry_bytes = config.max_frame_size_bytes
         self._kernel = load_kernel("entrylog")
         self._lock = threading.Lock()  # guards _paths, _info, _current_usage, current_log_id
@@ -131,14 +134,14 @@ class EntryLogger:
             # Fold the log id into the base, so the kernel's offsets are locations.
             base = (self.current_log_id << 32) | self._written_end
             if split:
-                heads, locs, stop = kernel.record_headers(entries, start, base, _FRAME_MAX_BYTES)
+                heads, locs, stop = kernel.record_headers(entries, start, base, self._frame_max)
                 heads = memoryview(heads)
                 data: list | memoryview = []
                 for j in range(stop - start):
                     data += (heads[4 * j:4 * j + 4], entries[start + j])
                 nbytes = len(heads) + sum(map(len, entries[start:stop]))
             else:
-                frame, locs, stop = kernel.frame_slice(entries, start, base, _FRAME_MAX_BYTES)
+                frame, locs, stop = kernel.frame_slice(entries, start, base, self._frame_max)
                 data, nbytes = memoryview(frame), len(frame)
             self._add_framed(entries, start, data, nbytes, locs, out)
             start = stop
@@ -198,6 +201,10 @@ class EntryLogger:
             for lid, nbytes in usage:
                 cur[lid] = cur.get(lid, 0) + nbytes
             self._written_end = f.size
+        if self._flush_bytes and f.size - f.synced_size >= self._flush_bytes:
+            # in steps, so the disk never queues a whole checkpoint at once (a journal
+            # fsync on the same disk waits behind it); a failure is flush()'s failure
+            f.fsync()
 
     def flush(self) -> None:
         """Make everything appended so far durable (write + fdatasync)."""

@@ -445,3 +445,42 @@ def test_failed_split_write_abandons_the_log_after_some_buffers_landed(tmp_path,
     scan = el.scan(first)
     assert [r[1] for r in scan] == [0, 1] and scan.status == 0  # the records of the failed batch were cut
     el.close()
+
+
+def test_flush_bytes_syncs_in_steps_during_a_big_batch(tmp_path, monkeypatch):
+    """entry_log_flush_bytes (BookKeeper's flushEntrylogBytes): a checkpoint's writes are
+    fdatasynced every N bytes, each step one write of at most N bytes; 0 syncs only in flush()."""
+    step = 64 * KiB
+    entries = [entry(1, i, 1000) for i in range(300)]  # ~300 KiB: several steps
+    for flush_bytes, expect_steps in ((step, True), (0, False)):
+        el = EntryLogger([str(tmp_path / str(flush_bytes))], cfg(entry_log_size_limit_bytes=64 * 1024 ** 2,
+                                                                  entry_log_flush_bytes=flush_bytes))
+        syncs, writes = [], []
+        real_fsync, real_write = logger_mod.DurableFile.fsync, logger_mod.DurableFile.write
+
+        def fsync(self):
+            syncs.append(self.size)
+            real_fsync(self)
+
+        def write(self, data):
+            writes.append(len(data))
+            return real_write(self, data)
+        monkeypatch.setattr(logger_mod.DurableFile, "fsync", fsync)
+        monkeypatch.setattr(logger_mod.DurableFile, "write", write)
+        locs = el.add_entries(entries)
+        during = list(syncs)
+        el.flush()
+        monkeypatch.undo()
+        if expect_steps:
+            # a sync once at least `step` bytes are unsynced; no write bigger than a step
+            assert len(during) >= 2 and max(w for w in writes if w > fmt.HEADER_BYTES) <= step
+            assert all(step <= b - a <= 2 * step for a, b in zip(during, during[1:]))
+        else:
+            assert during == [s for s in during if s <= fmt.HEADER_BYTES]  # only the new log's header
+        assert [el.read_entry(1, i, loc) for i, loc in enumerate(locs)] == entries
+        el.close()
+
+
+def test_flush_bytes_must_not_be_negative(tmp_path):
+    with pytest.raises(ConfigError, match="entry_log_flush_bytes"):
+        cfg(entry_log_flush_bytes=-1)
