@@ -19,6 +19,7 @@ import threading
 
 from bk.errors import DiskFullError, StorageError
 
+PAGE_BYTES = 4096  # page-cache granularity for drop_synced_pages (a multiple of the real size is fine)
 _track_lock = threading.Lock()
 _track_fd: int | None = None
 _track_path: str | None = None
@@ -75,7 +76,7 @@ class DurableFile:
     written so far, `synced_size` the number known durable.
     """
 
-    __slots__ = ("path", "fd", "size", "synced_size", "_sync_data")
+    __slots__ = ("path", "fd", "size", "synced_size", "_sync_data", "_dropped")
 
     def __init__(self, path: str, *, create: bool = True, sync_data: bool = True):
         self.path = path
@@ -87,6 +88,7 @@ class DurableFile:
         self.size = os.fstat(self.fd).st_size
         self.synced_size = self.size if not create else 0
         self._sync_data = sync_data
+        self._dropped = 0  # page cache dropped below this offset (drop_synced_pages)
         if create:
             fsync_dir(os.path.dirname(os.path.abspath(path)))
             if sync_data:
@@ -134,6 +136,20 @@ class DurableFile:
             _raise_os(e, "syncing", self.path)
         self.synced_size = self.size
         _track(self.path, self.size)
+
+    def drop_synced_pages(self) -> None:
+        """Let the kernel drop this file's page-cache pages below the durable size
+        (POSIX_FADV_DONTNEED; BookKeeper's journalRemovePagesFromCache). Whole pages only:
+        the partial last page stays cached, because the next append rewrites it. Advice
+        only: a failure is ignored (nothing is lost, the pages just stay cached)."""
+        end = self.synced_size & ~(PAGE_BYTES - 1)
+        if end <= self._dropped:
+            return
+        try:
+            os.posix_fadvise(self.fd, self._dropped, end - self._dropped, os.POSIX_FADV_DONTNEED)
+        except (OSError, AttributeError):
+            return
+        self._dropped = end
 
     def truncate(self, size: int) -> None:
         try:

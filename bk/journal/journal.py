@@ -95,6 +95,7 @@ class Journal:
         self._max_wait_s = config.journal_max_group_wait_ms / 1000.0
         self._threshold_bytes = max(1, config.journal_buffered_writes_threshold_bytes)
         self._flush_when_empty = config.journal_flush_when_queue_empty
+        self._drop_pages = config.journal_remove_pages_from_cache and config.journal_sync_data
         self._max_file_bytes = config.journal_max_size_bytes
         self._max_record_bytes = max_record_bytes(config)
         self._kernel = load("journal")
@@ -364,6 +365,8 @@ class Journal:
             self._mark = LogMark(self._file_id, f.size)
             if self._sync_data:
                 f.fsync()
+                if self._drop_pages:  # replay reads the file again; nothing else does
+                    f.drop_synced_pages()
         except StorageError as e:
             self._enter_failed(e)
             self._deliver(items, e)

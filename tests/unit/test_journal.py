@@ -617,3 +617,37 @@ def test_log_many_refuses_bad_bodies_whole_and_fails_when_not_started(tmp_path):
     j.stop()
     assert [ctx for ctx, _ in c.wait(2)] == ["early", "ok"] and c.done[1][1] is None
     assert [e for _, e, _ in replay_all(str(tmp_path), make_config())[1]] == [1, 2]
+
+
+@pytest.mark.parametrize("remove", [True, False])
+def test_synced_journal_pages_are_dropped_from_the_page_cache(tmp_path, monkeypatch, remove):
+    """journal_remove_pages_from_cache: after each group's fsync, POSIX_FADV_DONTNEED of the
+    whole pages below the durable size that were not dropped yet; the partial last page stays
+    (the next group rewrites it). Replay still reads every record."""
+    advice = []
+    real = os.posix_fadvise
+
+    def record(fd, offset, length, how):
+        advice.append((offset, length, how))
+        return real(fd, offset, length, how)
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    cfg = make_config(journal_remove_pages_from_cache=remove)
+    j = Journal(str(tmp_path), cfg)
+    j.start()
+    c = Completions()
+    for i in range(40):  # ~40 groups of a 3000-byte record each (each waits for its completion)
+        j.log(entry(1, i, 3000), c.cb, i)
+        c.wait(i + 1)
+    j.stop()
+    if not remove:
+        assert advice == []
+    else:
+        assert advice and all(how == os.POSIX_FADV_DONTNEED for _, _, how in advice)
+        assert advice[0][0] == 0 and all(off % 4096 == 0 and n % 4096 == 0 and n > 0 for off, n, _ in advice)
+        # contiguous ranges, never past the data written
+        assert all(a[0] + a[1] == b[0] for a, b in zip(advice, advice[1:]))
+        size = max(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())  # the one file written to
+        assert advice[-1][0] + advice[-1][1] <= size
+        assert advice[-1][0] + advice[-1][1] > size - 2 * 4096
+    result, got = replay_all(str(tmp_path), cfg)
+    assert [e for _, e, _ in got] == list(range(40)) and all(b == entry(1, e, 3000) for _, e, b in got)
