@@ -222,8 +222,10 @@ def test_group_bytes_follows_depth_and_cap_in_whole_entries():
         rawdisk.group_bytes(0, 10)
 
 
-def test_raw_disk_run_counts_bytes_and_removes_its_file(tmp_path):
-    r = rawdisk.run_raw_disk(4096, 8, 0.05, str(tmp_path))
+@pytest.mark.parametrize("drop_pages", [True, False])
+def test_raw_disk_run_counts_bytes_and_removes_its_file(tmp_path, drop_pages):
+    r = rawdisk.run_raw_disk(4096, 8, 0.05, str(tmp_path), drop_pages=drop_pages)
+    assert r["drop_pages"] is drop_pages
     assert r["group_bytes"] == 32768 and r["groups"] >= 1
     assert r["bytes"] == r["groups"] * 32768 and r["entries"] == r["bytes"] // 4096
     assert r["latency_ms"]["samples"] == r["groups"]
