@@ -55,6 +55,7 @@ class BookieConfig:
     # checkpoint writes (0 = only at its end, BookKeeper's default). A whole checkpoint
     # queued on the disk at once holds up a journal fsync on the same disk for tens of ms:
     # 1 MiB steps cut the p99 add latency at 50k 1 KiB adds/s from 65 to 15 ms (BENCHMARKS.md).
+    # Not applied with journal_write_data = false: no add then waits on a journal fsync.
     entry_log_flush_bytes: int = 1 * MiB
     write_cache_max_size_bytes: int = 64 * MiB
     write_cache_full_wait_ms: int = 10_000  # adds wait this long for space, then ETOOMANYREQUESTS (BookKeeper: 10 s)

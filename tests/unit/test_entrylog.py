@@ -481,6 +481,15 @@ def test_flush_bytes_syncs_in_steps_during_a_big_batch(tmp_path, monkeypatch):
         el.close()
 
 
+def test_flush_bytes_steps_are_off_with_the_journal_off(tmp_path):
+    el = EntryLogger([str(tmp_path)], cfg(entry_log_flush_bytes=64 * KiB, journal_write_data=False))
+    assert el._flush_bytes == 0
+    el.close()
+    el = EntryLogger([str(tmp_path / "on")], cfg(entry_log_flush_bytes=64 * KiB))
+    assert el._flush_bytes == 64 * KiB
+    el.close()
+
+
 def test_flush_bytes_must_not_be_negative(tmp_path):
     with pytest.raises(ConfigError, match="entry_log_flush_bytes"):
         cfg(entry_log_flush_bytes=-1)
