@@ -74,6 +74,7 @@ class EntryLogger:
         # The steps only keep journal fsyncs on the same disk short; with the journal off
         # (BP-46) no add waits on an fsync, and the steps only cost big-entry throughput.
         self._flush_bytes = config.entry_log_flush_bytes if config.journal_write_data else 0
+        self._drop_pages = config.entry_log_remove_pages_from_cache
         # frames no bigger than the flush step, so a step is one write + one fdatasync
         self._frame_max = min(_FRAME_MAX_BYTES, self._flush_bytes) if self._flush_bytes else _FRAME_MAX_BYTES
         self.max_entry_bytes = config.max_frame_size_bytes
@@ -207,6 +208,8 @@ class EntryLogger:
             # in steps, so the disk never queues a whole checkpoint at once (a journal
             # fsync on the same disk waits behind it); a failure is flush()'s failure
             f.fsync()
+            if self._drop_pages:
+                f.drop_synced_pages()
 
     def flush(self) -> None:
         """Make everything appended so far durable (write + fdatasync)."""
@@ -219,6 +222,8 @@ class EntryLogger:
             self._unsynced.pop(0)
         if self._current is not None:
             self._current.fsync()
+            if self._drop_pages:
+                self._current.drop_synced_pages()
 
     def _rotate(self) -> None:
         self._close_current()

@@ -490,6 +490,30 @@ def test_flush_bytes_steps_are_off_with_the_journal_off(tmp_path):
     el.close()
 
 
+@pytest.mark.parametrize("remove", [True, False])
+def test_synced_entry_log_pages_are_dropped(tmp_path, monkeypatch, remove):
+    advice = []
+    real = os.posix_fadvise
+
+    def record(fd, offset, length, how):
+        advice.append((offset, length, how))
+        return real(fd, offset, length, how)
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=64 * 1024 ** 2, entry_log_flush_bytes=64 * KiB,
+                                          entry_log_remove_pages_from_cache=remove))
+    entries = [entry(1, i, 1000) for i in range(300)]
+    locs = el.add_entries(entries)
+    el.flush()
+    if remove:
+        assert len(advice) >= 2 and all(how == os.POSIX_FADV_DONTNEED for _, _, how in advice)
+        assert all(a[0] + a[1] == b[0] for a, b in zip(advice, advice[1:]))  # contiguous, whole pages
+        assert all(off % 4096 == 0 and n % 4096 == 0 for off, n, _ in advice)
+    else:
+        assert advice == []
+    assert [el.read_entry(1, i, loc) for i, loc in enumerate(locs)] == entries  # read back from the disk
+    el.close()
+
+
 def test_flush_bytes_must_not_be_negative(tmp_path):
     with pytest.raises(ConfigError, match="entry_log_flush_bytes"):
         cfg(entry_log_flush_bytes=-1)
