@@ -67,8 +67,10 @@ async def run(args) -> None:
     sem = asyncio.Semaphore(args.in_flight)
     done = 0
 
+    finished = 0  # adds whose A/E line is in `lines`, not yet written
+
     async def add(lid: int, eid: int) -> None:
-        nonlocal done
+        nonlocal done, finished
         try:
             await bookie.add_entry(lid, eid, expected_entry(args.seed, lid, eid, args.entry_size),
                                    ledger_key(args.seed, lid))
@@ -76,16 +78,21 @@ async def run(args) -> None:
             done += 1
         except Exception as e:  # fenced ledgers refuse adds; anything else is reported
             lines.append(f"E {lid} {eid} {type(e).__name__}\n")
-        finally:
-            sem.release()
+        finished += 1
 
     async def flusher() -> None:
+        # An add's slot is freed only once its line is on the pipe, so a reader that is
+        # killed with us knows: nothing was submitted beyond its printed acks + in_flight.
+        nonlocal finished
         while True:
             if lines:
                 chunk = "".join(lines)
                 lines.clear()
+                freed, finished = finished, 0
                 out.write(chunk)
                 out.flush()
+                for _ in range(freed):
+                    sem.release()
             await asyncio.sleep(0.001)
 
     flush_task = asyncio.ensure_future(flusher())
