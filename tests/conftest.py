@@ -35,3 +35,16 @@ def zk_server(tmp_path_factory):
 def zk_metadata_uri(zk_server) -> str:
     """A metadata service URI with a root of its own on the session's ZooKeeper."""
     return f"zk://{zk_server}/t-{uuid.uuid4().hex[:12]}/ledgers"
+
+
+@pytest.fixture
+def fadvise_calls(monkeypatch):
+    """Every os.posix_fadvise call as (offset, length, advice), still passed to the kernel."""
+    calls = []
+    real = os.posix_fadvise
+
+    def record(fd, offset, length, how):
+        calls.append((offset, length, how))
+        return real(fd, offset, length, how)
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    return calls

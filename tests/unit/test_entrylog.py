@@ -491,14 +491,8 @@ def test_flush_bytes_steps_are_off_with_the_journal_off(tmp_path):
 
 
 @pytest.mark.parametrize("remove", [True, False])
-def test_synced_entry_log_pages_are_dropped(tmp_path, monkeypatch, remove):
-    advice = []
-    real = os.posix_fadvise
-
-    def record(fd, offset, length, how):
-        advice.append((offset, length, how))
-        return real(fd, offset, length, how)
-    monkeypatch.setattr(os, "posix_fadvise", record)
+def test_synced_entry_log_pages_are_dropped(tmp_path, fadvise_calls, remove):
+    advice = fadvise_calls
     el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=64 * 1024 ** 2, entry_log_flush_bytes=64 * KiB,
                                           entry_log_remove_pages_from_cache=remove))
     entries = [entry(1, i, 1000) for i in range(300)]

@@ -620,17 +620,11 @@ def test_log_many_refuses_bad_bodies_whole_and_fails_when_not_started(tmp_path):
 
 
 @pytest.mark.parametrize("remove", [True, False])
-def test_synced_journal_pages_are_dropped_from_the_page_cache(tmp_path, monkeypatch, remove):
+def test_synced_journal_pages_are_dropped_from_the_page_cache(tmp_path, fadvise_calls, remove):
     """journal_remove_pages_from_cache: after each group's fsync, POSIX_FADV_DONTNEED of the
     whole pages below the durable size that were not dropped yet; the partial last page stays
     (the next group rewrites it). Replay still reads every record."""
-    advice = []
-    real = os.posix_fadvise
-
-    def record(fd, offset, length, how):
-        advice.append((offset, length, how))
-        return real(fd, offset, length, how)
-    monkeypatch.setattr(os, "posix_fadvise", record)
+    advice = fadvise_calls
     cfg = make_config(journal_remove_pages_from_cache=remove)
     j = Journal(str(tmp_path), cfg)
     j.start()
