@@ -21,16 +21,15 @@ from libc.stdint cimport int64_t
 import logging
 
 from bk.errors import IncorrectParameterError
+from bk.proto.constants import OpCode
 from bk.proto.messages import AddResponse
 
 log = logging.getLogger("bk.client.ledger_handle")
 req_log = logging.getLogger("bk.client.bookie_client")
 
-SMALL_FRAME_MAX_PAYLOAD = 8192
-EAGER_FLUSH_BYTES = 64 * 1024
-ADD = 1
+EAGER_FLUSH_BYTES = 64 * 1024  # see core_py.EAGER_FLUSH_BYTES
+ADD = int(OpCode.ADD_ENTRY)
 
-cdef Py_ssize_t _SMALL = SMALL_FRAME_MAX_PAYLOAD
 cdef Py_ssize_t _EAGER = EAGER_FLUSH_BYTES
 cdef object _ADD = ADD
 cdef object _AddResponse = AddResponse
@@ -116,7 +115,7 @@ cdef class AddCore:
     cdef public int _E, _WQ, _AQ
     cdef public int64_t _lac, _last_add_pushed, _length_pushed, _length_confirmed
     cdef public bint _changing
-    cdef public Py_ssize_t _max_payload_bytes
+    cdef public Py_ssize_t _max_payload_bytes, _frame_small_max
 
     def async_add_entry(self, data, callback=None):
         """Start an add without waiting (see core_py.AddCore.async_add_entry)."""
@@ -138,7 +137,7 @@ cdef class AddCore:
         self._length_pushed += n
         length = self._length_pushed
         lac = self._lac if self._fixed_lac is None else self._fixed_lac
-        if self._frame_small is not None and n <= _SMALL:
+        if self._frame_small is not None and n <= self._frame_small_max:  # AddFramer.frame's own test
             frame = self._frame_small(self._add_header, self._master_key, self.ledger_id, entry_id, lac, length,
                                       data)
         else:

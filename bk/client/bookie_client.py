@@ -51,7 +51,8 @@ from bk.proto import (
 from bk.proto.constants import MASTER_KEY_LENGTH
 
 log = logging.getLogger(__name__)
-RequestCore = _native.load("core", "bk.client").RequestCore
+_core = _native.load("core", "bk.client")
+RequestCore = _core.RequestCore
 
 ADD, READ, READ_LAC, WRITE_LAC, INFO, BATCH = (
     int(OpCode.ADD_ENTRY), int(OpCode.READ_ENTRY), int(OpCode.READ_LAC), int(OpCode.WRITE_LAC),
@@ -63,11 +64,7 @@ _read_req = struct.Struct(">iIqq")
 _READ_HEADER = (2 << 24) | (READ << 16)
 # A bookie that failed within this many seconds is "suspect": readers try it last.
 SUSPECT_S = 5.0
-# Frames queued in one loop iteration leave together at its end, but once this
-# many bytes are queued they leave at once: a writer that pipelines thousands of
-# adds in one go would otherwise keep the bookie idle until it yields, and the
-# two processes would take turns instead of working at the same time.
-EAGER_FLUSH_BYTES = 64 * 1024
+EAGER_FLUSH_BYTES = _core.EAGER_FLUSH_BYTES  # the core's flush bound (core_py explains it)
 
 
 class _BookieProtocol(asyncio.Protocol):

@@ -30,16 +30,18 @@ import logging
 from functools import partial
 
 from bk.errors import IncorrectParameterError
+from bk.proto.constants import OpCode
 from bk.proto.messages import AddResponse
 
 log = logging.getLogger("bk.client.ledger_handle")
 req_log = logging.getLogger("bk.client.bookie_client")
 
-# Frames of payloads up to this size are built by the codec kernel in one call
-# (AddFramer.frame's own test, repeated here to save a method call per add).
-SMALL_FRAME_MAX_PAYLOAD = 8192
-EAGER_FLUSH_BYTES = 64 * 1024  # see bookie_client.EAGER_FLUSH_BYTES
-ADD = 1  # OpCode.ADD_ENTRY
+# Frames queued in one loop iteration leave together at its end, but once this
+# many bytes are queued they leave at once: a writer that pipelines thousands of
+# adds in one go would otherwise keep the bookie idle until it yields, and the
+# two processes would take turns instead of working at the same time.
+EAGER_FLUSH_BYTES = 64 * 1024
+ADD = int(OpCode.ADD_ENTRY)
 
 
 class PendingAdd:
@@ -126,7 +128,7 @@ class AddCore:
         self._last_add_pushed = entry_id
         length = self._length_pushed = self._length_pushed + n
         lac = self._lac if self._fixed_lac is None else self._fixed_lac
-        if self._frame_small is not None and n <= SMALL_FRAME_MAX_PAYLOAD:
+        if self._frame_small is not None and n <= self._frame_small_max:  # AddFramer.frame's own test
             frame = self._frame_small(self._add_header, self._master_key, self.ledger_id, entry_id, lac, length, data)
         else:
             frame = self._framer.frame(entry_id, lac, length, data)

@@ -43,8 +43,8 @@ from bk.errors import (
     MetadataStoreError, MetadataVersionError, NoSuchLedgerMetadataError, NotEnoughBookiesError, UnauthorizedAccessError,
     error_for_code,
 )
-from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bk import _native
+from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bk.proto import DigestManager, StatusCode
 
 from .quorum import AddFramer, in_write_set
@@ -78,7 +78,7 @@ class LedgerHandle(AddCore, ReadHandle):
         self._loop = asyncio.get_running_loop()
         self._framer = AddFramer(digest, master_key, bk.max_frame_size_bytes, add_flags)
         # the core frames small CRC32C entries with the codec kernel directly (None: ask the framer)
-        self._frame_small, self._add_header = self._framer.small_frame_kernel()
+        self._frame_small, self._add_header, self._frame_small_max = self._framer.small_frame_kernel()
         self._fixed_lac: int | None = None  # recovery stamps every entry with the LAC it started from
         self._max_payload_bytes = self._framer.max_payload_bytes()
         self._E = metadata.ensemble_size

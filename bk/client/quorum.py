@@ -28,7 +28,6 @@ _ADD_FIXED_BYTES = 4 + MASTER_KEY_LENGTH + ENTRY_HEADER_LENGTH
 _frame_add_crc32c = _native.load("codec").frame_add_crc32c
 # Above this payload size google_crc32c's 3-way CRC beats the kernel's single
 # stream by more than the extra copy of the join costs (measured ~8 KiB).
-# The add path's core (core_py.SMALL_FRAME_MAX_PAYLOAD) uses the same bound.
 _KERNEL_FRAME_MAX_PAYLOAD = 8192
 
 
@@ -87,10 +86,10 @@ class AddFramer:
         return b"".join((_frame_head.pack(body_bytes, self._header), self.master_key, header, digest, payload))
 
     def small_frame_kernel(self) -> tuple:
-        """`(kernel, header)`: `kernel(header, master_key, ledger_id, entry_id, lac, total_length, payload)`
-        builds the same frame as `frame` for payloads up to SMALL_FRAME_MAX_PAYLOAD bytes; the kernel
-        is None unless the digest is CRC32C (then only `frame` knows how)."""
-        return (_frame_add_crc32c if self._crc32c else None), self._header
+        """`(kernel, header, max_payload)`: `kernel(header, master_key, ledger_id, entry_id, lac,
+        total_length, payload)` builds the same frame as `frame` for payloads up to `max_payload`
+        bytes; the kernel is None unless the digest is CRC32C (then only `frame` knows how)."""
+        return (_frame_add_crc32c if self._crc32c else None), self._header, _KERNEL_FRAME_MAX_PAYLOAD
 
     def frame_with_flags(self, flags: int, entry_id: int, lac: int, total_length: int, payload: bytes) -> bytes:
         """Like `frame` but with other header flags (FLAG_RECOVERY_ADD for recovery writes)."""
