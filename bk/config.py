@@ -54,9 +54,11 @@ class BookieConfig:
     # BookKeeper's flushEntrylogBytes: fdatasync the entry log every this many bytes a
     # checkpoint writes (0 = only at its end, BookKeeper's default). A whole checkpoint
     # queued on the disk at once holds up a journal fsync on the same disk for tens of ms:
-    # 1 MiB steps cut the p99 add latency at 50k 1 KiB adds/s from 65 to 15 ms (BENCHMARKS.md).
-    # Not applied with journal_write_data = false: no add then waits on a journal fsync.
-    entry_log_flush_bytes: int = 1 * MiB
+    # 1 MiB steps cut the p99 add latency at 50k 1 KiB adds/s from 65 to 15 ms, 256 KiB
+    # steps the p99 at 75k from 12-13 to 6.6-8 ms with the same peak; 128 KiB fell behind
+    # at the peak (BENCHMARKS.md). Not applied with journal_write_data = false: no add
+    # then waits on a journal fsync.
+    entry_log_flush_bytes: int = 256 * KiB
     # Drop a checkpoint's synced entry-log pages from the page cache (BookKeeper keeps them).
     # Writing into fresh page-cache pages costs ~2 us of CPU per KiB here: journal-off 64 KiB
     # adds 253-313 -> 367-437 MB/s. Reading a flushed ledger back then comes from the disk
