@@ -119,6 +119,9 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
         # Adds use the callback form of async_add_entry (no future per add); each
         # ledger's entry ids are consecutive, so issue times are kept per ledger by id.
         issue_t: list[list[float]] = [[] for _ in handles]
+        sent_t: list[list[float]] = [[] for _ in handles]  # paced runs only: when each add left
+        service: list[float] = []  # paced runs only: ack - left (without the generator's lag)
+        paced = bool(spec.rate)
         first_id = [lh.last_add_pushed + 1 for lh in handles]
         latencies: list[float] = []
         done_t: list[float] = []
@@ -131,7 +134,10 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
             if err is None:
                 t = perf()
                 done_t.append(t)
-                latencies.append(t - issue_t[li][entry_id - first_id[li]])
+                k = entry_id - first_id[li]
+                latencies.append(t - issue_t[li][k])
+                if paced:
+                    service.append(t - sent_t[li][k])
             else:
                 state["errors"] += 1
                 if state["error"] is None:
@@ -185,6 +191,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
                     await asyncio.sleep(max(due - now, PACE_MIN_SLEEP_S))
                     continue
                 pacing_lag.append(now - due)
+                sent_t[seq % n_ledgers].append(now)
                 now = due
             li = seq % n_ledgers
             issue_t[li].append(now)
@@ -221,6 +228,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
     return {"t_start": t0, "t_end": t_end, "cpu_s": cpu_s, "entries": len(done_t), "errors": state["errors"],
             "error": state["error"], "latency_s": latency_s, "reads": reads, "phases_s": phases_s,
             "pacing_lag_s": np.asarray(pacing_lag, dtype=np.float64),
+            "service_s": np.asarray(service, dtype=np.float64),
             "ledger_ids": [lh.ledger_id for lh in handles]}
 
 
@@ -322,6 +330,9 @@ def summarize(raw: list[dict], spec: LoadSpec, writers: int) -> dict:
             # paced runs: how late the generator itself issued adds (part of every latency above)
             "pacing_lag_ms": (latency_summary_ms(np.concatenate([r["pacing_lag_s"] for r in raw]))
                               if spec.rate else None),
+            # paced runs: from when each add left to its ack (the system, without that lag)
+            "service_latency_ms": (latency_summary_ms(np.concatenate([r["service_s"] for r in raw]))
+                                   if spec.rate else None),
             "errors": errors, "error": next((r["error"] for r in raw if r["error"]), None),
             # CPU of the writer processes (every thread) over the add window, 100 = one core
             "client_cpu_pct": 100.0 * rate(sum(r["cpu_s"] for r in raw), elapsed_s)}
@@ -462,6 +473,10 @@ def format_summary(summary: dict) -> str:
         if lag:
             lines.append(f"       of which the generator's own pacing lag (add left after it was due): ms p50"
                          f" {_ms(lag['p50'])} p99 {_ms(lag['p99'])} max {_ms(lag['max'])}")
+        svc = part.get("service_latency_ms")
+        if svc:
+            lines.append(f"       from when each add left to its ack: ms p50 {_ms(svc['p50'])} p99 {_ms(svc['p99'])}"
+                         f" p999 {_ms(svc['p999'])} max {_ms(svc['max'])}")
     slow = {k: round(v, 1) for k, v in summary.get("phases_s", {}).items() if k not in ("adds", "reads") and v > 5}
     if slow:
         lines.append(f"note: slow client phases outside the measured window (s): {slow}")

@@ -200,9 +200,14 @@ def test_paced_writer_issues_on_schedule_and_never_runs_ahead(monkeypatch):
     assert raw["entries"] == 200 and raw["errors"] == 0
     # the last add is due at 199/2000 s: a paced writer cannot finish earlier
     assert raw["t_end"] - raw["t_start"] >= 199 / 2000
+    # the service latency of each add (from when it left) is its latency from when it
+    # was due less the generator's lag, so never more, and never negative
+    svc, lat = raw["service_s"], raw["latency_s"]
+    assert svc.size == lat.size == 200 and (svc >= 0).all() and (svc <= lat + 1e-12).all()
     with pytest.raises(ValueError, match="rate"):
         load.LoadSpec(count=1, rate=0)
-    assert "paced at 2,000 adds/s" in load.format_summary(load.summarize([raw], spec, 1))
+    text = load.format_summary(load.summarize([raw], spec, 1))
+    assert "paced at 2,000 adds/s" in text and "from when each add left to its ack" in text
 
 
 def test_format_summary_shows_missing_latency_as_dash():
