@@ -56,8 +56,9 @@ class BookieConfig:
     # queued on the disk at once holds up a journal fsync on the same disk for tens of ms:
     # 1 MiB steps cut the p99 add latency at 50k 1 KiB adds/s from 65 to 15 ms, 256 KiB
     # steps the p99 at 75k from 12-13 to 6.6-8 ms with the same peak; 128 KiB fell behind
-    # at the peak (BENCHMARKS.md). Not applied with journal_write_data = false: no add
-    # then waits on a journal fsync.
+    # at the peak (BENCHMARKS.md). While a checkpoint falls behind the adds the steps grow
+    # to 2 MiB (bk/entrylog/logger.py). Not applied with journal_write_data = false: no
+    # add then waits on a journal fsync.
     entry_log_flush_bytes: int = 256 * KiB
     # Drop a checkpoint's synced entry-log pages from the page cache (BookKeeper keeps them).
     # Writing into fresh page-cache pages costs ~2 us of CPU per KiB here: journal-off 64 KiB

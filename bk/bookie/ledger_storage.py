@@ -61,6 +61,7 @@ class LedgerStorage:
         except BaseException:
             self.index.close()
             raise
+        self.entry_logger.behind = self._checkpoint_behind
         self.read_cache = ReadCache(config.read_cache_max_size_bytes)
         self._owner_thread: int | None = None
         self._checkpoint_lock = threading.Lock()
@@ -236,6 +237,14 @@ class LedgerStorage:
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
+
+    def _checkpoint_behind(self) -> bool:
+        """Asked by the entry logger while a checkpoint writes (flush thread): is the
+        checkpoint falling behind the adds? True when adds already wait for room, or
+        the active half is half full while the other is still being written: at this
+        pace it fills before the checkpoint ends. A racy read of owner-thread state is
+        fine here: the answer only picks the size of the next fdatasync step."""
+        return bool(self._room_waiters) or self._active.size_bytes * 2 >= self._half_bytes
 
     def _flush(self, p: _PendingFlush) -> None:
         ledger_ids, entry_ids, entries = p.half.sorted_columns()

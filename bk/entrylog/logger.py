@@ -23,7 +23,7 @@ import bisect
 import logging
 import os
 import threading
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from bk._native import load as load_kernel
 from bk.config import BookieConfig
@@ -37,6 +37,14 @@ log = logging.getLogger("bk.entrylog")
 _READ_GUESS_BYTES = 4096  # first pread of read_entry: size + ids + most small entries
 _FRAME_MAX_BYTES = 8 * 1024 * 1024  # add_entries frames at most this much at a time
 SPLIT_MIN_ENTRY_BYTES = 16 * 1024  # from this average entry size a batch is written without copying
+# The fdatasync step while the checkpoint is behind (`behind()`): bigger groups get more
+# of the disk (this VM's disk: 361 MB/s of write + fdatasync in 256 KiB groups, 705 in
+# 1 MiB, 718 in 2 MiB, 666 in 4 MiB).
+BEHIND_FLUSH_BYTES = 2 * 1024 * 1024
+
+
+def _never() -> bool:
+    return False
 IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 
@@ -77,6 +85,12 @@ class EntryLogger:
         self._drop_pages = config.entry_log_remove_pages_from_cache
         # frames no bigger than the flush step, so a step is one write + one fdatasync
         self._frame_max = min(_FRAME_MAX_BYTES, self._flush_bytes) if self._flush_bytes else _FRAME_MAX_BYTES
+        self._behind_flush_bytes = max(self._flush_bytes, BEHIND_FLUSH_BYTES)
+        # Set by the owner of the checkpoint (LedgerStorage): True while the writes are
+        # falling behind the adds, then the steps grow to BEHIND_FLUSH_BYTES. Small steps
+        # keep journal fsyncs short when there is slack; when there is none, the adds
+        # are about to wait for the write cache, which is far worse than a slower fsync.
+        self.behind: Callable[[], bool] = _never
         self.max_entry_bytes = config.max_frame_size_bytes
         self._kernel = load_kernel("entrylog")
         self._lock = threading.Lock()  # guards _paths, _info, _current_usage, current_log_id
@@ -204,7 +218,9 @@ class EntryLogger:
             for lid, nbytes in usage:
                 cur[lid] = cur.get(lid, 0) + nbytes
             self._written_end = f.size
-        if self._flush_bytes and f.size - f.synced_size >= self._flush_bytes:
+        unsynced = f.size - f.synced_size
+        if self._flush_bytes and unsynced >= self._flush_bytes and (
+                unsynced >= self._behind_flush_bytes or not self.behind()):
             # in steps, so the disk never queues a whole checkpoint at once (a journal
             # fsync on the same disk waits behind it); a failure is flush()'s failure
             f.fsync()

@@ -481,6 +481,37 @@ def test_flush_bytes_syncs_in_steps_during_a_big_batch(tmp_path, monkeypatch):
         el.close()
 
 
+def test_flush_steps_grow_while_the_checkpoint_is_behind(tmp_path, monkeypatch):
+    """While `behind()` says the checkpoint falls behind the adds, the fdatasync steps
+    grow to BEHIND_FLUSH_BYTES (more of the disk); otherwise they stay at
+    entry_log_flush_bytes. Either way every entry is written and readable."""
+    step, big = 64 * KiB, 256 * KiB
+    monkeypatch.setattr(logger_mod, "BEHIND_FLUSH_BYTES", big)
+    entries = [entry(1, i, 1000) for i in range(1100)]  # ~1.1 MiB
+    gaps = {}
+    for behind in (False, True):
+        el = EntryLogger([str(tmp_path / str(behind))], cfg(entry_log_size_limit_bytes=64 * 1024 ** 2,
+                                                             entry_log_flush_bytes=step))
+        el.behind = lambda: behind
+        syncs = []
+        real_fsync = logger_mod.DurableFile.fsync
+
+        def fsync(self):
+            syncs.append(self.size)
+            real_fsync(self)
+        with monkeypatch.context() as m:
+            m.setattr(logger_mod.DurableFile, "fsync", fsync)
+            locs = el.add_entries(entries)
+        during = [s for s in syncs if s > fmt.HEADER_BYTES]
+        gaps[behind] = [b - a for a, b in zip(during, during[1:])]
+        el.flush()
+        assert [el.read_entry(1, i, loc) for i, loc in enumerate(locs)] == entries
+        el.close()
+    assert gaps[False] and all(step <= g < big for g in gaps[False])
+    assert gaps[True] and all(big <= g <= big + step for g in gaps[True])
+    assert len(gaps[True]) < len(gaps[False]) / 2
+
+
 def test_flush_bytes_steps_are_off_with_the_journal_off(tmp_path):
     el = EntryLogger([str(tmp_path)], cfg(entry_log_flush_bytes=64 * KiB, journal_write_data=False))
     assert el._flush_bytes == 0

@@ -85,3 +85,29 @@ def test_put_many_is_put_for_each_until_the_first_that_does_not_fit():
     assert small.put_many(2, [0], [b"y" * 30]) == 0 and small.size_bytes == 80
     empty = WriteCache(10)
     assert empty.put_many(1, [0, 1], [b"z" * 50, b"z"]) == 1  # an empty half takes any one entry
+
+
+def test_storage_says_the_checkpoint_is_behind_once_the_active_half_is_half_full(tmp_path):
+    """LedgerStorage tells its entry logger (which then takes bigger fdatasync steps)
+    that a checkpoint is falling behind once the half taking adds is half full."""
+    from bk.bookie.ledger_storage import LedgerStorage
+    from bk.config import load_config
+    config = load_config(env={}, overrides={"ledger_dirs": [str(tmp_path / "ledgers")],
+                                            "journal_dirs": [str(tmp_path / "journal")],
+                                            "write_cache_max_size_bytes": 2 << 20})  # halves of 1 MiB
+    storage = LedgerStorage(config)
+    try:
+        assert storage.entry_logger.behind() is False
+        storage.create_ledger(1)
+        eid = 0
+        while storage._active.size_bytes < (1 << 20) // 2 - (64 << 10):
+            assert storage.put(1, eid, _entry(1, eid, bytes(64 << 10)))
+            assert storage.entry_logger.behind() is False
+            eid += 1
+        storage.put(1, eid, _entry(1, eid, bytes(64 << 10)))
+        assert storage.entry_logger.behind() is True
+        storage.checkpoint()  # the half is written; a fresh active half is empty again
+        assert storage.entry_logger.behind() is False
+    finally:
+        storage.stop()
+        storage.close_index()
