@@ -430,3 +430,16 @@ def test_sampler_reports_disk_rate_between_marks(tmp_path):
     assert 0 < rate <= 10 / 0.01
     assert rss.disk_mb_per_s(("a", "missing")) is None
     assert RssSampler({}).disk_mb_per_s(("a", "b")) is None
+
+
+@pytest.mark.timeout(60)
+def test_echo_floor_echoes_every_message_and_counts_from_due_no_earlier_than_from_sent(tmp_path):
+    from bench import echo
+    s = echo.run(rate=2000.0, size=100, duration_s=0.3)
+    assert s["sent"] >= 500 and s["echoed"] == s["sent"]  # 0.3 s at 2000/s: ~600 due
+    lat, due = s["latency_ms"], s["from_due_ms"]
+    assert lat["samples"] == due["samples"] == s["echoed"]
+    assert 0 <= lat["p50"] <= due["p50"] and lat["max"] <= due["max"]
+    assert "of " + str(s["sent"]) in echo.format_summary(s)
+    with pytest.raises(SystemExit):
+        echo.main(["--entry-size", "0"])
