@@ -3,6 +3,7 @@
     python -m bench.compare                                   # 100 B, 1 KiB, 64 KiB; 3 runs of 5 s each
     python -m bench.compare --sizes 1024 --runs 5 --duration-s 10 --in-flight 500
     python -m bench.compare --systems raw-disk,bk-1 --runs 1 --duration-s 2
+    python -m bench.compare --systems bk-1 --sizes 1024 --half-peak     # + latency at half the peak
 
 Systems (SYSTEMS; `--systems` picks a subset):
   raw-disk         sequential write + fdatasync of the payload bytes in groups of
@@ -60,6 +61,7 @@ LABELS = {"raw-disk": "raw disk, write+fdatasync groups", "redis-resp": "Redis A
           "redis-benchmark": "Redis AOF always, SET, redis-benchmark -P",
           **{k: v[0] for k, v in BK_SYSTEMS.items()}}
 SLOW_PHASE_S = 5.0  # a set-up/tear-down phase of bench.load slower than this is logged
+HALF_PEAK_WINDOW_S = 0.5  # --half-peak: adds in flight allowed = rate x this (at least --in-flight)
 REDIS_REFERENCE = "redis-resp"  # the Redis figure bk is divided by: a Python client like bk's
 MATPLOTLIB_MISSING = "matplotlib not installed (pip install matplotlib): no PNG chart; the table and JSON are complete"
 
@@ -84,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-connections", type=positive_int, default=1,
                    help="connections the depth is split over, both Redis clients (bk: one per bookie)")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    p.add_argument("--half-peak", action="store_true",
+                   help="afterwards, run every bk system again paced at half its median peak (open loop, as"
+                        " bench.load --rate) and report its add latency there: issue 6's 'p99 at half the peak'")
     return p
 
 
@@ -105,7 +110,7 @@ def _measurement(system: str, size: int, run: int, r: dict, peak_rss: dict, serv
             "client_cpu_pct": r.get("client_cpu_pct"), "errors": r.get("errors", 0),
             "error": r.get("error"), "detail": {k: v for k, v in r.items() if k in
                                                 ("group_bytes", "command", "pipeline", "connections", "spec",
-                                                      "phases_s")}}
+                                                      "phases_s", "service_latency_ms", "pacing_lag_ms")}}
 
 
 def measure_raw(size: int, args, run: int) -> dict:
@@ -138,10 +143,13 @@ def redis_benchmark_requests(duration_s: float, rate_hint: float | None) -> int:
     return int(min(max(per_s * duration_s, 1_000), 2_000_000))
 
 
-def measure_bk(system: str, size: int, args, run: int, zk_connect: str) -> dict:
+def measure_bk(system: str, size: int, args, run: int, zk_connect: str, rate: float | None = None) -> dict:
+    """One bk measurement; with `rate`, paced (open loop) with a window wide enough that
+    a stall shorter than HALF_PEAK_WINDOW_S never holds the generator back."""
     _, bookies, e, wq, aq, settings = BK_SYSTEMS[system]
-    spec = LoadSpec(duration_s=args.duration_s, entry_size=size, in_flight=args.in_flight, ensemble=e,
-                    write_quorum=wq, ack_quorum=aq)
+    in_flight = max(args.in_flight, int(rate * HALF_PEAK_WINDOW_S)) if rate else args.in_flight
+    spec = LoadSpec(duration_s=args.duration_s, entry_size=size, in_flight=in_flight, ensemble=e,
+                    write_quorum=wq, ack_quorum=aq, rate=rate)
     with local_cluster(bookies, zk_connect=zk_connect, prefix=f"cmp-{system}", **settings) as cluster:
         with RssSampler(bookie_pids(cluster), disk=BlockDevice.of(bench_base_dir())) as rss:
             s = run_load(cluster.metadata_uri, spec, on_mark=rss.mark)
@@ -204,6 +212,40 @@ def render_summary(rows: list[dict]) -> str:
                      fmt_num(r.get("client_cpu_pct")),
                      x(r.get("x_raw")) if r["system"] in BK_SYSTEMS else "",
                      x(r.get("x_redis")) if r["system"] in BK_SYSTEMS else ""])
+    return render_table(headers, body)
+
+
+def summarize_half_peak(measurements: list[dict], sizes) -> list[dict]:
+    """--half-peak: one row per (bk system, size), medians over runs of the paced latency,
+    from when each add was due (what an application on that schedule sees) and from when
+    it left (without the generator's own 1 ms-burst lag)."""
+    by: dict = {}
+    for m in measurements:
+        by.setdefault((m["system"], m["entry_size"]), []).append(m)
+    rows = []
+    for size in sizes:
+        for system in BK_SYSTEMS:
+            ms = by.get((system, size))
+            if not ms:
+                continue
+            sent = [m["detail"].get("service_latency_ms") or {} for m in ms]
+            rows.append({"system": system, "entry_size": size, "runs": len(ms),
+                         "rate": median_or_none(m["paced_rate"] for m in ms),
+                         "entries_per_s": median_or_none(m["entries_per_s"] for m in ms),
+                         "p50_ms": median_or_none(m["latency_ms"].get("p50") for m in ms),
+                         "p99_ms": median_or_none(m["latency_ms"].get("p99") for m in ms),
+                         "p99_ms_runs": [m["latency_ms"].get("p99") for m in ms],
+                         "sent_p50_ms": median_or_none(x.get("p50") for x in sent),
+                         "sent_p99_ms": median_or_none(x.get("p99") for x in sent),
+                         "errors": sum(m["errors"] for m in ms)})
+    return rows
+
+
+def render_half_peak(rows: list[dict]) -> str:
+    headers = ["system", "size", "paced at/s", "got/s", "p50 ms", "p99 ms", "sent p50", "sent p99"]
+    body = [[r["system"], human_size(r["entry_size"]), fmt_num(r["rate"]), fmt_num(r["entries_per_s"]),
+             fmt_num(r["p50_ms"], 2), fmt_num(r["p99_ms"], 2), fmt_num(r["sent_p50_ms"], 2),
+             fmt_num(r["sent_p99_ms"], 2)] for r in rows]
     return render_table(headers, body)
 
 
@@ -289,7 +331,7 @@ def run_compare(args, log=print) -> dict:
             zk = None
     out = {"config": {"sizes": args.sizes, "runs": args.runs, "duration_s": args.duration_s,
                       "in_flight": args.in_flight, "systems": systems, "redis_connections": args.redis_connections},
-           "environment": environment(), "notes": notes, "measurements": [], "failures": []}
+           "environment": environment(), "notes": notes, "measurements": [], "failures": [], "half_peak": []}
     cluster_no = 0
     try:
         for run in range(args.runs):
@@ -301,43 +343,82 @@ def run_compare(args, log=print) -> dict:
                     order.remove("redis-benchmark")
                     order.insert(order.index("redis-resp") + 1, "redis-benchmark")
                 for system in order:
-                    load_before = os.getloadavg()[0]
-                    t = time.monotonic()
-                    try:
+                    def measure(system=system, size=size, run=run):
+                        nonlocal resp_rate, cluster_no
                         if system == "raw-disk":
-                            m = measure_raw(size, args, run)
-                        elif system in ("redis-resp", "redis-benchmark"):
+                            return measure_raw(size, args, run)
+                        if system in ("redis-resp", "redis-benchmark"):
                             m = measure_redis(size, args, run, system, resp_rate)
                             if system == "redis-resp":
                                 resp_rate = m["entries_per_s"]
-                        else:
-                            cluster_no += 1
-                            m = measure_bk(system, size, args, run, f"{zk.connect_string}/bench-{cluster_no}")
-                    except Exception as e:  # noqa: BLE001 - one failed measurement must not lose the others
-                        why = f"{type(e).__name__}: {e}"
-                        out["failures"].append({"system": system, "entry_size": size, "run": run, "error": why})
-                        log(f"run {run + 1}/{args.runs} {human_size(size):>6} {system:15} FAILED: {why}")
+                            return m
+                        cluster_no += 1
+                        return measure_bk(system, size, args, run, f"{zk.connect_string}/bench-{cluster_no}")
+                    m = _attempt(out, log, args, system, size, run, measure)
+                    if m is None:
                         continue
-                    slow = {k: round(v, 1) for k, v in m["detail"].get("phases_s", {}).items()
-                            if k != "adds" and v > SLOW_PHASE_S}
-                    if slow:
-                        log(f"  note: slow client phases outside the measured window (s): {slow}")
-                    m["loadavg_1m_before"] = load_before
-                    m["wall_s"] = time.monotonic() - t
                     out["measurements"].append(m)
                     rss = max((v for v in m["peak_rss_mib"].values() if v), default=None)
                     log(f"run {run + 1}/{args.runs} {human_size(size):>6} {system:15} {m['entries_per_s']:>12,.0f}"
                         f" entries/s {m['mb_per_s']:8.1f} MB/s p99 {fmt_num(m['latency_ms'].get('p99'), 1):>8} ms"
                         f" rss {fmt_num(rss)} MiB cpu srv {fmt_num(_total(m['server_cpu_pct']))}%"
-                        f" cli {fmt_num(m['client_cpu_pct'])}% load {load_before:.1f}"
+                        f" cli {fmt_num(m['client_cpu_pct'])}% load {m['loadavg_1m_before']:.1f}"
                         + (f" ERRORS {m['errors']}: {m['error']}" if m["errors"] else ""))
+        if args.half_peak:
+            peaks = {(r["system"], r["entry_size"]): r["entries_per_s"]
+                     for r in summarize(out["measurements"], systems, args.sizes)
+                     if r["system"] in BK_SYSTEMS and r["entries_per_s"]}
+            bk_systems = [x for x in systems if x in BK_SYSTEMS]
+            for run in range(args.runs):
+                for size in args.sizes:
+                    for system in bk_systems[run % len(bk_systems):] + bk_systems[:run % len(bk_systems)]:
+                        rate = peaks[(system, size)] / 2 if (system, size) in peaks else None
+                        if not rate:
+                            continue
+
+                        def paced(system=system, size=size, run=run, rate=rate):
+                            nonlocal cluster_no
+                            cluster_no += 1
+                            return measure_bk(system, size, args, run, f"{zk.connect_string}/bench-{cluster_no}",
+                                              rate=rate)
+                        m = _attempt(out, log, args, system, size, run, paced, "half-peak ")
+                        if m is None:
+                            continue
+                        m["paced_rate"] = rate
+                        out["half_peak"].append(m)
+                        lat, svc = m["latency_ms"], m["detail"].get("service_latency_ms") or {}
+                        log(f"half-peak {run + 1}/{args.runs} {human_size(size):>6} {system:15} at {rate:>10,.0f}"
+                            f" adds/s: from due p50 {fmt_num(lat.get('p50'), 2)} p99 {fmt_num(lat.get('p99'), 2)} ms,"
+                            f" from sent p50 {fmt_num(svc.get('p50'), 2)} p99 {fmt_num(svc.get('p99'), 2)} ms"
+                            + (f" ERRORS {m['errors']}: {m['error']}" if m["errors"] else ""))
     finally:
         if zk is not None:
             zk.stop()
             shutil.rmtree(zk.data_dir, ignore_errors=True)
     out["environment"]["loadavg_end"] = os.getloadavg()
     out["summary"] = summarize(out["measurements"], systems, args.sizes)
+    out["half_peak_summary"] = summarize_half_peak(out["half_peak"], args.sizes)
     return out
+
+
+def _attempt(out: dict, log, args, system: str, size: int, run: int, measure, tag: str = "") -> dict | None:
+    """Run one measurement; a failure is recorded and logged and gives None (the others go on)."""
+    load_before = os.getloadavg()[0]
+    t = time.monotonic()
+    try:
+        m = measure()
+    except Exception as e:  # noqa: BLE001 - one failed measurement must not lose the others
+        why = f"{type(e).__name__}: {e}"
+        out["failures"].append({"system": system, "entry_size": size, "run": run, "error": why,
+                                "phase": tag.strip() or "peak"})
+        log(f"{tag}run {run + 1}/{args.runs} {human_size(size):>6} {system:15} FAILED: {why}")
+        return None
+    slow = {k: round(v, 1) for k, v in m["detail"].get("phases_s", {}).items() if k != "adds" and v > SLOW_PHASE_S}
+    if slow:
+        log(f"  note: slow client phases outside the measured window (s): {slow}")
+    m["loadavg_1m_before"] = load_before
+    m["wall_s"] = time.monotonic() - t
+    return m
 
 
 def main(argv=None) -> int:
@@ -348,6 +429,10 @@ def main(argv=None) -> int:
     result = run_compare(args, log)
     print()
     print(render_summary(result["summary"]))
+    if result["half_peak_summary"]:
+        print("\nadd latency at half the median peak (paced, open loop; p50/p99 from when each add was due,"
+              " 'sent' from when it left):")
+        print(render_half_peak(result["half_peak_summary"]))
     for note in result["notes"]:
         print(f"note: {note}")
     for f in result["failures"]:

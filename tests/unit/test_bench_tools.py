@@ -316,8 +316,52 @@ def test_compare_records_a_failed_measurement_and_goes_on(monkeypatch, tmp_path)
     result = compare.run_compare(args, lambda msg: None)
     assert calls == [100, 200]
     assert result["failures"] == [{"system": "raw-disk", "entry_size": 100, "run": 0,
-                                   "error": "OSError: disk went away"}]
+                                   "error": "OSError: disk went away", "phase": "peak"}]
     assert [(r["system"], r["entry_size"]) for r in result["summary"]] == [("raw-disk", 200)]
+
+
+def test_compare_half_peak_paces_each_bk_system_at_half_its_median_peak(monkeypatch, tmp_path):
+    """--half-peak: after the peak runs, every bk system runs again paced at half its
+    median peak, with a window wide enough not to throttle; the latency summary takes
+    the medians from when each add was due and from when it left."""
+    import bk.testing.zookeeper as zk_mod
+
+    class FakeZK:
+        connect_string, data_dir = "127.0.0.1:1", str(tmp_path / "zk")
+
+        def __init__(self, d):
+            pass
+
+        def start(self):
+            return self
+
+        def stop(self):
+            pass
+    monkeypatch.setattr(zk_mod, "LocalZooKeeper", FakeZK)
+    calls = []
+    peaks = iter([1000.0, 3000.0, 2000.0])  # peak runs of bk-1: median 2000
+
+    def fake_bk(system, size, args, run, zk_connect, rate=None):
+        calls.append((system, size, run, rate))
+        lat = {"p50": 1.0, "p99": 4.0 + run} if rate else {"p50": 5.0, "p99": 9.0}
+        r = {"entries": 10, "bytes": 10 * size, "elapsed_s": 1.0, "entries_per_s": rate or next(peaks),
+             "mb_per_s": 0.0, "latency_ms": lat}
+        if rate:
+            r["service_latency_ms"] = {"p50": 0.5, "p99": 3.0 + run}
+        return compare._measurement(system, size, run, r, {}, {})
+    monkeypatch.setattr(compare, "measure_bk", fake_bk)
+    args = compare.parse_args(["--systems", "bk-1", "--runs", "3", "--sizes", "100", "--half-peak"])
+    result = compare.run_compare(args, lambda msg: None)
+    assert [c[3] for c in calls] == [None, None, None, 1000.0, 1000.0, 1000.0]
+    (row,) = result["half_peak_summary"]
+    assert (row["system"], row["rate"], row["p99_ms"], row["sent_p99_ms"]) == ("bk-1", 1000.0, 5.0, 4.0)
+    assert row["p99_ms_runs"] == [4.0, 5.0, 6.0]
+    assert "sent p99" in compare.render_half_peak(result["half_peak_summary"])
+    # without the flag nothing is paced
+    calls.clear()
+    peaks = iter([1000.0])
+    compare.run_compare(compare.parse_args(["--systems", "bk-1", "--runs", "1", "--sizes", "100"]), lambda m: None)
+    assert [c[3] for c in calls] == [None]
 
 
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed")
