@@ -372,9 +372,10 @@ def run_compare(args, log=print) -> dict:
             for run in range(args.runs):
                 for size in args.sizes:
                     for system in bk_systems[run % len(bk_systems):] + bk_systems[:run % len(bk_systems)]:
-                        rate = peaks[(system, size)] / 2 if (system, size) in peaks else None
-                        if not rate:
+                        peak = peaks.get((system, size))
+                        if not peak:  # every peak run of it failed
                             continue
+                        rate = peak / 2
 
                         def paced(system=system, size=size, run=run, rate=rate):
                             nonlocal cluster_no

@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 
-from .stats import latency_summary_ms, parse_size, positive_float
+from .load import PACE_MIN_SLEEP_S  # the loop's timers have ~1 ms resolution: bench.load's schedule
+from .stats import fmt_num, latency_summary_ms, parse_size, positive_float
 
-PACE_MIN_SLEEP_S = 0.001  # as bench.load: the loop's timers have ~1 ms resolution
 DRAIN_S = 2.0  # after the last send, how long to wait for the remaining echoes
 
 
@@ -127,18 +127,14 @@ def run(rate: float, size: int, duration_s: float) -> dict:
         server.join(5)
 
 
-def _ms(v) -> str:
-    return "-" if v is None else f"{v:.2f}"
-
-
 def format_summary(s: dict) -> str:
     lat, due = s["latency_ms"], s["from_due_ms"]
     return (f"echo: {s['echoed']} of {s['sent']} {s['entry_size']} B messages at {s['rate']:,.0f}/s over loopback"
             f" (two Python processes, uvloop, no disk)\n"
-            f"  from when each left to its echo: ms p50 {_ms(lat['p50'])} p99 {_ms(lat['p99'])}"
-            f" p999 {_ms(lat['p999'])} max {_ms(lat['max'])}\n"
-            f"  from when each was due:           ms p50 {_ms(due['p50'])} p99 {_ms(due['p99'])}"
-            f" p999 {_ms(due['p999'])} max {_ms(due['max'])}")
+            f"  from when each left to its echo: ms p50 {fmt_num(lat['p50'], 2)} p99 {fmt_num(lat['p99'], 2)}"
+            f" p999 {fmt_num(lat['p999'], 2)} max {fmt_num(lat['max'], 2)}\n"
+            f"  from when each was due:           ms p50 {fmt_num(due['p50'], 2)} p99 {fmt_num(due['p99'], 2)}"
+            f" p999 {fmt_num(due['p999'], 2)} max {fmt_num(due['max'], 2)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -180,6 +180,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
             now = perf()
             if now >= deadline:
                 break
+            li = seq % n_ledgers
             if interval_s:
                 # Open loop: add number `seq` is due at t0 + seq * interval. Its latency
                 # counts from when it was due, not when it left, so a stall of the
@@ -191,9 +192,8 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
                     await asyncio.sleep(max(due - now, PACE_MIN_SLEEP_S))
                     continue
                 pacing_lag.append(now - due)
-                sent_t[seq % n_ledgers].append(now)
+                sent_t[li].append(now)
                 now = due
-            li = seq % n_ledgers
             issue_t[li].append(now)
             try:
                 handles[li].async_add_entry(payload, callbacks[li])
