@@ -94,13 +94,27 @@ class BookieConfig:
     rereplication_entry_batch_size: int = 100
     replication_rate_bytes_per_s: int = 0
 
-    # --- BP-46 repair
-    data_integrity_checking_enabled: bool = False
+    # --- BP-46: running without the journal (REPLICATION.md, "Running without the journal")
+    # None = auto: on exactly when journal_write_data is false (then a crash can lose acknowledged
+    # entries and fences, and the boot-time check and self-repair are what keep the cluster safe).
+    data_integrity_checking_enabled: bool | None = None
+    # A bookie whose directories lost their cookies (a replaced or wiped disk) stamps new ones
+    # itself after phase one is durable; false = it refuses to start and names `bk shell fixcookie`.
     data_integrity_cookie_stamping_enabled: bool = False
+    data_integrity_repair_parallel_ledgers: int = 4  # ledgers repaired at once (phase two)
+    data_integrity_repair_rate_bytes_per_s: int = 0  # bytes copied from peers per second; 0 = no limit
+    data_integrity_repair_retry_max_s: float = 60.0  # backoff cap between attempts on a ledger
 
     @property
     def bookie_id(self) -> str:
         return f"{self.advertised_address}:{self.bookie_port}"
+
+    @property
+    def data_integrity_checking(self) -> bool:
+        """data_integrity_checking_enabled with `auto` resolved (see the setting)."""
+        if self.data_integrity_checking_enabled is None:
+            return not self.journal_write_data
+        return self.data_integrity_checking_enabled
 
     @property
     def resolved_index_dir(self) -> str:
@@ -121,6 +135,10 @@ def _convert(key: str, value: Any) -> Any:
     f = _FIELDS[key]
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     try:
+        if kind == "bool | None":  # a switch whose unset value means "auto"
+            if value is None or str(value).strip().lower() in ("auto", ""):
+                return None
+            kind = "bool"
         if kind == "bool":
             if isinstance(value, bool):
                 return value
@@ -193,6 +211,8 @@ def _check(cfg: BookieConfig) -> None:
         bad("disk_usage_threshold", "must be in (0, 1]")
     if cfg.num_read_worker_threads < 1:
         bad("num_read_worker_threads", "must be at least 1")
+    if cfg.data_integrity_repair_parallel_ledgers < 1:
+        bad("data_integrity_repair_parallel_ledgers", "must be at least 1")
 
 
 def load_config(

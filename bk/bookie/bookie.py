@@ -28,10 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bk._native import load
 from bk.config import BookieConfig
-from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, LedgerFencedError,
+from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, CorruptedStorageError, LedgerFencedError,
                        LedgerLimboError, NoSuchEntryError, NoSuchLedgerError, TooManyRequestsError,
                        UnauthorizedAccessError)
 from bk.fileio import ensure_dir
+from bk.index import NEEDS_INTEGRITY_CHECK, UNCLEAN_SHUTDOWN
 from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
 from bk.proto.constants import FLAG_RECOVERY_ADD
 
@@ -39,8 +40,6 @@ from .ledger_storage import LedgerStorage
 
 log = logging.getLogger(__name__)
 
-UNCLEAN_SHUTDOWN = "unclean_shutdown"
-NEEDS_INTEGRITY_CHECK = "needs_integrity_check"
 _ENTRY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC
 # fields of an AddRequest-shaped tuple: flags, master_key, ledger_id, entry_id, body, version
 _ENTRY_ID, _BODY = itemgetter(3), itemgetter(4)
@@ -114,7 +113,11 @@ class Bookie:
         ensure_dir(cfg.resolved_index_dir)
         self.storage = storage = LedgerStorage(cfg)
         try:
-            self.was_unclean_shutdown = storage.get_flag(UNCLEAN_SHUTDOWN)
+            try:
+                self.was_unclean_shutdown = storage.get_flag(UNCLEAN_SHUTDOWN)
+            except CorruptedStorageError as e:  # BP-46: an error while checking counts as unclean
+                log.error("cannot read the unclean-shutdown flag (%s): treating the last stop as unclean", e)
+                self.was_unclean_shutdown = True
             if self.was_unclean_shutdown:
                 log.warning("bookie %s was not shut down cleanly", self.bookie_id)
             storage.set_flag_now(UNCLEAN_SHUTDOWN, True)
@@ -400,9 +403,10 @@ class Bookie:
         await fut
 
     def read_lac(self, ledger_id: int) -> bytes | None:
-        """The explicit LAC buffer last written, or None."""
+        """The explicit LAC buffer last written, or None. In limbo the bookie may have lost a
+        later one, so even a stored LAC is no answer: EUNKNOWNLEDGERSTATE."""
         desc = self._existing(ledger_id)
-        if desc.explicit_lac is None and desc.limbo:
+        if desc.limbo:
             raise LedgerLimboError(ledger_id=ledger_id)
         return desc.explicit_lac
 
@@ -413,15 +417,59 @@ class Bookie:
             raise LedgerLimboError(ledger_id=ledger_id)
         return desc.lac
 
-    async def set_limbo(self, ledger_id: int, limbo: bool, *, fence: bool = False) -> None:
-        """Mark a ledger in limbo (and optionally fenced); durable on return."""
+    # ------------------------------------------------------------ BP-46 integrity check
+    @property
+    def needs_integrity_check(self) -> bool:
+        """Set by phase one, cleared once phase two found every ledger whole (survives restarts)."""
+        return self.storage.get_flag(NEEDS_INTEGRITY_CHECK)
+
+    async def mark_for_integrity_check(self, ledgers) -> int:
+        """Phase one's local half (REPLICATION.md, "Running without the journal").
+
+        `ledgers`: (ledger_id, master_key or None) of every ledger whose metadata names this
+        bookie. Each is created if this bookie has no record of it (with the key the metadata
+        yields, or with none: the first key a client presents is then stored), and is fenced
+        and put in limbo. The needs-integrity-check flag goes first, then everything is made
+        durable by one checkpoint (not one per ledger: a cluster may hold 100,000). Until that
+        checkpoint returns the caller must not serve: a crash before it leaves the
+        unclean-shutdown flag set, so the next boot runs phase one again."""
+        await asyncio.to_thread(self.storage.set_flag_now, NEEDS_INTEGRITY_CHECK, True)
         storage = self.storage
-        desc = storage.get_ledger(ledger_id) or storage.create_ledger(ledger_id)
-        changes = {"limbo": limbo}
-        if fence:
-            changes["fenced"] = True
-        storage.update_ledger(desc, **changes)
+        count = 0
+        for ledger_id, key in ledgers:
+            desc = storage.get_ledger(ledger_id) or storage.create_ledger(ledger_id)
+            if desc.master_key is None and key is not None:
+                desc.check_key(key)  # length check
+                storage.update_ledger(desc, master_key=bytes(key), fenced=True, limbo=True)
+            else:
+                storage.update_ledger(desc, fenced=True, limbo=True)
+            count += 1
         await asyncio.to_thread(storage.checkpoint)
+        return count
+
+    def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:
+        """Those of `entry_ids` this bookie does not store (blocking: call from a thread)."""
+        return self.storage.missing_entries(ledger_id, entry_ids)
+
+    async def clear_limbo(self, ledger_ids) -> None:
+        """Phase two found these ledgers whole: answer explicit negatives for them again.
+        Durable on return. The caller made their copied entries durable first (checkpoint),
+        so a cleared limbo never stands in front of an entry a crash could still take."""
+        storage = self.storage
+        for ledger_id in ledger_ids:
+            desc = storage.get_ledger(ledger_id)
+            if desc is not None and desc.limbo:
+                storage.update_ledger(desc, limbo=False)
+        await asyncio.to_thread(storage.checkpoint)
+
+    async def finish_integrity_check(self) -> None:
+        """Every ledger is whole: clear the bookie-wide flag (after a checkpoint)."""
+        await asyncio.to_thread(self.storage.checkpoint)
+        await asyncio.to_thread(self.storage.set_flag_now, NEEDS_INTEGRITY_CHECK, False)
+
+    def limbo_ledgers(self) -> list[int]:
+        storage = self.storage
+        return [lid for lid in storage.ledger_ids() if (d := storage.get_ledger(lid)) is not None and d.limbo]
 
     # ------------------------------------------------------------ reads
     def _existing(self, ledger_id: int):

@@ -324,6 +324,15 @@ class LedgerStorage:
         self.read_cache.put_many((lid, eid, e) for lid, eid, e, _ in run if lid == ledger_id)
         return run[0][2]
 
+    def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:
+        """Those of `entry_ids` stored nowhere (blocking; not on the loop). The order of the
+        checks is read_from_storage's (caches, index, caches again: an entry moves from the
+        write cache to the index only once its flush committed), so no stored entry is missed."""
+        get_cached, get_location = self.get_cached, self.index.get_location
+        return [e for e in entry_ids
+                if get_cached(ledger_id, e) is None and get_location(ledger_id, e) is None
+                and get_cached(ledger_id, e) is None]
+
     def last_entry_id(self, ledger_id: int) -> int | None:
         """The highest entry id this bookie stores for the ledger, or None."""
         best = self.index.last_entry_id(ledger_id)

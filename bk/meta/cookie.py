@@ -195,6 +195,9 @@ class CookieCheck:
     new_bookie: bool  # True: nothing existed; everything has just been stamped
     problems: tuple[str, ...]  # empty when everything matches
     zk_version: int | None  # version of the ZooKeeper cookie (None: missing)
+    zk_mismatch: bool = False  # ZooKeeper's cookie differs, or is missing while directories have one
+    missing_dirs: tuple[str, ...] = ()  # directories without a cookie (wiped or replaced disks)
+    dir_mismatches: tuple[str, ...] = ()  # directories whose cookie differs from this configuration
 
     @property
     def ok(self) -> bool:
@@ -229,7 +232,7 @@ async def verify_cookies(
     expected = Cookie(
         bookie_id, tuple(journal_dirs), tuple(ledger_dirs), instance_id, (index_dir,) if index_dir else None
     )
-    directories = list(dict.fromkeys([*expected.journal_dirs, *expected.ledger_dirs, *(expected.index_dirs or ())]))
+    directories = cookie_directories(expected)
     cookies = CookieStore(store, root)
     try:
         zk_cookie, zk_version = await cookies.read(bookie_id)
@@ -253,9 +256,11 @@ async def verify_cookies(
         return CookieCheck(expected, True, (), zk_version)
 
     problems = []
+    zk_mismatch = False
     if zk_cookie is None:
         with_cookie = [d for d, c, _ in found if c is not None]
         if with_cookie:
+            zk_mismatch = True
             problems.append(
                 f"ZooKeeper has no cookie for bookie {bookie_id} ({cookies.paths.cookie(bookie_id)})"
                 f" but directories have one: {', '.join(with_cookie)}"
@@ -263,19 +268,28 @@ async def verify_cookies(
     else:
         diff = zk_cookie.differences(expected)
         if diff:
+            zk_mismatch = True
             problems.append(f"ZooKeeper cookie of {bookie_id} differs from this configuration: {'; '.join(diff)}")
+    missing, mismatched = [], []
     for directory, cookie, empty in found:
         if cookie is None:
+            missing.append(directory)
             what = "an empty directory" if empty else "a directory with data"
             problems.append(f"{directory} has no cookie ({cookie_file(directory)} missing; {what})")
         else:
             diff = cookie.differences(expected)
             if diff:
+                mismatched.append(directory)
                 problems.append(f"{directory} has a cookie that differs: {'; '.join(diff)}")
-    check = CookieCheck(expected, False, tuple(problems), zk_version)
+    check = CookieCheck(expected, False, tuple(problems), zk_version, zk_mismatch, tuple(missing), tuple(mismatched))
     if problems and not allow_repair:
         raise CookieError(f"bookie {bookie_id} refuses to start: " + " | ".join(problems))
     return check
+
+
+def cookie_directories(cookie: Cookie) -> list[str]:
+    """Every directory a cookie names, once each, in journal, ledger, index order."""
+    return list(dict.fromkeys([*cookie.journal_dirs, *cookie.ledger_dirs, *(cookie.index_dirs or ())]))
 
 
 async def stamp_cookies(

@@ -211,6 +211,24 @@ class LedgerManager:
     async def list_ledger_ids(self) -> list[int]:
         return [ledger_id async for ledger_id in self.iter_ledger_ids()]
 
+    async def iter_ledger_metadata(self, ledger_ids=None, *, concurrency: int = 64
+                                   ) -> AsyncIterator[tuple[int, LedgerMetadata, int]]:
+        """(ledger_id, metadata, version) of every ledger (or of `ledger_ids`), ascending by
+        batch, `concurrency` reads at a time. A ledger deleted during the walk is skipped; any
+        other failure (store error, session loss, malformed metadata) propagates: callers that
+        decide from the whole list (BP-46 phase one, GC) must never take an error for "none"."""
+        ids = await self.list_ledger_ids() if ledger_ids is None else list(ledger_ids)
+        step = max(1, concurrency)
+        for start in range(0, len(ids), step):
+            batch = ids[start:start + step]
+            answers = await asyncio.gather(*(self.read_ledger_metadata(i) for i in batch), return_exceptions=True)
+            for ledger_id, answer in zip(batch, answers):
+                if isinstance(answer, NoSuchLedgerMetadataError):
+                    continue
+                if isinstance(answer, BaseException):
+                    raise answer
+                yield ledger_id, answer[0], answer[1]
+
     async def _children_or_empty(self, path: str) -> list[str]:
         try:
             return await self.store.children(path)

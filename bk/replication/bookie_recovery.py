@@ -136,21 +136,14 @@ class BookieRecovery:
     async def affected_ledgers(self, bookie_id: str, ledger_id: int | None = None) -> list[LedgerPlan]:
         """Every ledger (or just `ledger_id`) with a segment on `bookie_id`, ascending."""
         lm = self.bk.ledger_manager
-        ids = [ledger_id] if ledger_id is not None else await lm.list_ledger_ids()
+        if ledger_id is not None:
+            await lm.read_ledger_metadata(ledger_id)  # NoSuchLedgerMetadataError for a named ledger
         plans = []
-        for start in range(0, len(ids), 32):
-            batch = ids[start:start + 32]
-            answers = await asyncio.gather(*(lm.read_ledger_metadata(i) for i in batch), return_exceptions=True)
-            for lid, answer in zip(batch, answers):
-                if isinstance(answer, NoSuchLedgerMetadataError):
-                    if ledger_id is not None:
-                        raise answer
-                    continue
-                if isinstance(answer, BaseException):
-                    raise answer
-                plan = plan_ledger(lid, answer[0], bookie_id)
-                if plan is not None:
-                    plans.append(plan)
+        async for lid, md, _version in lm.iter_ledger_metadata(None if ledger_id is None else [ledger_id],
+                                                               concurrency=32):
+            plan = plan_ledger(lid, md, bookie_id)
+            if plan is not None:
+                plans.append(plan)
         return plans
 
     async def _check_target(self, bookie_id: str, target: str | None) -> None:

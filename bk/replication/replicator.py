@@ -120,7 +120,7 @@ class CopyStats:
     bytes: int = 0
 
 
-class _EntryCopy:
+class EntryCopy:
     """Copies a list of entries to one target with `window` of them in flight.
 
     Per entry: read from each replica in turn until one returns an EOK whose
@@ -363,7 +363,7 @@ class LedgerReplicator:
         def replicas_for(entry_id: int) -> list[str]:
             return [b for b in write_set(md, ensemble, entry_id) if b not in unusable]
 
-        op = _EntryCopy(self.bk.pool, digest, key, entries, replicas_for, target, self.window_entries,
+        op = EntryCopy(self.bk.pool, digest, key, entries, replicas_for, target, self.window_entries,
                         self.limiter, on_bytes)
         try:
             stats = await op.start()

@@ -19,7 +19,7 @@ import logging
 import os
 from operator import itemgetter
 
-from bk.errors import BookieError, BookieIOError, NoSuchEntryError, TooManyRequestsError
+from bk.errors import BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, TooManyRequestsError
 from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, PROTOCOL_VERSION, AddRequest, AuthRequest,
                       BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
                       ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
@@ -182,10 +182,10 @@ class RequestProcessor:
         while len(entries) < max(1, req.max_count):
             try:
                 entry = await bookie.read_entry(req.ledger_id, eid)
-            except NoSuchEntryError:
-                if not entries:
+            except (NoSuchEntryError, LedgerLimboError):
+                if not entries:  # the first entry's own answer (EUNKNOWNLEDGERSTATE in limbo)
                     raise
-                break
+                break  # serve what this bookie has; the reader asks again from there
             if entries and size + 4 + len(entry) > max_size:
                 break
             entries.append(entry)

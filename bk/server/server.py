@@ -22,8 +22,10 @@ from bk.config import BookieConfig
 from bk.errors import BKError
 from bk.meta import open_store
 from bk.meta.cluster import is_initialized
-from bk.meta.cookie import verify_cookies
-from bk.meta.registration import RegistrationManager
+from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
+from bk.meta.registration import BookieServiceInfo, RegistrationManager
+
+from . import integrity
 
 from .connection import BookieConnection
 from .processor import RequestProcessor
@@ -33,8 +35,18 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0
 
 
+# BP-46 repair progress fields published as `repair.<field>` registration properties
+REPAIR_PROPERTIES = ("state", "ledgers_total", "ledgers_done", "ledgers_left", "ledgers_recovered",
+                     "entries_copied", "bytes_copied", "errors", "elapsed_s")
+
+
 class ClusterNotInitializedError(BKError):
     pass
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not publish the repair status: %s", task.exception())
 
 
 class BookieServer:
@@ -52,6 +64,9 @@ class BookieServer:
         self._registered_readonly: bool | None = None
         self._forced_read_only = False
         self.autorecovery = None  # bk.replication.AutoRecovery when autorecovery_enabled
+        self.repair = None  # bk.replication.integrity.DataIntegrityCheck while BP-46 phase two runs
+        self.phase_one: integrity.PhaseOneResult | None = None
+        self._properties: dict[str, str] = {}  # published in the registration (BookieServiceInfo)
         self.port: int | None = None
         self.started = False
 
@@ -65,15 +80,27 @@ class BookieServer:
                     f"the cluster at {cfg.metadata_service_uri} is not initialised: "
                     f"run `bk shell --metadata-uri {cfg.metadata_service_uri} initnewcluster` first")
             index_dir = cfg.index_dir or None
-            await verify_cookies(self.store, self.bookie_id, cfg.journal_dirs, cfg.ledger_dirs, index_dir)
+            checking = cfg.data_integrity_checking
+            cookies = await verify_cookies(self.store, self.bookie_id, cfg.journal_dirs, cfg.ledger_dirs, index_dir,
+                                           allow_repair=checking)
+            if cookies.problems:
+                integrity.refuse_cookie_problems(self.bookie_id, cookies, cfg.data_integrity_cookie_stamping_enabled)
             await self.bookie.start()
+            if checking:
+                await self._boot_check(cookies)
             self._listener = await asyncio.get_running_loop().create_server(
                 lambda: BookieConnection(self), host=cfg.bind_address or cfg.advertised_address,
                 port=cfg.bookie_port, reuse_address=True, backlog=1024)
             self.port = self._listener.sockets[0].getsockname()[1]
+            if checking and self.bookie.needs_integrity_check:
+                # phase two copies into this bookie through its own listener; it need not wait
+                # for the registration (after a crash that waits for the old session to expire)
+                await self._start_repair()
             self.registration = RegistrationManager(self.store)
             self._check_disks()
             await self._register()
+            if self._properties:  # the repair's progress changed while the registration waited
+                await self._register(force=True)
             self._monitor = asyncio.ensure_future(self._disk_monitor())
             self.started = True
             if cfg.autorecovery_enabled:
@@ -85,8 +112,42 @@ class BookieServer:
             await self._teardown()
             raise
 
+    async def _boot_check(self, cookies) -> None:
+        """BP-46 detection and phase one, before the bookie listens (bk.server.integrity)."""
+        reasons = []
+        if self.bookie.was_unclean_shutdown:
+            reasons.append("the last shutdown was not clean")
+        if cookies.problems:
+            reasons.append("directories lost their cookies: " + ", ".join(cookies.missing_dirs))
+        if reasons:
+            self.phase_one = await integrity.run_phase_one(self.store, self.bookie, self.bookie_id,
+                                                           "; ".join(reasons))
+        if cookies.problems:  # stamping allowed (refuse_cookie_problems passed); phase one is durable
+            await stamp_cookies(self.store, cookies.cookie, cookie_directories(cookies.cookie), cookies.zk_version)
+            log.warning("stamped the cookie of %s into %s", self.bookie_id, ", ".join(cookies.missing_dirs))
+
+    async def _start_repair(self) -> None:
+        from bk.replication.integrity import DataIntegrityCheck
+
+        self.repair = DataIntegrityCheck(self.config, self.bookie, on_progress=self._publish_repair)
+        await self.repair.start()
+
+    def _publish_repair(self, status) -> None:
+        """Repair progress into the registration's properties (`bk shell repairstatus` reads them)."""
+        d = status.as_dict()
+        self._properties = {**self._properties, **{f"repair.{k}": str(d[k]) for k in REPAIR_PROPERTIES}}
+        if self.registration is not None and self._registered_readonly is not None:
+            task = asyncio.ensure_future(self._register(force=True))
+            task.add_done_callback(_log_failure)
+
+    async def _stop_repair(self) -> None:
+        repair, self.repair = self.repair, None
+        if repair is not None:
+            await repair.stop()
+
     async def stop(self) -> None:
         """Graceful stop; safe to call more than once."""
+        await self._stop_repair()
         await self._stop_autorecovery()
         if self._listener is not None:
             self._listener.close()
@@ -107,6 +168,7 @@ class BookieServer:
             await autorecovery.stop()
 
     async def _teardown(self) -> None:
+        await self._stop_repair()
         await self._stop_autorecovery()
         for conn in list(self.connections):
             conn.close()
@@ -131,10 +193,11 @@ class BookieServer:
         self.started = False
 
     # ------------------------------------------------------------ registration and disks
-    async def _register(self) -> None:
+    async def _register(self, force: bool = False) -> None:
         readonly = self.bookie.read_only
-        if readonly != self._registered_readonly:
-            await self.registration.register(self.bookie_id, readonly=readonly)
+        if force or readonly != self._registered_readonly:
+            info = BookieServiceInfo.for_bookie(self.bookie_id, self._properties)
+            await self.registration.register(self.bookie_id, readonly=readonly, service_info=info)
             self._registered_readonly = readonly
 
     def _check_disks(self) -> None:

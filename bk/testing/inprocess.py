@@ -18,6 +18,8 @@ from bk.meta import open_store
 from bk.meta.cluster import init_new_cluster, is_initialized
 from bk.server import BookieServer
 
+from .powerloss import halt_without_checkpoint
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -70,6 +72,27 @@ class InProcessCluster:
     async def stop_bookie(self, i: int) -> None:
         server = self.servers.pop(i)
         await server.stop()
+
+    async def crash_bookie(self, i: int) -> None:
+        """Stop bookie i as kill -9 would leave it: connections dropped, no final checkpoint
+        (what only the write cache held is gone), the unclean-shutdown flag still set, and
+        its registration gone with its metadata session."""
+        server = self.servers.pop(i)
+        for task in (server.repair, server.autorecovery):
+            if task is not None:
+                await task.stop()
+        server.repair = server.autorecovery = None
+        if server._monitor is not None:
+            server._monitor.cancel()
+        if server._listener is not None:
+            server._listener.close()
+        for conn in list(server.connections):
+            conn.close()
+        await server.processor.drain()
+        halt_without_checkpoint(server.bookie)
+        if server.registration is not None:
+            await server.registration.close()
+        await server.store.close()  # its ephemeral registration goes with the session
 
     async def add_bookie(self, **extra) -> int:
         i = max(self.ports, default=-1) + 1

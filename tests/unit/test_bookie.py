@@ -246,7 +246,8 @@ def test_limbo_turns_negatives_into_unknown(tmp_path):
         b = await started(cfg)
         try:
             await b.add_entry(11, 0, entry(11, 0), KEY)
-            await b.set_limbo(11, True, fence=True)
+            assert await b.mark_for_integrity_check([(11, None), (12, KEY)]) == 2
+            assert b.needs_integrity_check
             assert await b.read_entry(11, 0) == entry(11, 0)  # what it has, it serves
             with pytest.raises(LedgerLimboError):
                 await b.read_entry(11, 1)
@@ -254,6 +255,16 @@ def test_limbo_turns_negatives_into_unknown(tmp_path):
                 await b.read_entry(11, -1)
             with pytest.raises(LedgerLimboError):
                 b.last_add_confirmed(11)
+            with pytest.raises(LedgerLimboError):
+                b.read_lac(11)
+            # a ledger phase one created: limbo and fenced, with the metadata's key
+            with pytest.raises(LedgerLimboError):
+                await b.read_entry(12, 0)
+            with pytest.raises(LedgerFencedError):
+                await b.add_entry(12, 0, entry(12, 0), KEY)
+            with pytest.raises(UnauthorizedAccessError):
+                await b.add_entry(12, 0, entry(12, 0), b"k" * 20, recovery=True)
+            assert b.missing_entries(11, range(3)) == [1, 2]
             with pytest.raises(LedgerFencedError):
                 await b.add_entry(11, 1, entry(11, 1), KEY)
             await b.add_entry(11, 1, entry(11, 1), KEY, recovery=True)
@@ -261,10 +272,15 @@ def test_limbo_turns_negatives_into_unknown(tmp_path):
             await b.stop()
         b = await started(cfg)
         try:
-            assert b.is_limbo(11) and b.is_fenced(11)
-            await b.set_limbo(11, False)
+            assert b.is_limbo(11) and b.is_fenced(11) and b.needs_integrity_check
+            assert b.missing_entries(11, range(3)) == [2]  # the recovery add was kept
+            assert sorted(b.limbo_ledgers()) == [11, 12]
+            await b.clear_limbo([11])
             with pytest.raises(NoSuchEntryError):
                 await b.read_entry(11, 2)
+            assert b.is_fenced(11) and b.limbo_ledgers() == [12]
+            await b.finish_integrity_check()
+            assert not b.needs_integrity_check
         finally:
             await b.stop()
     run(main())

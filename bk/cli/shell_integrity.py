@@ -1,0 +1,135 @@
+"""`bk shell` commands for running without the journal (BP-46; registered by bk.cli.shell).
+
+    fixcookie            (with --conf FILE of a STOPPED bookie) the cookie fix by hand: check the
+                         bookie's directories against its cookie in the metadata store; where
+                         directories lost their cookies (a replaced or wiped disk), run phase one
+                         (fence every ledger of the bookie and put it in limbo, durably) and then
+                         stamp the cookie into them. The bookie repairs the rest from its peers
+                         (phase two) when it next starts.
+    repairstatus [ID]    each live bookie's self-repair progress: ledgers left, entries and bytes
+                         copied, errors (published by the bookie in its registration).
+"""
+from __future__ import annotations
+
+import time
+
+from bk.errors import BKError, ConfigError, CookieError
+
+COMMANDS = {}
+REPAIR_PREFIX = "repair."
+
+
+def _command(name: str):
+    def register(fn):
+        COMMANDS[name] = fn
+        return fn
+    return register
+
+
+def add_parsers(cmds) -> None:
+    c = cmds.add_parser(
+        "fixcookie", help="BP-46: repair a stopped bookie whose directories lost their cookies (needs --conf)",
+        description="Run with the bookie stopped: `bk shell --conf bookie.toml fixcookie`. Where the bookie's"
+                    " directories lost their cookies (a replaced or wiped disk), fence every ledger of the bookie"
+                    " and put it in limbo (BP-46 phase one: it never answers 'no such entry' for what it may have"
+                    " lost), make that durable, then stamp the cookie. The bookie copies what it lost from its"
+                    " peers when it next starts. A cookie that differs (another address, other directories,"
+                    " another cluster) is not fixed here: see `bk shell cookie`.")
+    c.add_argument("--dry-run", action="store_true", help="only report what the check finds")
+    c = cmds.add_parser("repairstatus", help="BP-46: each live bookie's self-repair progress")
+    c.add_argument("bookie_id", nargs="?", default=None, help="only this bookie (host:port)")
+
+
+@_command("fixcookie")
+async def cmd_fixcookie(uri, args):
+    from bk.bookie import Bookie
+    from bk.config import load_config
+    from bk.meta import open_store
+    from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
+    from bk.meta.registration import RegistrationManager
+    from bk.server import integrity
+
+    if not args.conf:
+        raise ConfigError("fixcookie needs the stopped bookie's configuration: bk shell --conf FILE fixcookie")
+    cfg = load_config(args.conf)
+    bookie_id = cfg.bookie_id
+    store = await open_store(uri)
+    try:
+        if await RegistrationManager(store).registration(bookie_id) is not None:
+            raise CookieError(f"bookie {bookie_id} is registered as running: stop it first")
+        check = await verify_cookies(store, bookie_id, cfg.journal_dirs, cfg.ledger_dirs, cfg.index_dir or None,
+                                     allow_repair=True)
+        out = {"ok": True, "bookie_id": bookie_id, "problems": list(check.problems),
+               "missing_dirs": list(check.missing_dirs), "new_bookie": check.new_bookie}
+        if not check.problems:
+            out["text"] = (f"bookie {bookie_id}: " + ("new bookie, cookies stamped" if check.new_bookie
+                                                      else "every cookie matches; nothing to fix"))
+            return out
+        if not integrity.repairable(check):
+            raise CookieError(f"bookie {bookie_id}: not a lost cookie, fixcookie does not change this: "
+                              + " | ".join(check.problems))
+        if args.dry_run:
+            out["text"] = (f"bookie {bookie_id}: lost cookies in {', '.join(check.missing_dirs)}; fixcookie would"
+                           " fence and limbo its ledgers, then stamp them (dry run: nothing changed)")
+            return out
+        t0 = time.monotonic()
+        bookie = Bookie(cfg)
+        await bookie.start()
+        try:
+            result = await integrity.run_phase_one(store, bookie, bookie_id, "fixcookie: lost cookies in "
+                                                   + ", ".join(check.missing_dirs))
+        finally:
+            await bookie.stop()  # phase one is durable; the needs-integrity-check flag stays set
+        await stamp_cookies(store, check.cookie, cookie_directories(check.cookie), check.zk_version)
+        out.update(result.as_dict(), stamped=list(check.missing_dirs), elapsed_s=round(time.monotonic() - t0, 3))
+        out["text"] = (f"bookie {bookie_id}: {result.ledgers_marked} of {result.ledgers_scanned} ledgers fenced and"
+                       f" in limbo; cookie stamped into {', '.join(check.missing_dirs)}. Start the bookie: it"
+                       " copies what it lost from its peers (bk shell repairstatus shows progress).")
+        return out
+    finally:
+        await store.close()
+
+
+def _repair_of(info) -> dict | None:
+    props = {k[len(REPAIR_PREFIX):]: v for k, v in info.properties if k.startswith(REPAIR_PREFIX)}
+    if not props:
+        return None
+    out = {}
+    for k, v in props.items():
+        try:
+            out[k] = float(v) if "." in v else int(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+@_command("repairstatus")
+async def cmd_repairstatus(uri, args):
+    from bk.meta import open_store
+    from bk.meta.registration import RegistrationManager
+
+    store = await open_store(uri)
+    try:
+        rm = RegistrationManager(store, reregister_on_expiry=False)
+        ids = sorted({*await rm.writable_bookies(), *await rm.readonly_bookies()})
+        if args.bookie_id is not None:
+            if args.bookie_id not in ids:
+                raise BKError(f"bookie {args.bookie_id} is not registered (not running?)")
+            ids = [args.bookie_id]
+        bookies = []
+        for bookie_id in ids:
+            info = await rm.get_service_info(bookie_id)
+            bookies.append({"bookie_id": bookie_id, "repair": _repair_of(info) if info is not None else None})
+        await rm.close()
+    finally:
+        await store.close()
+    lines = []
+    for b in bookies:
+        r = b["repair"]
+        if r is None:
+            lines.append(f"{b['bookie_id']}: no repair since it started")
+        else:
+            lines.append(f"{b['bookie_id']}: {r.get('state')}: {r.get('ledgers_left')} of {r.get('ledgers_total')}"
+                         f" ledgers left, {r.get('ledgers_recovered')} recovered, {r.get('entries_copied')} entries"
+                         f" ({r.get('bytes_copied')} bytes) copied, {r.get('errors')} errors, {r.get('elapsed_s')}s")
+    return {"ok": True, "bookies": bookies, "text": "\n".join(lines) or "no bookie is registered"}
