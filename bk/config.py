@@ -27,6 +27,9 @@ class BookieConfig:
     bookie_port: int = 3181
     advertised_address: str = "127.0.0.1"
     bind_address: str = ""  # empty: bind to advertised_address
+    # BookKeeper's zkTimeout: the bookie's ZooKeeper session timeout. After a crash the restarted
+    # bookie registers once the dead process's session expired, so this bounds that wait too.
+    zk_timeout_ms: int = 10_000
 
     # --- directories
     journal_dirs: tuple[str, ...] = ("data/journal",)

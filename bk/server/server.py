@@ -73,7 +73,7 @@ class BookieServer:
     async def start(self) -> None:
         cfg = self.config
         if self.store is None:
-            self.store = await open_store(cfg.metadata_service_uri)
+            self.store = await open_store(cfg.metadata_service_uri, session_timeout_s=cfg.zk_timeout_ms / 1000.0)
         try:
             if not await is_initialized(self.store):
                 raise ClusterNotInitializedError(
