@@ -176,10 +176,11 @@ def test_crash_again_after_recovering_from_power_loss(tmp_path):
     crash_once(tmp_path, 51, power_loss=True, tear=True, prior=first)
 
 
-def test_journal_off_crash_invents_nothing_and_keeps_fences(tmp_path):
-    """Journal off (BP-46): acked entries may be lost, but fences (journaled) hold
-    and nothing invented appears."""
-    crash_once(tmp_path, 61, power_loss=True, journal_off=True, fence_after=300)
+@pytest.mark.parametrize("seed,tear", [(61, False), (62, True), (63, True)])
+def test_journal_off_crash_invents_nothing_and_keeps_fences(tmp_path, seed, tear):
+    """Journal off (BP-46): acked entries may be lost, but fences (journaled) hold, the
+    crash is detected (unclean flag), and nothing invented or corrupt appears."""
+    crash_once(tmp_path, seed, power_loss=True, tear=tear, journal_off=True, fence_after=300)
 
 
 # ---------------------------------------------------------------- flipped bytes

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from bk.meta.ledger_metadata import LedgerState
 from bk.proto import DEFAULT_MAX_FRAME_SIZE_BYTES, DigestManager, StatusCode, master_key
 from bk.client.quorum import AddFramer
 from bk.testing.cluster import LocalCluster, run_shell
+from bk.testing.powerloss import simulate_power_loss
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -42,9 +44,12 @@ FAST = dict(add_timeout_s=3.0, read_timeout_s=3.0, connect_timeout_s=3.0)
 
 @pytest.fixture
 def cluster(zk_server, tmp_path):
+    track = str(tmp_path / "fsync.track")  # every fsync logged: a power cut can be simulated
     c = LocalCluster(str(tmp_path / "c"), bookies=3, zk_connect=f"{zk_server}/journal-off-{uuid.uuid4().hex[:8]}",
-                     journal_write_data=False, flush_interval_ms=30000, data_integrity_repair_retry_max_s=1.0)
+                     env=dict(os.environ, BK_FSYNC_TRACK_FILE=track), journal_write_data=False,
+                     flush_interval_ms=30000, data_integrity_repair_retry_max_s=1.0)
     c.start()
+    c.track_file = track
     yield c
     c.stop()
 
@@ -173,6 +178,40 @@ def test_one_bookie_sigkilled_never_denies_fences_and_repairs(cluster):
     run(check_whole())
     log = open(cluster.bookies[0].log_path).read()
     assert "phase one done: 2 of 2 ledgers fenced and in limbo" in log and "repair done:" in log
+
+
+def test_one_bookie_power_loss_torn_page_same_checks(cluster):
+    """kill -9, then every file rolled back to its last fsync with a torn last page."""
+    uri = cluster.metadata_uri
+
+    async def first():
+        ids = await write_ledgers(uri, closed_n=30)
+        async with BookKeeper(uri, **FAST) as bkc:  # a checkpointed half and an unsynced half
+            lh = await bkc.create_ledger(3, 3, 2, password=PW)
+            for i in range(40):
+                await lh.add_entry(payload(i))
+            return ids, lh.ledger_id
+    (closed_id, open_id), third_id = run(first())
+    victim = cluster.bookies[0].bookie_id
+    cluster.kill(0)
+    cluster.bookies[0].proc.wait()
+    report = simulate_power_loss(cluster.track_file, [os.path.join(cluster.data_dir, "bookie-0")], tear=True,
+                                 rng=random.Random(7))
+    restart(cluster, 0, **SLOW_REPAIR)
+
+    async def check_limbo():
+        for lid, n in ((closed_id, 30), (open_id, 200), (third_id, 40)):
+            never_denied(await answers(victim, lid, n))
+            assert await plain_add_rc(victim, lid, n) == EFENCED
+    run(check_limbo())
+    cluster.stop_bookie(0)
+    cluster.add_bookie(0, wait=False, data_integrity_repair_rate_bytes_per_s=0, rereplication_entry_batch_size=100)
+    wait_repaired(cluster, 0)
+
+    async def check_whole():
+        for lid, n in ((closed_id, 30), (open_id, 200), (third_id, 40)):
+            assert set((await answers(victim, lid, n)).values()) == {EOK}, report
+    run(check_whole())
 
 
 # ------------------------------------------------------------------ two and three bookies
