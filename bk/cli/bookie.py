@@ -21,7 +21,10 @@ values are errors naming the key. The main keys:
   advertised_address     127.0.0.1                     (the bookie id is address:port)
   journal_dirs           ["data/journal"]
   ledger_dirs            ["data/ledgers"]
-  journal_write_data     true    (false = BP-46: entries skip the journal)
+  journal_write_data     true    (false = BP-46: entries skip the journal; docs/JOURNAL-OFF.md)
+  data_integrity_checking_enabled      auto   (on when the journal is off: after a crash or a
+                                               wiped disk, fence + limbo at boot, self-repair)
+  data_integrity_cookie_stamping_enabled false (true: a wiped bookie stamps new cookies itself)
   journal_sync_data      true    (false = no fsync: unsafe, for tests only)
   flush_interval_ms      1000
   write_cache_max_size_bytes 64MiB, read_cache_max_size_bytes 64MiB

@@ -3,10 +3,13 @@ engine + uvloop listener + registration + disk monitor.
 
 Start order matters: cookies are checked before the engine touches any
 directory (a new bookie needs empty directories); the engine replays its journal
-before the listener accepts; the bookie registers in ZooKeeper only once it can
-serve, so clients never pick a bookie that is not listening.
+before the listener accepts; with data-integrity checking on (BP-46, journal off)
+phase one fences and limbos the bookie's ledgers durably, and lost cookies are
+stamped, before the listener accepts (bk.server.integrity); phase two (the
+self-repair) starts once it listens; the bookie registers in ZooKeeper only once
+it can serve, so clients never pick a bookie that is not listening.
 
-Stop order (SIGTERM / Ctrl-C): stop accepting, let in-flight requests finish
+Stop order (SIGTERM / Ctrl-C): stop the repair (it resumes at the next start), stop accepting, let in-flight requests finish
 (bounded), close connections, checkpoint and clear the unclean-shutdown flag
 (Bookie.stop), deregister, close the metadata session. AutoRecovery (when
 enabled) starts last, once the bookie is registered, and stops first.
