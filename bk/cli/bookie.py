@@ -55,7 +55,8 @@ async def serve(cfg: BookieConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     eventloop.tune_gc()  # start-up objects out of the GC's sight; fewer young collections
-    print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri})", flush=True)
+    http = f", HTTP admin {server.http.url}" if server.http is not None else ""
+    print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri}{http})", flush=True)
     await stop.wait()
     log.info("stopping bookie %s", cfg.bookie_id)
     await server.stop()

@@ -160,15 +160,7 @@ async def cmd_listledgers(uri, args):
     return {"ledgers": ids, "text": "\n".join(map(str, ids)) or "no ledgers"}
 
 
-def metadata_dict(ledger_id, md, version) -> dict:
-    return {
-        "ledger_id": ledger_id, "version": version, "state": md.state.name,
-        "ensemble_size": md.ensemble_size, "write_quorum_size": md.write_quorum_size,
-        "ack_quorum_size": md.ack_quorum_size, "last_entry_id": md.last_entry_id, "length": md.length,
-        "digest_type": md.digest_type.name if md.digest_type is not None else None,
-        "ctime": md.ctime, "segments": [{"first_entry_id": s[0], "bookies": list(s[1])} for s in md.segments],
-        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in md.custom.items()},
-    }
+from bk.meta.ledger_metadata import metadata_dict  # noqa: E402 - re-exported for shell modules
 
 
 async def cmd_ledgermetadata(uri, args):
