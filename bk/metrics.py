@@ -255,6 +255,8 @@ def exposition(extra_labels: dict | None = None) -> tuple[bytes, str]:
 # dashboards use both).
 ADD_ENTRY_REQUEST = OpStat("bookkeeper_server_ADD_ENTRY_REQUEST", "ADD_ENTRY request latency (ms)")
 READ_ENTRY_REQUEST = OpStat("bookkeeper_server_READ_ENTRY_REQUEST", "READ_ENTRY request latency (ms)")
+BATCH_READ_ENTRY_REQUEST = OpStat("bookkeeper_server_BATCH_READ_ENTRY_REQUEST",
+                                  "BATCH_READ_ENTRY request latency (ms)")
 alias("bookkeeper_server_ADD_ENTRY", ADD_ENTRY_REQUEST)
 alias("bookkeeper_server_READ_ENTRY", READ_ENTRY_REQUEST)
 WRITE_BYTES = Counter("bookie_WRITE_BYTES", "entry bytes added (acknowledged adds)")

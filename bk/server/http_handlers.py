@@ -359,6 +359,7 @@ async def lost_bookie_recovery_delay(admin, request):
 
 def _bookie_list(value, name: str, required: bool) -> list[str]:
     from bk.meta.cluster import check_bookie_id
+    from bk.meta.registration import split_bookie_id
 
     if value is None and not required:
         return []
@@ -368,7 +369,7 @@ def _bookie_list(value, name: str, required: bool) -> list[str]:
         raise HttpError(400, f"{name} must be a bookie id (host:port) or a list of them")
     for v in value:
         try:
-            check_bookie_id(v)
+            split_bookie_id(check_bookie_id(v))
         except Exception as e:  # noqa: BLE001
             raise HttpError(400, f"{name}: {e}") from None
     return value

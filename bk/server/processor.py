@@ -203,6 +203,16 @@ class RequestProcessor:
         return ReadResponse(0, req.ledger_id, req.entry_id, body)
 
     async def _batch_read(self, req: BatchReadRequest):
+        start = monotonic()
+        try:
+            response = await self._batch_read_entries(req)
+        except BaseException:
+            metrics.BATCH_READ_ENTRY_REQUEST.failure((monotonic() - start) * 1000.0)
+            raise
+        metrics.BATCH_READ_ENTRY_REQUEST.success((monotonic() - start) * 1000.0)
+        return response
+
+    async def _batch_read_entries(self, req: BatchReadRequest):
         bookie = self.bookie
         if req.flags & FLAG_DO_FENCING:
             await bookie.fence_ledger(req.ledger_id, req.master_key)
