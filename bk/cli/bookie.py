@@ -41,7 +41,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from .logs import setup_logging
+
     cfg = load_config(args.conf, overrides=args.overrides)
+    setup_logging(args.log_level or cfg.log_level, log_file=cfg.log_file, log_format=cfg.log_format,
+                  max_bytes=cfg.log_file_max_size_bytes, backups=cfg.log_file_backups, bookie_id=cfg.bookie_id)
     return eventloop.run(serve(cfg))
 
 

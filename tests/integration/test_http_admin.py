@@ -8,6 +8,7 @@ adds happen; the bookie still serves after all the bad requests.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 import uuid
@@ -29,7 +30,8 @@ def cluster(zk_server, tmp_path_factory):
                      autorecovery=True, flush_interval_ms=200)
     c.start()
     try:
-        c.add_bookie(2, http_server_mutations_enabled=True, http_server_token=TOKEN)
+        c.add_bookie(2, http_server_mutations_enabled=True, http_server_token=TOKEN, log_format="json",
+                     log_file=os.path.join(c.data_dir, "bookie-2-json.log"), log_level="INFO,bk.server=DEBUG")
         yield c
     finally:
         c.stop()
@@ -217,3 +219,12 @@ def test_metrics_move_with_adds(cluster):
                p[("bookkeeper_server_BATCH_READ_ENTRY_REQUEST_count", ok)] for p in pages) >= 1
     assert sum(p[("bookie_READ_BYTES", ())] for p in pages) >= 10 * (24 + len(b"entry-0"))
     assert after[("bookie_ledgers_count", ())] >= 1
+
+
+def test_a_bookie_logs_json_lines_with_its_id_to_its_log_file(cluster):
+    b2 = cluster.bookies[2]
+    with open(os.path.join(cluster.data_dir, "bookie-2-json.log")) as fh:
+        lines = [json.loads(line) for line in fh]
+    assert lines and all(r["bookie_id"] == b2.bookie_id for r in lines)
+    assert any(r["logger"] == "bk.server.server" and "serving on port" in r["message"] for r in lines)
+    assert any(r["logger"] == "bk.server.http_admin" and b2.http_url in r["message"] for r in lines)
