@@ -38,6 +38,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -139,7 +148,8 @@ class BookieProcess:
 class LocalCluster:
     def __init__(self, data_dir: str, bookies: int = 3, *, zk_connect: str | None = None,
                  zk_port: int | None = None, autorecovery: bool = False, env: dict | None = None,
-                 proxied: bool = False, **overrides):
+                 proxied: bool = False, bookie_ports: dict | None = None, http_ports: dict | None = None,
+                 **overrides):
         self.data_dir = os.path.abspath(data_dir)
         self.count = bookies
         self.zk: LocalZooKeeper | None = None
@@ -150,6 +160,9 @@ class LocalCluster:
         self.env = env
         self.bookies: dict[int, BookieProcess] = {}
         self.proxied = proxied
+        # ports to take for a bookie that has none saved yet (index -> port); else a free one
+        self.bookie_ports = dict(bookie_ports or {})
+        self.http_ports = dict(http_ports or {})
         if proxied:
             self.overrides.setdefault("bind_address", "127.0.0.2")
         self.proxies: dict = {}  # index -> ThreadedProxy (proxied clusters only)
@@ -195,10 +208,11 @@ class LocalCluster:
         if i is None:
             i = max(self.bookies, default=-1) + 1
         conf = os.path.join(self.data_dir, f"bookie-{i}.toml")
-        port = self._saved_bookie_port(conf) or free_port()
+        port = self._saved_bookie_port(conf) or self.bookie_ports.get(i) or free_port()
         values = {**self.bookie_config(i, port), **extra}
         if values.get("http_server_enabled", True) and "http_server_port" not in values:
-            values["http_server_port"] = self._saved_bookie_port(conf, "http_server_port") or free_port()
+            values["http_server_port"] = (self._saved_bookie_port(conf, "http_server_port") or self.http_ports.get(i)
+                                          or free_port())
         write_toml(conf, values)
         bind_host = values.get("bind_address") or values["advertised_address"]
         http_port = values["http_server_port"] if values.get("http_server_enabled", True) else None
