@@ -70,3 +70,20 @@ def test_disabled_metrics_record_nothing_and_keep_their_values():
         metrics.set_enabled(True)
     metrics.WRITE_BYTES.inc(1)
     assert metrics.WRITE_BYTES.value == kept + 1
+
+
+def test_the_grafana_dashboard_and_the_docs_name_only_metrics_that_exist():
+    import json
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    known = {m.name for m in metrics.metrics()} | set(page())
+    dash = json.loads((root / "docs/grafana/bk-bookie.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    alerts = re.findall(r"expr: (.+)", (root / "docs/OPERATIONS.md").read_text())
+    used = set()
+    for expr in exprs + alerts:
+        used |= set(re.findall(r"\b((?:bookie|bookkeeper|auditor|replication|election)_\w+)", expr))
+    unknown = {n for n in used if n not in known and re.sub(r"_(bucket|count|sum)$", "", n) not in known}
+    assert used and not unknown, unknown
