@@ -108,6 +108,23 @@ class BookieConfig:
     data_integrity_repair_rate_bytes_per_s: int = 0  # bytes copied from peers per second; 0 = no limit
     data_integrity_repair_retry_max_s: float = 60.0  # backoff cap between attempts on a ledger
 
+    # --- operations: HTTP admin server, metrics, logs (issue 15; docs/OPERATIONS.md)
+    http_server_enabled: bool = True
+    # BookKeeper's httpServerPort is 8000, which Pulsar's and ZooKeeper's metrics also use
+    # by default; bk takes 8180 (0 = an ephemeral port, for tests). Bound like the bookie
+    # port: http_server_address, else bind_address, else advertised_address.
+    http_server_port: int = 8180
+    http_server_address: str = ""
+    http_server_mutations_enabled: bool = False  # PUT/DELETE endpoints answer 403 unless true
+    http_server_token: str = ""  # when set, "Authorization: Bearer <token>" is required (not on probes)
+    metrics_enabled: bool = True  # false: recording is a no-op (the page stays, frozen)
+    log_file: str = ""  # empty: stderr
+    # "INFO", or a root level and per-logger levels: "INFO,bk.journal=DEBUG,kazoo=WARNING"
+    log_level: str = "INFO"
+    log_format: str = "text"  # text | json (one JSON object a line)
+    log_file_max_size_bytes: int = 100 * MiB  # rotate log_file at this size (0 = never)
+    log_file_backups: int = 5
+
     @property
     def bookie_id(self) -> str:
         return f"{self.advertised_address}:{self.bookie_port}"
@@ -216,6 +233,14 @@ def _check(cfg: BookieConfig) -> None:
         bad("num_read_worker_threads", "must be at least 1")
     if cfg.data_integrity_repair_parallel_ledgers < 1:
         bad("data_integrity_repair_parallel_ledgers", "must be at least 1")
+    if cfg.http_server_port > 65535:
+        bad("http_server_port", "must be 0 (ephemeral) or 1..65535")
+    if cfg.log_format not in ("text", "json"):
+        bad("log_format", "must be text or json")
+    try:
+        parse_log_levels(cfg.log_level)
+    except ValueError as e:
+        bad("log_level", str(e))
 
 
 def load_config(
@@ -259,6 +284,30 @@ def _split_pair(item: str) -> tuple[str, str]:
     if not sep:
         raise ConfigError(f"expected key=value, got {item!r}")
     return key.strip(), value.strip()
+
+
+_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def parse_log_levels(text: str) -> tuple[str, dict[str, str]]:
+    """`"INFO,bk.journal=DEBUG"` -> ("INFO", {"bk.journal": "DEBUG"}); ValueError names the bad part."""
+    root, per_logger = "INFO", {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, level = part.rpartition("=")
+        level = level.strip().upper()
+        if level == "WARN":
+            level = "WARNING"
+        if level not in _LEVELS:
+            raise ValueError(f"unknown level {level!r} (use {', '.join(_LEVELS)})")
+        if sep:
+            if not name.strip():
+                raise ValueError(f"no logger name in {part!r}")
+            per_logger[name.strip()] = level
+        else:
+            root = level
+    return root, per_logger
 
 
 def setting_names() -> list[str]:

@@ -26,6 +26,7 @@ from hmac import compare_digest
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
 
+from bk import metrics
 from bk._native import load
 from bk.config import BookieConfig
 from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, CorruptedStorageError, LedgerFencedError,
@@ -221,7 +222,9 @@ class Bookie:
             if not storage.put(ledger_id, entry_id, entry):
                 if not _deadline:
                     _deadline = time.monotonic() + self._full_wait_s
+                    metrics.THROTTLED_WRITE_REQUESTS.inc()
                 elif time.monotonic() >= _deadline:
+                    metrics.REJECTED_WRITE_REQUESTS.inc()
                     raise TooManyRequestsError("write cache full: the bookie cannot flush fast enough",
                                                ledger_id=ledger_id, entry_id=entry_id)
                 self._loop.create_task(self._add_when_room(ledger_id, entry_id, entry, master_key,

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Callable
 
+from bk import metrics
 from bk.config import BookieConfig
 from bk.entrylog import EntryLogger
 from bk.errors import StorageError
@@ -247,6 +248,19 @@ class LedgerStorage:
         return bool(self._room_waiters) or self._active.size_bytes * 2 >= self._half_bytes
 
     def _flush(self, p: _PendingFlush) -> None:
+        started = time.monotonic()
+        flushed_bytes = p.half.size_bytes
+        try:
+            self._flush_half(p)
+        except BaseException:
+            metrics.FLUSH.failure((time.monotonic() - started) * 1000.0)
+            raise
+        metrics.FLUSH.success((time.monotonic() - started) * 1000.0)
+        metrics.FLUSH_SIZE.record(flushed_bytes)
+        if p.marks:
+            self._after_checkpoint(p.marks)
+
+    def _flush_half(self, p: _PendingFlush) -> None:
         ledger_ids, entry_ids, entries = p.half.sorted_columns()
         entry_logger = self.entry_logger
         with self.index.write() as w:
@@ -273,8 +287,6 @@ class LedgerStorage:
         self.checkpoints += 1
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake_room_waiters)
-        if p.marks:
-            self._after_checkpoint(p.marks)
 
     def _flush_loop(self) -> None:
         interval_s = self.config.flush_interval_ms / 1000.0

@@ -44,7 +44,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from .logs import setup_logging
+
     cfg = load_config(args.conf, overrides=args.overrides)
+    setup_logging(args.log_level or cfg.log_level, log_file=cfg.log_file, log_format=cfg.log_format,
+                  max_bytes=cfg.log_file_max_size_bytes, backups=cfg.log_file_backups, bookie_id=cfg.bookie_id)
     return eventloop.run(serve(cfg))
 
 
@@ -58,7 +62,8 @@ async def serve(cfg: BookieConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     eventloop.tune_gc()  # start-up objects out of the GC's sight; fewer young collections
-    print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri})", flush=True)
+    http = f", HTTP admin {server.http.url}" if server.http is not None else ""
+    print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri}{http})", flush=True)
     await stop.wait()
     log.info("stopping bookie %s", cfg.bookie_id)
     await server.stop()

@@ -8,18 +8,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from bk.errors import BKError
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if level.upper() == "INFO":  # every ZooKeeper connect/close is not news for an operator
-        for name in ("kazoo", "bk.meta.kazoo"):
-            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="bk", description="bk: Apache BookKeeper's distributed log storage, in Python.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    p.add_argument("--log-level", default=None,
+                   help="DEBUG, INFO, WARNING or ERROR, optionally per logger: INFO,bk.journal=DEBUG"
+                        " (default INFO; `bk bookie` takes log_level from its settings unless given)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     bookie_cmd.add_parser(sub)
@@ -43,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level)
     try:
+        from .logs import setup_logging
+        setup_logging(args.log_level or "INFO")
         return args.func(args) or 0
     except BKError as e:
         print(f"bk {args.command}: error: {e}", file=sys.stderr)

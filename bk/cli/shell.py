@@ -1,9 +1,15 @@
 """`bk shell`: admin and test commands against a cluster's metadata and bookies.
 
 The metadata URI comes from --metadata-uri, else --conf FILE's
-metadata_service_uri, else BK_METADATA_SERVICE_URI. Output is human-readable on
-stdout; --json prints one JSON document for scripts. Exit code 0 on success,
-1 on failure (the error on stderr).
+metadata_service_uri, else BK_METADATA_SERVICE_URI (commands that only read a
+bookie's local files need none). --metadata-uri, --conf and --json go anywhere on
+the command line. Output is human-readable on stdout; --json prints one JSON
+document of machine fields for scripts. Exit code 0 on success, 1 on failure
+(the error on stderr; with --json also a JSON error document on stdout).
+
+Commands live in modules: this one, and those named in SHELL_MODULES, each with
+`add_parsers(cmds)` and a `COMMANDS` dict of name -> `async def fn(uri, args)`
+(a fn with `fn.local = True` runs without a metadata store: uri is None).
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from bk import eventloop
 from bk.errors import BKError, ConfigError
 
 COMMANDS = {}
-
+# modules of more commands (bk.cli.<name>): add yours here, one line
+SHELL_MODULES = ("shell_recovery", "shell_ops", "shell_local", "shell_integrity")
 
 
 def _at_least(lowest: int):
@@ -41,12 +48,25 @@ def command(name: str, help: str):
     return register
 
 
+def _add_common(parser, top: bool) -> None:
+    """The options every shell command takes, before or after the command name. On the
+    commands they default to SUPPRESS, so a value given before the name is kept."""
+    kw = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("--metadata-uri", help="zk://host:port/ledgers (default: --conf or BK_METADATA_SERVICE_URI)",
+                        **kw)
+    parser.add_argument("--conf", metavar="FILE", help="a bookie TOML file (metadata_service_uri, directories)", **kw)
+    parser.add_argument("--json", action="store_true", help="print JSON (machine fields only)", **kw)
+
+
+def _modules():
+    import importlib
+    return [importlib.import_module(f"bk.cli.{name}") for name in SHELL_MODULES]
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("shell", help="admin and test commands", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--metadata-uri", help="zk://host:port/ledgers (default: --conf or BK_METADATA_SERVICE_URI)")
-    p.add_argument("--conf", metavar="FILE", help="a bookie TOML file to take metadata_service_uri from")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _add_common(p, top=True)
     cmds = p.add_subparsers(dest="shell_command", metavar="SHELL_COMMAND")
     cmds.required = True
 
@@ -56,8 +76,12 @@ def add_parser(sub) -> None:
     c.add_argument("--readonly", action="store_true", help="list read-only bookies instead of writable ones")
     c.add_argument("--all", action="store_true", help="list writable and read-only bookies")
     cmds.add_parser("listledgers", help="list ledger ids")
-    c = cmds.add_parser("ledgermetadata", help="show one ledger's metadata")
+    c = cmds.add_parser("ledgermetadata", help="show, dump or restore one ledger's metadata")
     c.add_argument("ledger_id", type=int)
+    g = c.add_mutually_exclusive_group()
+    g.add_argument("--dump", metavar="FILE", help="write the metadata (binary, as stored) to FILE")
+    g.add_argument("--restore", metavar="FILE", help="create the ledger's metadata from a --dump FILE")
+    c.add_argument("--force", action="store_true", help="with --restore: overwrite existing metadata")
     c = cmds.add_parser("simpletest", help="write and read back a ledger; prints entries/s")
     c.add_argument("--ensemble", type=int, default=3)
     c.add_argument("--write-quorum", type=int, default=2)
@@ -73,12 +97,15 @@ def add_parser(sub) -> None:
     c.add_argument("--password", default="", help="the ledger's password (default empty)")
     c.add_argument("--recover", action="store_true", help="open with recovery (fences and closes an open ledger)")
     c.add_argument("--format", choices=["text", "hex", "base64"], default="text")
+    c.add_argument("--bookie", default=None, metavar="BOOKIE_ID",
+                   help="read from this bookie only (entries it does not hold are skipped)")
     c = cmds.add_parser("deleteledger", help="delete a ledger")
     c.add_argument("ledger_id", type=int)
     c.add_argument("--force", action="store_true", help="do not ask")
-    from . import shell_integrity, shell_recovery
-    shell_recovery.add_parsers(cmds)
-    shell_integrity.add_parsers(cmds)
+    for module in _modules():
+        module.add_parsers(cmds)
+    for c in cmds.choices.values():
+        _add_common(c, top=False)
     p.set_defaults(func=run)
 
 
@@ -94,21 +121,26 @@ def metadata_uri(args) -> str:
     raise ConfigError("no metadata service: give --metadata-uri URI, --conf FILE or set BK_METADATA_SERVICE_URI")
 
 
+def _find(name: str):
+    for module in _modules():
+        if name in module.COMMANDS:
+            return module.COMMANDS[name]
+    return globals()["cmd_" + name]
+
+
 def run(args) -> int:
-    from .shell_integrity import COMMANDS as INTEGRITY_COMMANDS
-    from .shell_recovery import COMMANDS as RECOVERY_COMMANDS
-    fn = (RECOVERY_COMMANDS.get(args.shell_command) or INTEGRITY_COMMANDS.get(args.shell_command)
-          or globals()["cmd_" + args.shell_command])
-    uri = metadata_uri(args)
+    fn = _find(args.shell_command)
     try:
+        uri = None if getattr(fn, "local", False) else metadata_uri(args)
         result = eventloop.run(fn(uri, args))
     except BKError as e:
         if args.json:
             print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
         print(f"bk shell {args.shell_command}: error: {e}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(result, indent=2, default=str))
+    if args.json:  # machine fields only: the human text stays out
+        body = {k: v for k, v in result.items() if k != "text"} if isinstance(result, dict) else result
+        print(json.dumps(body, indent=2, default=str))
     elif isinstance(result, dict) and "text" in result:
         print(result["text"])
     return 0 if not (isinstance(result, dict) and result.get("ok") is False) else 1
@@ -163,24 +195,24 @@ async def cmd_listledgers(uri, args):
     return {"ledgers": ids, "text": "\n".join(map(str, ids)) or "no ledgers"}
 
 
-def metadata_dict(ledger_id, md, version) -> dict:
-    return {
-        "ledger_id": ledger_id, "version": version, "state": md.state.name,
-        "ensemble_size": md.ensemble_size, "write_quorum_size": md.write_quorum_size,
-        "ack_quorum_size": md.ack_quorum_size, "last_entry_id": md.last_entry_id, "length": md.length,
-        "digest_type": md.digest_type.name if md.digest_type is not None else None,
-        "ctime": md.ctime, "segments": [{"first_entry_id": s[0], "bookies": list(s[1])} for s in md.segments],
-        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in md.custom.items()},
-    }
+from bk.meta.ledger_metadata import metadata_dict  # noqa: E402 - re-exported for shell modules
 
 
 async def cmd_ledgermetadata(uri, args):
     from bk.meta.ledger_manager import LedgerManager
+    if args.restore:
+        return await _restore_metadata(uri, args)
     store = await _store(uri)
     try:
         md, version = await LedgerManager(store).read_ledger_metadata(args.ledger_id)
     finally:
         await store.close()
+    if args.dump:
+        data = md.serialize()
+        with open(args.dump, "wb") as fh:
+            fh.write(data)
+        return {"ok": True, "ledger_id": args.ledger_id, "file": args.dump, "bytes": len(data),
+                "text": f"wrote ledger {args.ledger_id}'s metadata ({len(data)} bytes) to {args.dump}"}
     d = metadata_dict(args.ledger_id, md, version)
     lines = [f"ledger {args.ledger_id} (znode version {version})",
              f"  state          {d['state']}",
@@ -192,6 +224,37 @@ async def cmd_ledgermetadata(uri, args):
     lines += [f"    from entry {s['first_entry_id']:>8}: {', '.join(s['bookies'])}" for s in d["segments"]]
     d["text"] = "\n".join(lines)
     return d
+
+
+async def _restore_metadata(uri, args):
+    """Create (or with --force overwrite) a ledger's metadata from a --dump file."""
+    from bk.errors import MetadataExistsError, NoSuchLedgerMetadataError
+    from bk.meta.ledger_manager import LedgerManager
+    from bk.meta.ledger_metadata import LedgerMetadata
+    try:
+        with open(args.restore, "rb") as fh:
+            md = LedgerMetadata.deserialize(fh.read())
+    except OSError as e:
+        raise BKError(f"cannot read {args.restore}: {e.strerror}") from None
+    store = await _store(uri)
+    try:
+        lm = LedgerManager(store)
+        try:
+            await lm.create_ledger_metadata(args.ledger_id, md)
+            how = "created"
+        except MetadataExistsError:
+            if not args.force:
+                raise BKError(f"ledger {args.ledger_id} has metadata already: --force to overwrite it") from None
+            try:
+                _, version = await lm.read_ledger_metadata(args.ledger_id)
+            except NoSuchLedgerMetadataError:
+                raise BKError(f"ledger {args.ledger_id}'s metadata vanished meanwhile: run again") from None
+            await lm.write_ledger_metadata(args.ledger_id, md, version)
+            how = "overwrote"
+    finally:
+        await store.close()
+    return {"ok": True, "ledger_id": args.ledger_id, "restored_from": args.restore, "action": how,
+            "text": f"{how} ledger {args.ledger_id}'s metadata from {args.restore}"}
 
 
 async def cmd_simpletest(uri, args):
@@ -272,6 +335,12 @@ def _render(data: bytes, fmt: str) -> str:
 
 async def cmd_readledger(uri, args):
     from bk.client import BookKeeper
+    if args.bookie:
+        from .shell_ops import read_from_bookie
+        got = await read_from_bookie(uri, args.ledger_id, args.bookie, args.first, args.last)
+        rows = [{"entry_id": eid, "data": _render(data, args.format)} for eid, data in got]
+        text = "\n".join(f"{r['entry_id']}\t{r['data']}" for r in rows) or f"no entries on {args.bookie}"
+        return {"ledger_id": args.ledger_id, "bookie_id": args.bookie, "entries": rows, "text": text}
     async with BookKeeper(uri) as bkc:
         rh = await bkc.open_ledger(args.ledger_id, password=args.password.encode(), recovery=args.recover)
         last = rh.last_add_confirmed if args.last is None else args.last

@@ -18,9 +18,10 @@ exit code is 1 if any did.
 from __future__ import annotations
 
 import sys
-import time
 
 from bk.errors import IncorrectParameterError
+
+from .progress import progress_bar
 
 COMMANDS = {}
 
@@ -87,31 +88,17 @@ def _mb(nbytes: float) -> str:
 
 
 class _Progress:
-    """A progress bar on a terminal (stderr), one line per ledger otherwise (stdout)."""
+    """Recovery's display (bk.cli.progress): a bar of ledgers on a terminal, else one line per ledger."""
 
     def __init__(self, quiet: bool):
-        self.tty = not quiet and sys.stderr.isatty()
-        self.quiet = quiet
-        self._shown_at = 0.0
+        self._bar = progress_bar(desc="recover", unit="ledger", quiet=quiet)
+        self.tty = self._bar.tty
 
-    def bar(self, progress, force: bool = False) -> None:
-        if not self.tty:
-            return
-        now = time.monotonic()
-        if not force and now - self._shown_at < 0.1:
-            return
-        self._shown_at = now
-        total = max(1, progress.ledgers_total)
-        width = 30
-        filled = int(width * progress.ledgers_done / total)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {progress.ledgers_done}/"
-                         f"{progress.ledgers_total} ledgers, {_mb(progress.bytes_copied)} copied,"
-                         f" {_mb(progress.rate_bytes_per_s)}/s   ")
-        sys.stderr.flush()
+    def bar(self, progress) -> None:
+        self._bar.update_to(progress.ledgers_done, progress.ledgers_total,
+                            f"{_mb(progress.bytes_copied)} copied, {_mb(progress.rate_bytes_per_s)}/s")
 
     def ledger(self, progress, result) -> None:
-        if self.quiet:
-            return
         line = f"ledger {result.ledger_id}: {result.status}"
         if result.outcome is not None and result.outcome.segments:
             line += (f" ({len(result.outcome.segments)} segment(s), {result.outcome.entries} entries,"
@@ -120,17 +107,11 @@ class _Progress:
             line += " [fenced and closed]"
         if result.error:
             line += f": {result.error}"
-        if self.tty:
-            sys.stderr.write("\r" + " " * 100 + "\r")
-            print(line, flush=True)
-            self.bar(progress, force=True)
-        else:
-            print(f"[{progress.ledgers_done}/{progress.ledgers_total}] {line}", flush=True)
+        self._bar.note(line if self.tty else f"[{progress.ledgers_done}/{progress.ledgers_total}] {line}")
+        self.bar(progress)
 
     def done(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self._bar.close()
 
 
 def _plan_rows(plans) -> list[dict]:
@@ -304,17 +285,13 @@ async def cmd_decommissionbookie(uri, args):
     from bk.meta.underreplication import LedgerUnderreplicationManager
     from bk.replication.admin import decommission_bookie
 
-    tty = not args.json and sys.stderr.isatty()
+    bar = progress_bar(desc=f"decommission {args.bookie_id}", unit="ledger", quiet=args.json)
 
     def show(remaining: int, initial: int) -> None:
-        if args.json:
-            return
-        msg = f"{initial - remaining}/{initial} ledger(s) moved off {args.bookie_id}, {remaining} left"
-        if tty:
-            sys.stderr.write("\r" + msg + "   ")
-            sys.stderr.flush()
+        if bar.tty:
+            bar.update_to(initial - remaining, initial)
         else:
-            print(msg, flush=True)
+            bar.note(f"{initial - remaining}/{initial} ledger(s) moved off {args.bookie_id}, {remaining} left")
 
     async with BookKeeper(uri) as bkc:
         urm = LedgerUnderreplicationManager(bkc.store)
@@ -322,8 +299,7 @@ async def cmd_decommissionbookie(uri, args):
             result = await decommission_bookie(bkc, urm, args.bookie_id, timeout_s=args.timeout, on_progress=show)
         finally:
             await urm.close()
-    if tty:
-        sys.stderr.write("\n")
+    bar.close()
     result["ok"] = True
     result["text"] = (f"decommissioned {args.bookie_id}: {result['ledgers']} ledger(s) re-replicated,"
                       f" cookie {'deleted' if result['cookie_deleted'] else 'was already gone'}")

@@ -18,13 +18,42 @@ import threading
 
 from bk.errors import BKError
 
+# BookKeeper's standalone ports: ZooKeeper 2181, bookies 3181, 3182, ...; HTTP admin 8180, 8181, ...
+ZK_PORT, BOOKIE_PORT, HTTP_PORT = 2181, 3181, 8180
+
+
+def _stable_ports(data_dir: str, bookies: int, zk_port: int | None) -> tuple[int | None, dict, dict, list[str]]:
+    """The well-known ports for what has none saved under data_dir yet, when they are free;
+    (zk port or None for a free one, bookie ports, http ports, messages about fallbacks)."""
+    import os
+
+    from bk.testing.cluster import port_is_free
+
+    notes = []
+    if zk_port is None and not os.path.exists(os.path.join(data_dir, "zookeeper.port")):
+        if port_is_free(ZK_PORT):
+            zk_port = ZK_PORT
+        else:
+            notes.append(f"port {ZK_PORT} is taken: ZooKeeper gets a free port")
+    bookie_ports, http_ports = {}, {}
+    for i in range(bookies):
+        if os.path.exists(os.path.join(data_dir, f"bookie-{i}.toml")):
+            continue  # its ports are saved there
+        for wanted, table, what in ((BOOKIE_PORT + i, bookie_ports, "bookie"), (HTTP_PORT + i, http_ports, "HTTP")):
+            if port_is_free(wanted):
+                table[i] = wanted
+            else:
+                notes.append(f"port {wanted} is taken: bookie {i} gets a free {what} port")
+    return zk_port, bookie_ports, http_ports, notes
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("standalone", help="run a local ZooKeeper and bookies", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bookies", type=int, default=3, help="number of bookies (default 3)")
     p.add_argument("--data-dir", default="data/standalone", help="where everything is kept (default data/standalone)")
-    p.add_argument("--zk-port", type=int, default=None, help="ZooKeeper client port (default: a free one)")
+    p.add_argument("--zk-port", type=int, default=None,
+                   help=f"ZooKeeper client port (default {ZK_PORT} when free, else a free one; kept across restarts)")
     p.set_defaults(func=run)
 
 
@@ -37,7 +66,14 @@ def run(args) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    cluster = LocalCluster(args.data_dir, bookies=args.bookies, zk_port=args.zk_port, autorecovery=True)
+    import os
+
+    zk_port, bookie_ports, http_ports, notes = _stable_ports(os.path.abspath(args.data_dir), args.bookies,
+                                                             args.zk_port)
+    for note in notes:
+        print(f"bk standalone: {note}", file=sys.stderr)
+    cluster = LocalCluster(args.data_dir, bookies=args.bookies, zk_port=zk_port, autorecovery=True,
+                           bookie_ports=bookie_ports, http_ports=http_ports)
     print(f"starting ZooKeeper and {args.bookies} bookies under {cluster.data_dir} ...", flush=True)
     try:
         cluster.start()
@@ -49,6 +85,8 @@ def run(args) -> int:
 bk standalone is running.
   metadata URI : {uri}
   bookies      : {', '.join(cluster.bookie_ids)}
+  HTTP admin   : {', '.join(b.http_url or '-' for b in cluster.bookies.values())}
+  metrics      : {', '.join((b.http_url + '/metrics') if b.http_url else '-' for b in cluster.bookies.values())}
   logs         : {cluster.data_dir}/bookie-<i>.log, {cluster.data_dir}/zookeeper/zookeeper.log
 
 Try it:

@@ -129,6 +129,32 @@ class Index:
             raise self._error(e, "reading a log mark") from e
         return None if value is None else st.decode_log_mark(value, self.path)
 
+    def iter_locations(self, batch: int = 65536) -> Iterator[tuple[int, int, int]]:
+        """Every (ledger_id, entry_id, location) in key order, read in batches of short
+        read transactions (admin tools: the consistency check)."""
+        start = b""
+        while True:
+            try:
+                with self._env.begin(db=self._locations) as txn:
+                    cur = txn.cursor()
+                    if not (cur.set_range(start) if start else cur.first()):
+                        return
+                    rows = []
+                    for key, value in cur:
+                        if key == start:
+                            continue
+                        rows.append((key, value))
+                        if len(rows) >= batch:
+                            break
+            except lmdb.Error as e:
+                raise self._error(e, "listing locations") from e
+            if not rows:
+                return
+            for key, value in rows:
+                lid, eid = st.split_location_key(key)
+                yield lid, eid, st.U64.unpack(value)[0]
+            start = rows[-1][0]
+
     def location_count(self) -> int:
         try:
             with self._env.begin(db=self._locations) as txn:

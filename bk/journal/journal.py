@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from bk import metrics
 from bk._native import load
 from bk.config import BookieConfig
 from bk.errors import BadRequestError, StorageError
@@ -207,6 +208,10 @@ class Journal:
                 f"({MIN_BODY_BYTES} bytes) and be at most {self._max_record_bytes} bytes")
         self._fail_now(cb, ctx, self._reject)
 
+    def queued_records(self) -> int:
+        """Records waiting for the writer (a racy read, for monitoring)."""
+        return len(self._queue) // FIELDS
+
     def last_mark(self) -> LogMark:
         """Position just after the last record handed to write()."""
         return self._mark
@@ -311,12 +316,13 @@ class Journal:
                 if len(queue) < want and not self._stopping:
                     wake.wait(deadline - now)
                 self._fill_len = 0
+            group_oldest = oldest
             if not queue:
                 # records queued from here on arrived after this drain; leftovers
                 # (a full group left them behind) keep the older estimate
                 oldest = monotonic()
             if items:
-                self._write_group(items, buffers, group_bytes)
+                self._write_group(items, buffers, group_bytes, group_oldest)
 
     def _frame_batch(self, taken: list, frame, buffers: list) -> int:
         """Frame the bodies of `taken` (flat records) onto `buffers`; returns the bytes
@@ -352,10 +358,11 @@ class Journal:
             buffers.append(buf)
         return len(buf)
 
-    def _write_group(self, items: list, buffers: list, group_bytes: int) -> None:
+    def _write_group(self, items: list, buffers: list, group_bytes: int, oldest: float = 0.0) -> None:
         if not group_bytes:  # every record of the group was rejected by _frame_batch
             return
         f = self._file
+        started = time.monotonic()
         try:
             if len(buffers) == 1:
                 f.write(buffers[0])
@@ -370,17 +377,21 @@ class Journal:
         except StorageError as e:
             self._enter_failed(e)
             self._deliver(items, e)
+            self._measure(started, oldest, len(items) // FIELDS, group_bytes, False)
             return
         except Exception as e:  # noqa: BLE001 - a bug below us must still fail, not hang, the adds
             err = StorageError(f"unexpected error writing journal file {f.path}: {e!r}")
             err.__cause__ = e
             self._enter_failed(err)
             self._deliver(items, err)
+            self._measure(started, oldest, len(items) // FIELDS, group_bytes, False)
             return
+        records = len(items) // FIELDS
         self.groups_written += 1
-        self.records_written += len(items) // FIELDS
+        self.records_written += records
         self.bytes_written += group_bytes
         self._deliver(items, None)
+        self._measure(started, oldest, records, group_bytes, True)
         if f.size >= self._max_file_bytes:
             try:
                 self._rotate()
@@ -388,6 +399,20 @@ class Journal:
                 if not isinstance(e, StorageError):
                     e = StorageError(f"unexpected error rotating journal {self.journal_dir}: {e!r}")
                 self._enter_failed(e)
+
+    @staticmethod
+    def _measure(started: float, oldest: float, records: int, group_bytes: int, ok: bool) -> None:
+        """A group's metrics, once per group (writer thread). JOURNAL_ADD_ENTRY has no
+        per-record timestamps to go by: each record counts the wait of the group's
+        oldest one (from `oldest`, the drain estimate of _run), an upper bound."""
+        now = time.monotonic()
+        metrics.JOURNAL_SYNC.record_many(1, (now - started) * 1000.0, ok)
+        if oldest:
+            metrics.JOURNAL_ADD_ENTRY.record_many(records, (now - oldest) * 1000.0, ok)
+        if ok:
+            metrics.JOURNAL_FORCE_WRITE_BATCH_ENTRIES.record(records)
+            metrics.JOURNAL_FORCE_WRITE_BATCH_BYTES.record(group_bytes)
+            metrics.JOURNAL_WRITE_BYTES.inc(group_bytes)
 
     def _rotate(self) -> None:
         old = self._file

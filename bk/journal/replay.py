@@ -68,6 +68,14 @@ def replay_journal(journal_dir: str, mark: LogMark, on_record: OnRecord, *,
     return ReplayResult(records, end_mark, cut_tail)
 
 
+def scan_journal_file(path: str, file_id: int, on_record: OnRecord, *, kernel,
+                      max_record_bytes: int) -> tuple[int, int, str | None]:
+    """Read one journal file's records WITHOUT changing it (admin tools: `bk shell readjournal`):
+    (records, offset after the last valid one, "path@offset (why)" where bad data starts, or None)."""
+    return _ReadOnlyFileReplay(path, file_id, is_last=True, kernel=kernel,
+                               max_record_bytes=max_record_bytes).run(HEADER_BYTES, on_record)
+
+
 class _FileReplay:
     __slots__ = ("path", "file_id", "is_last", "kernel", "max_record_bytes")
 
@@ -158,6 +166,17 @@ class _FileReplay:
         logger.warning("journal: cut torn tail %s (%s); records from there were never acknowledged",
                        report, why)
         return report
+
+
+class _ReadOnlyFileReplay(_FileReplay):
+    """Reports where a bad tail starts instead of cutting it, and never raises for it."""
+    __slots__ = ()
+
+    def _bad_record(self, fd: int, offset: int, size: int, why: str) -> str:
+        return self._cut(offset, why)
+
+    def _cut(self, offset: int, why: str) -> str:
+        return f"{self.path}@{offset} ({why})"
 
 
 def _io_error(e: OSError, what: str, path: str):

@@ -17,6 +17,7 @@ protobuf text format after the header) is read too, never written.
 """
 from __future__ import annotations
 
+import base64
 import bisect
 import dataclasses
 import enum
@@ -295,3 +296,15 @@ class LedgerMetadata:
             custom_metadata=tuple((e.key, e.value) for e in msg.customMetadata),
             ctoken=msg.cToken if msg.HasField("cToken") else None,
         )
+
+
+def metadata_dict(ledger_id: int, md: LedgerMetadata, version: int | None) -> dict:
+    """A ledger's metadata as JSON-ready fields (the shell's --json and the HTTP admin API)."""
+    return {
+        "ledger_id": ledger_id, "version": version, "state": md.state.name,
+        "ensemble_size": md.ensemble_size, "write_quorum_size": md.write_quorum_size,
+        "ack_quorum_size": md.ack_quorum_size, "last_entry_id": md.last_entry_id, "length": md.length,
+        "digest_type": md.digest_type.name if md.digest_type is not None else None,
+        "ctime": md.ctime, "segments": [{"first_entry_id": s[0], "bookies": list(s[1])} for s in md.segments],
+        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in md.custom.items()},
+    }

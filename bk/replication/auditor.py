@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import AsyncIterator
 
+from bk import metrics
 from bk.errors import BKError, MetadataExistsError, NoSuchLedgerMetadataError
 from bk.meta import EventType
 from bk.meta.ledger_metadata import LedgerMetadata
@@ -142,6 +144,7 @@ class Auditor:
                 self._delayed.cancel()
                 self._delayed = None
                 self.delayed_audits_cancelled += 1
+                metrics.AUDITOR_NUM_DELAYED_BOOKIE_AUDITS_CANCELLED.inc()
                 log.info("auditor: every lost bookie came back within the delay: audit cancelled")
         if lost and self._running:
             log.info("auditor: bookie(s) %s lost", sorted(lost))
@@ -222,6 +225,7 @@ class Auditor:
     async def _mark(self, ledger_id: int, missing) -> None:
         await self.urm.mark_ledger_underreplicated(ledger_id, sorted(missing))
         self.ledgers_marked += 1
+        metrics.AUDITOR_NUM_LEDGERS_MARKED.inc()
         log.info("auditor: ledger %d under-replicated (missing %s)", ledger_id, sorted(missing))
 
     async def audit_bookies(self, bookies) -> int:
@@ -233,11 +237,14 @@ class Auditor:
             self.audits += 1
             log.info("auditor: auditing lost bookie(s) %s", sorted(bookies))
             marked = 0
+            started = time.monotonic()
             async for ledger_id, md in self._ledgers():
                 missing = bookies & md.bookies()
                 if missing:
                     await self._mark(ledger_id, missing)
                     marked += 1
+            metrics.AUDITOR_AUDIT_BOOKIES_TIME.success((time.monotonic() - started) * 1000.0)
+            metrics.AUDITOR_NUM_UNDER_REPLICATED_LEDGERS.record(marked)
             log.info("auditor: audit of %s done: %d ledger(s) marked", sorted(bookies), marked)
             return marked
 

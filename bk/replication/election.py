@@ -20,6 +20,7 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
+from bk import metrics
 from bk.errors import BKError, MetadataFormatError, MetadataNotFoundError, MetadataStoreError
 from bk.meta import EventType, formats
 from bk.meta.cluster import paths_for
@@ -160,6 +161,7 @@ class AuditorElector:
         except MetadataNotFoundError:
             pass
         self.elections_won += 1
+        metrics.ELECTION_ATTEMPTS.inc()
         log.info("bookie %s is the auditor (vote %s)", self.bookie_id, self.vote)
         self.auditor = await self.start_auditor()
         while True:  # lead while our vote exists

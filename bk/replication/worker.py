@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
+from bk import metrics
 from bk.errors import BKError, NoSuchLedgerMetadataError
 from bk.meta.underreplication import LedgerUnderreplicationManager, UnderreplicatedLedger
 
@@ -156,15 +158,22 @@ class ReplicationWorker:
         ledger_id = info.ledger_id
         self.current = ledger_id
         try:
+            started = time.monotonic()
             try:
                 outcome = await self.rereplicate(info)
             except BKError as e:
                 self.failures += 1
+                metrics.REPLICATION_EXCEPTIONS.inc()
+                metrics.REREPLICATE.failure((time.monotonic() - started) * 1000.0)
                 self._defer(ledger_id)
                 log.warning("replication worker %s: ledger %d: %s; will retry", self.bookie_id, ledger_id, e)
                 return
+            metrics.REREPLICATE.success((time.monotonic() - started) * 1000.0)
             self.segments_replicated += len(outcome.segments)
             self.bytes_replicated += outcome.bytes
+            metrics.REPLICATION_NUM_BYTES_WRITTEN.inc(outcome.bytes)
+            if outcome.segments:
+                metrics.NUM_FULL_OR_PARTIAL_LEDGERS_REPLICATED.inc()
             if outcome.fully_replicated:
                 if await self.urm.mark_ledger_replicated(ledger_id, info.version):
                     self.ledgers_replicated += 1

@@ -18,6 +18,9 @@ import asyncio
 import logging
 import os
 from operator import itemgetter
+from time import monotonic
+
+from bk import metrics
 
 from bk.errors import BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, TooManyRequestsError
 from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, PROTOCOL_VERSION, AddRequest, AuthRequest,
@@ -30,15 +33,18 @@ log = logging.getLogger(__name__)
 _EIO = BookieIOError.code
 _BODY, _VERSION = itemgetter(4), itemgetter(5)  # AddRequest fields
 _CURRENT_VERSION = {PROTOCOL_VERSION}
+# metrics: recorded once per completion batch of adds, once per read request
+_ADD_REQUEST, _READ_REQUEST = metrics.ADD_ENTRY_REQUEST, metrics.READ_ENTRY_REQUEST
+_WRITE_BYTES, _READ_BYTES = metrics.WRITE_BYTES, metrics.READ_BYTES
 FREE_DISK_SPACE, TOTAL_DISK_SPACE = 0x1, 0x2
 
 
 def _done_bytes(run: tuple, reqs: list) -> int:
-    """Body bytes of the completed part `reqs` of an add run `(conn, n, nbytes)`.
+    """Body bytes of the completed part `reqs` of an add run `(conn, n, nbytes, start)`.
 
     Completions split a run into disjoint parts, so a part of the run's size is all
     of it: its byte count is known without touching the (by now cold) bodies."""
-    _conn, n, nbytes = run
+    _conn, n, nbytes, _start = run
     return nbytes if len(reqs) == n else sum(map(len, map(_BODY, reqs)))
 
 
@@ -47,6 +53,16 @@ def _code(err: BaseException) -> int:
         return err.code
     log.error("unexpected error serving a request: %r", err, exc_info=err)
     return _EIO
+
+
+def _add_measured(n: int, nbytes: int, start: float, err) -> None:
+    """Metrics of n completed adds of `nbytes` bytes that arrived at `start`."""
+    ms = (monotonic() - start) * 1000.0
+    if err is None:
+        _ADD_REQUEST.record_many(n, ms)
+        _WRITE_BYTES.inc(nbytes)
+    else:
+        _ADD_REQUEST.record_many(n, ms, False)
 
 
 class RequestProcessor:
@@ -75,13 +91,14 @@ class RequestProcessor:
             return
         self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.body, req.master_key,
                                  bool(req.flags & FLAG_RECOVERY_ADD), self._add_done,
-                                 (conn, req.ledger_id, req.entry_id, req.version, nbytes))
+                                 (conn, req.ledger_id, req.entry_id, req.version, nbytes, monotonic()))
 
     @staticmethod
     def _add_done(ctx, err) -> None:
-        conn, ledger_id, entry_id, version, nbytes = ctx
+        conn, ledger_id, entry_id, version, nbytes, start = ctx
         conn.end(nbytes)
         conn.send_add_response(0 if err is None else _code(err), ledger_id, entry_id, version)
+        _add_measured(1, nbytes, start, err)
 
     def add_run(self, reqs: list, conn) -> None:
         """A run of consecutive ADDs from one socket read: admitted together, handed to
@@ -97,23 +114,27 @@ class RequestProcessor:
         nbytes = sum(map(len, map(_BODY, reqs)))
         conn.begin_many(n, nbytes)
         done = self._adds_done if set(map(_VERSION, reqs)) == _CURRENT_VERSION else self._adds_done_versions
-        self.bookie.add_entries_cb(reqs, done, (conn, n, nbytes))
+        self.bookie.add_entries_cb(reqs, done, (conn, n, nbytes, monotonic()))
 
     @staticmethod
     def _adds_done(run, reqs: list, err) -> None:
         """Completion of adds of one run sharing an outcome (all at the current version)."""
         conn = run[0]
-        conn.end_many(len(reqs), _done_bytes(run, reqs))
+        nbytes = _done_bytes(run, reqs)
+        conn.end_many(len(reqs), nbytes)
         conn.send_add_frames(encode_add_acks(reqs, 0 if err is None else _code(err)))
+        _add_measured(len(reqs), nbytes, run[3], err)
 
     @staticmethod
     def _adds_done_versions(run, reqs: list, err) -> None:
         """As _adds_done for a run holding adds of older protocol versions."""
         conn = run[0]
-        conn.end_many(len(reqs), _done_bytes(run, reqs))
+        nbytes = _done_bytes(run, reqs)
+        conn.end_many(len(reqs), nbytes)
         rc = 0 if err is None else _code(err)
         for req in reqs:
             conn.send_add_response(rc, req.ledger_id, req.entry_id, req.version)
+        _add_measured(len(reqs), nbytes, run[3], err)
 
     # ------------------------------------------------------------ everything else
     def _spawn(self, handler):
@@ -129,9 +150,12 @@ class RequestProcessor:
     def _spawn_read(self, req: ReadRequest, conn) -> None:
         # A plain read of a cached entry is answered without a task.
         if not req.flags & FLAG_DO_FENCING and req.entry_id >= 0:
+            start = monotonic()
             entry = self.bookie.read_cached(req.ledger_id, req.entry_id)
             if entry is not None:
                 conn.send(encode_response(ReadResponse(0, req.ledger_id, req.entry_id, entry), req.version))
+                _READ_REQUEST.success((monotonic() - start) * 1000.0)
+                _READ_BYTES.inc(len(entry))
                 return
         self._spawn(self._read)(req, conn)
 
@@ -161,16 +185,34 @@ class RequestProcessor:
 
     async def _read(self, req: ReadRequest):
         bookie = self.bookie
-        if req.flags & FLAG_DO_FENCING:
-            # Durable before the answer; the answer still carries the entry.
-            await bookie.fence_ledger(req.ledger_id, req.master_key)
+        start = monotonic()
         try:
-            body = await bookie.read_entry(req.ledger_id, req.entry_id)
-        except BookieError as err:
-            return ReadResponse(err.code, req.ledger_id, req.entry_id)
+            if req.flags & FLAG_DO_FENCING:
+                # Durable before the answer; the answer still carries the entry.
+                await bookie.fence_ledger(req.ledger_id, req.master_key)
+            try:
+                body = await bookie.read_entry(req.ledger_id, req.entry_id)
+            except BookieError as err:
+                _READ_REQUEST.failure((monotonic() - start) * 1000.0)
+                return ReadResponse(err.code, req.ledger_id, req.entry_id)
+        except BaseException:
+            _READ_REQUEST.failure((monotonic() - start) * 1000.0)
+            raise
+        _READ_REQUEST.success((monotonic() - start) * 1000.0)
+        _READ_BYTES.inc(len(body))
         return ReadResponse(0, req.ledger_id, req.entry_id, body)
 
     async def _batch_read(self, req: BatchReadRequest):
+        start = monotonic()
+        try:
+            response = await self._batch_read_entries(req)
+        except BaseException:
+            metrics.BATCH_READ_ENTRY_REQUEST.failure((monotonic() - start) * 1000.0)
+            raise
+        metrics.BATCH_READ_ENTRY_REQUEST.success((monotonic() - start) * 1000.0)
+        return response
+
+    async def _batch_read_entries(self, req: BatchReadRequest):
         bookie = self.bookie
         if req.flags & FLAG_DO_FENCING:
             await bookie.fence_ledger(req.ledger_id, req.master_key)
@@ -191,6 +233,7 @@ class RequestProcessor:
             entries.append(entry)
             size += 4 + len(entry)
             eid += 1
+        _READ_BYTES.inc(size - 24 - 4 * len(entries))
         return BatchReadResponse(0, req.ledger_id, req.start_entry_id, req.request_id, entries)
 
     async def _read_lac(self, req: ReadLacRequest):

@@ -20,13 +20,14 @@ import asyncio
 import logging
 import os
 
+from bk import metrics
 from bk.bookie import Bookie
 from bk.config import BookieConfig
 from bk.errors import BKError
 from bk.meta import open_store
 from bk.meta.cluster import is_initialized
 from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
-from bk.meta.registration import BookieServiceInfo, RegistrationManager
+from bk.meta.registration import BookieServiceInfo, Endpoint, RegistrationManager
 
 from . import integrity
 
@@ -66,12 +67,15 @@ class BookieServer:
         self._monitor: asyncio.Task | None = None
         self._registered_readonly: bool | None = None
         self._forced_read_only = False
+        self._writable_dirs = 0
         self.autorecovery = None  # bk.replication.AutoRecovery when autorecovery_enabled
         self.repair = None  # bk.replication.integrity.DataIntegrityCheck while BP-46 phase two runs
         self.phase_one: integrity.PhaseOneResult | None = None
         self._properties: dict[str, str] = {}  # published in the registration (BookieServiceInfo)
         self.port: int | None = None
+        self.http = None  # bk.server.http_admin.HttpAdminServer when http_server_enabled
         self.started = False
+        self.shutting_down = False
 
     async def start(self) -> None:
         cfg = self.config
@@ -100,6 +104,11 @@ class BookieServer:
                 # for the registration (after a crash that waits for the old session to expire)
                 await self._start_repair()
             self.registration = RegistrationManager(self.store)
+            metrics.set_enabled(cfg.metrics_enabled)
+            self._export_gauges()
+            if cfg.http_server_enabled:
+                from .http_admin import HttpAdminServer
+                self.http = await HttpAdminServer(self, cfg).start()
             self._check_disks()
             await self._register()
             if self._properties:  # the repair's progress changed while the registration waited
@@ -150,6 +159,7 @@ class BookieServer:
 
     async def stop(self) -> None:
         """Graceful stop; safe to call more than once."""
+        self.shutting_down = True
         await self._stop_repair()
         await self._stop_autorecovery()
         if self._listener is not None:
@@ -173,6 +183,9 @@ class BookieServer:
     async def _teardown(self) -> None:
         await self._stop_repair()
         await self._stop_autorecovery()
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         for conn in list(self.connections):
             conn.close()
         if self._listener is not None:
@@ -199,9 +212,27 @@ class BookieServer:
     async def _register(self, force: bool = False) -> None:
         readonly = self.bookie.read_only
         if force or readonly != self._registered_readonly:
-            info = BookieServiceInfo.for_bookie(self.bookie_id, self._properties)
-            await self.registration.register(self.bookie_id, readonly=readonly, service_info=info)
+            await self.registration.register(self.bookie_id, readonly=readonly, service_info=self._service_info())
             self._registered_readonly = readonly
+
+    def _service_info(self) -> BookieServiceInfo:
+        """BookKeeper's BookieServiceInfo: the bookie-rpc endpoint, and the HTTP admin one."""
+        info = BookieServiceInfo.for_bookie(self.bookie_id, self._properties)
+        if self.http is None:
+            return info
+        host = self.http.url.rpartition("//")[2].rpartition(":")[0]
+        return BookieServiceInfo((*info.endpoints, Endpoint("http", host, self.http.port, "http")), info.properties)
+
+    def _export_gauges(self) -> None:
+        """The gauges /metrics reads from this bookie's state at scrape time."""
+        bookie = self.bookie
+        storage = bookie.storage
+        metrics.SERVER_STATUS.set_function(lambda: 0 if bookie.read_only else 1)
+        metrics.WRITE_CACHE_SIZE.set_function(lambda: storage.stats()["write_cache_bytes"])
+        metrics.READ_CACHE_SIZE.set_function(lambda: storage.read_cache.size_bytes)
+        metrics.LEDGERS_COUNT.set_function(lambda: len(storage.ledger_ids()))
+        metrics.JOURNAL_QUEUE_SIZE.set_function(lambda: sum(j.queued_records() for j in bookie.journals))
+        metrics.LEDGER_WRITABLE_DIRS.set_function(lambda: self._writable_dirs)
 
     def _check_disks(self) -> None:
         """Read-only above disk_usage_threshold; writable again below the low-water mark."""
@@ -210,6 +241,7 @@ class BookieServer:
             self.bookie.set_read_only(True)
             return
         worst = 0.0
+        writable_dirs = 0
         for d in {*cfg.ledger_dirs, *cfg.journal_dirs}:
             try:
                 st = os.statvfs(d)
@@ -217,7 +249,11 @@ class BookieServer:
                 worst = 1.0
                 continue
             if st.f_blocks:
-                worst = max(worst, 1.0 - st.f_bavail / st.f_blocks)
+                usage = 1.0 - st.f_bavail / st.f_blocks
+                worst = max(worst, usage)
+                if d in cfg.ledger_dirs and usage < cfg.disk_usage_threshold:
+                    writable_dirs += 1
+        self._writable_dirs = writable_dirs
         if worst >= cfg.disk_usage_threshold:
             self.bookie.set_read_only(True)
         elif worst < cfg.disk_usage_lwm_threshold:

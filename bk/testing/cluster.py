@@ -38,6 +38,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -62,7 +71,7 @@ def run_shell(metadata_uri: str, *args: str, timeout_s: float = 60.0) -> subproc
 
 class BookieProcess:
     def __init__(self, index: int, conf_path: str, log_path: str, bookie_id: str, env: dict | None = None,
-                 bind_host: str | None = None):
+                 bind_host: str | None = None, http_port: int | None = None):
         self.index = index
         self.conf_path = conf_path
         self.log_path = log_path
@@ -71,6 +80,11 @@ class BookieProcess:
         self.bind_host = bind_host or bookie_id.rpartition(":")[0]  # where the bookie itself listens
         self.proc: subprocess.Popen | None = None
         self._log_offset = 0
+        self.http_port = http_port  # the HTTP admin server's port (None: disabled)
+
+    @property
+    def http_url(self) -> str | None:
+        return None if self.http_port is None else f"http://{self.bind_host}:{self.http_port}"
 
     def start(self) -> None:
         self._log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
@@ -134,7 +148,8 @@ class BookieProcess:
 class LocalCluster:
     def __init__(self, data_dir: str, bookies: int = 3, *, zk_connect: str | None = None,
                  zk_port: int | None = None, autorecovery: bool = False, env: dict | None = None,
-                 proxied: bool = False, **overrides):
+                 proxied: bool = False, bookie_ports: dict | None = None, http_ports: dict | None = None,
+                 **overrides):
         self.data_dir = os.path.abspath(data_dir)
         self.count = bookies
         self.zk: LocalZooKeeper | None = None
@@ -145,6 +160,9 @@ class LocalCluster:
         self.env = env
         self.bookies: dict[int, BookieProcess] = {}
         self.proxied = proxied
+        # ports to take for a bookie that has none saved yet (index -> port); else a free one
+        self.bookie_ports = dict(bookie_ports or {})
+        self.http_ports = dict(http_ports or {})
         if proxied:
             self.overrides.setdefault("bind_address", "127.0.0.2")
         self.proxies: dict = {}  # index -> ThreadedProxy (proxied clusters only)
@@ -190,12 +208,16 @@ class LocalCluster:
         if i is None:
             i = max(self.bookies, default=-1) + 1
         conf = os.path.join(self.data_dir, f"bookie-{i}.toml")
-        port = self._saved_bookie_port(conf) or free_port()
+        port = self._saved_bookie_port(conf) or self.bookie_ports.get(i) or free_port()
         values = {**self.bookie_config(i, port), **extra}
+        if values.get("http_server_enabled", True) and "http_server_port" not in values:
+            values["http_server_port"] = (self._saved_bookie_port(conf, "http_server_port") or self.http_ports.get(i)
+                                          or free_port())
         write_toml(conf, values)
         bind_host = values.get("bind_address") or values["advertised_address"]
+        http_port = values["http_server_port"] if values.get("http_server_enabled", True) else None
         b = BookieProcess(i, conf, os.path.join(self.data_dir, f"bookie-{i}.log"), f"127.0.0.1:{port}", self.env,
-                          bind_host=bind_host)
+                          bind_host=bind_host, http_port=http_port)
         if self.proxied and i not in self.proxies:
             from .proxy import ThreadedProxy
             self.proxies[i] = ThreadedProxy(bind_host, port, "127.0.0.1", port).start()
@@ -213,11 +235,11 @@ class LocalCluster:
             return None
 
     @staticmethod
-    def _saved_bookie_port(conf: str) -> int | None:
+    def _saved_bookie_port(conf: str, key: str = "bookie_port") -> int | None:
         import tomllib
         try:
             with open(conf, "rb") as fh:
-                return int(tomllib.load(fh)["bookie_port"])
+                return int(tomllib.load(fh)[key]) or None
         except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError):
             return None
 

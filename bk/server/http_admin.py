@@ -1,0 +1,230 @@
+"""The HTTP admin server: BookKeeper's admin REST API and /metrics, in the bookie.
+
+An aiohttp application on the bookie's own event loop, started and stopped by
+BookieServer (settings http_server_*; docs/OPERATIONS.md lists the endpoints).
+The routes are one table (`ROUTES`, path -> method -> handler) filled by
+bk.server.http_handlers; a handler is `async def handler(admin, request) -> web.Response`.
+
+Rules kept here for every endpoint:
+- errors are JSON `{"error": "...", "status": N}`: an unknown path 404, a method
+  the path does not take 405 (with Allow), a bad parameter 400, a missing ledger
+  404, mutations disabled 403, a missing or wrong token 401, anything else 500;
+  no handler's failure reaches the bookie;
+- nothing blocks the loop: metadata goes through bk.meta's async API, files and
+  statvfs through asyncio.to_thread;
+- PUT/POST/DELETE (the mutating methods) answer 403 unless
+  http_server_mutations_enabled; with http_server_token set, every endpoint but
+  the probes (/heartbeat, /api/v1/bookie/is_ready) and /metrics needs
+  `Authorization: Bearer <token>`.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+
+from aiohttp import web
+
+from bk.errors import BKError, IncorrectParameterError, NoSuchLedgerError, NoSuchLedgerMetadataError
+
+log = logging.getLogger(__name__)
+
+MUTATING = frozenset({"PUT", "POST", "DELETE"})
+OPEN_PATHS = frozenset({"/heartbeat", "/api/v1/bookie/is_ready", "/metrics"})
+ROUTES: dict[str, dict[str, object]] = {}  # path -> {method: handler}; see bk.server.http_handlers
+
+
+def route(path: str, *methods: str):
+    """Register a handler for `path` and `methods` in ROUTES."""
+    def register(fn):
+        for method in methods:
+            ROUTES.setdefault(path, {})[method] = fn
+        return fn
+    return register
+
+
+class HttpError(Exception):
+    """An answer with a status code and a JSON error body."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def json_response(body, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=lambda o: json.dumps(o, indent=2, default=str))
+
+
+def error_response(status: int, message: str, **headers: str) -> web.Response:
+    resp = json_response({"error": message, "status": status}, status=status)
+    resp.headers.update(headers)
+    return resp
+
+
+# ---------------------------------------------------------------- parameters
+def param_int(request: web.Request, name: str, default: int | None = None, *, lowest: int | None = None) -> int:
+    """A query parameter as an int; 400 when absent (and no default) or not an int."""
+    text = request.query.get(name)
+    if text is None or text == "":
+        if default is None:
+            raise HttpError(400, f"missing parameter {name}")
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise HttpError(400, f"parameter {name} must be an integer, got {text!r}") from None
+    if lowest is not None and value < lowest:
+        raise HttpError(400, f"parameter {name} must be at least {lowest}, got {value}")
+    return value
+
+
+def param_bool(request: web.Request, name: str, default: bool = False) -> bool:
+    text = request.query.get(name)
+    if text is None or text == "":
+        return default
+    low = text.strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise HttpError(400, f"parameter {name} must be true or false, got {text!r}")
+
+
+async def json_body(request: web.Request) -> dict:
+    """The request body as a JSON object ({} when empty); 400 when it is not one."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise HttpError(400, f"the body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    return body
+
+
+# ---------------------------------------------------------------- the server
+class HttpAdminServer:
+    """Serves ROUTES for one BookieServer (`self.server`)."""
+
+    def __init__(self, server, config):
+        from . import http_handlers  # noqa: F401 - fills ROUTES
+
+        self.server = server
+        self.config = config
+        self.port: int | None = None
+        self.address = config.http_server_address or config.bind_address or config.advertised_address
+        self._runner: web.AppRunner | None = None
+        self._client = None  # a bk.client.BookKeeper, made on first use (ledger reads, recovery)
+        self._client_lock = asyncio.Lock()
+        self.tasks: dict[str, asyncio.Task] = {}  # background operations (recovery, decommission)
+
+    @property
+    def url(self) -> str:
+        host = self.config.advertised_address if self.address in ("", "0.0.0.0", "::") else self.address
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> "HttpAdminServer":
+        app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
+        for path in ROUTES:  # BookKeeper's docs write some paths with a trailing slash: take both
+            app.router.add_route("*", path, self._dispatch)
+            app.router.add_route("*", path + "/", self._dispatch)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.address, self.config.http_server_port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as e:
+            await self._runner.cleanup()
+            self._runner = None
+            raise BKError(f"HTTP admin server cannot listen on {self.address}:{self.config.http_server_port}"
+                          f" ({e.strerror or e}); set http_server_port (0 = any free port) or"
+                          f" http_server_enabled = false") from None
+        self.port = site._server.sockets[0].getsockname()[1]
+        log.info("HTTP admin server on %s", self.url)
+        return self
+
+    async def stop(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        self.tasks.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def client(self):
+        """The admin's own BookKeeper client (own metadata session), started once."""
+        async with self._client_lock:
+            if self._client is None:
+                from bk.client import BookKeeper
+                self._client = await BookKeeper(self.config.metadata_service_uri,
+                                                max_frame_size_bytes=self.config.max_frame_size_bytes).start()
+            return self._client
+
+    def spawn(self, name: str, coro) -> bool:
+        """Run an operation in the background unless one of that name runs; False if it does."""
+        running = self.tasks.get(name)
+        if running is not None and not running.done():
+            coro.close()
+            return False
+        task = asyncio.ensure_future(coro)
+        self.tasks[name] = task
+
+        def finished(t: asyncio.Task) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                log.error("HTTP admin operation %s failed: %s", name, t.exception())
+            elif not t.cancelled():
+                log.info("HTTP admin operation %s done: %s", name, t.result())
+        task.add_done_callback(finished)
+        return True
+
+    # ------------------------------------------------------------ request path
+    @web.middleware
+    async def _guard(self, request: web.Request, handler):
+        """Auth and every error to a JSON answer; nothing escapes to aiohttp or the bookie."""
+        try:
+            token = self.config.http_server_token
+            if token and request.path not in OPEN_PATHS:
+                given = request.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                    return error_response(401, "a valid 'Authorization: Bearer <token>' header is required",
+                                          **{"WWW-Authenticate": "Bearer"})
+            return await handler(request)
+        except HttpError as e:
+            return error_response(e.status, str(e))
+        except web.HTTPException as e:  # aiohttp's own: unknown path, body too large
+            if e.status >= 400:
+                return error_response(e.status, e.reason)
+            raise
+        except (NoSuchLedgerMetadataError, NoSuchLedgerError) as e:
+            return error_response(404, str(e))
+        except IncorrectParameterError as e:
+            return error_response(400, str(e))
+        except BKError as e:
+            return error_response(500, f"{type(e).__name__}: {e}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a handler's bug answers 500, the bookie goes on
+            log.exception("HTTP admin %s %s failed", request.method, request.path)
+            return error_response(500, f"internal error: {type(e).__name__}: {e}")
+
+    async def _dispatch(self, request: web.Request) -> web.Response:
+        methods = ROUTES[request.match_info.route.resource.canonical.rstrip("/")]
+        handler = methods.get(request.method)
+        if handler is None:
+            if request.method == "HEAD" and "GET" in methods:
+                handler = methods["GET"]
+            else:
+                return error_response(405, f"{request.method} is not allowed on {request.path}",
+                                      Allow=", ".join(sorted(methods)))
+        if request.method in MUTATING and not self.config.http_server_mutations_enabled:
+            return error_response(403, f"{request.method} {request.path} changes the cluster: set"
+                                       " http_server_mutations_enabled = true on this bookie to allow it")
+        return await handler(self, request)

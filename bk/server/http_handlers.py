@@ -1,0 +1,430 @@
+"""The HTTP admin API's endpoints (BookKeeper's paths and JSON shapes; docs/OPERATIONS.md).
+
+Each handler is `async def h(admin, request)` with `admin` the HttpAdminServer
+(`admin.server` the BookieServer). Registered in bk.server.http_admin.ROUTES by
+`@route(path, methods...)`. Garbage collection's endpoints (/api/v1/bookie/gc,
+/api/v1/bookie/gc_details) are registered by the GC module with the same
+decorator (see the marked place below).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+
+from aiohttp import web
+
+from bk import metrics
+from bk.errors import NoSuchLedgerMetadataError
+from bk.meta.ledger_metadata import metadata_dict
+
+from .http_admin import HttpError, json_body, json_response, param_bool, param_int, route
+
+FREE_AND_TOTAL = 0x3  # GetBookieInfo's requested_info: free | total disk space
+BOOKIE_INFO_TIMEOUT_S = 5.0
+READ_MAX_ENTRIES = 1000  # /api/v1/ledger/read answers at most this many entries
+
+
+def _disk_space(dirs) -> tuple[int, int]:
+    """(free, total) bytes over the distinct filesystems of `dirs` (blocking: run off the loop)."""
+    seen, free, total = set(), 0, 0
+    for d in dirs:
+        st = os.statvfs(d)
+        if st.f_fsid in seen and st.f_fsid:
+            continue
+        seen.add(st.f_fsid)
+        free += st.f_bavail * st.f_frsize
+        total += st.f_blocks * st.f_frsize
+    return free, total
+
+
+# ---------------------------------------------------------------- heartbeat, config, metrics
+@route("/heartbeat", "GET")
+async def heartbeat(admin, request):
+    return web.Response(text="OK\n")
+
+
+@route("/api/v1/config/server_config", "GET")
+async def server_config(admin, request):
+    import dataclasses
+
+    values = dataclasses.asdict(admin.config)
+    if values.get("http_server_token"):
+        values["http_server_token"] = "<set>"
+    return json_response(values)
+
+
+@route("/metrics", "GET")
+async def metrics_page(admin, request):
+    body, content_type = metrics.exposition()
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = content_type
+    return resp
+
+
+# ---------------------------------------------------------------- this bookie
+@route("/api/v1/bookie/info", "GET")
+async def bookie_info(admin, request):
+    free, total = await asyncio.to_thread(_disk_space, admin.config.ledger_dirs)
+    return json_response({"freeSpace": free, "totalSpace": total})
+
+
+def _state(server) -> dict:
+    read_only = bool(server.bookie.read_only)
+    return {"running": server.started and not server.shutting_down, "readOnly": read_only,
+            "shuttingDown": server.shutting_down,
+            "availableForHighPriorityWrites": server.started and not server.shutting_down}
+
+
+@route("/api/v1/bookie/state", "GET")
+async def bookie_state(admin, request):
+    return json_response(_state(admin.server))
+
+
+@route("/api/v1/bookie/state/readonly", "GET", "PUT")
+async def bookie_readonly(admin, request):
+    server = admin.server
+    if request.method == "PUT":
+        body = await json_body(request)
+        wanted = body.get("readOnly", request.query.get("readOnly"))
+        if isinstance(wanted, str) and wanted.lower() in ("true", "false"):
+            wanted = wanted.lower() == "true"
+        if not isinstance(wanted, bool):
+            raise HttpError(400, 'give {"readOnly": true|false} as the body')
+        if not server.started or server.shutting_down:
+            raise HttpError(503, "the bookie is not running")
+        await server.set_read_only(wanted)
+    return json_response({"readOnly": bool(server.bookie.read_only)})
+
+
+@route("/api/v1/bookie/is_ready", "GET")
+async def bookie_is_ready(admin, request):
+    server = admin.server
+    if server.started and not server.shutting_down:
+        return web.Response(text="OK\n")
+    return web.Response(status=503, text="Bookie is not ready\n")
+
+
+@route("/api/v1/bookie/last_log_mark", "GET")
+async def last_log_mark(admin, request):
+    """Per journal directory, its current log mark (what a checkpoint would persist now)."""
+    journals = admin.server.bookie.journals
+    return json_response({j.journal_dir: {"logFileId": j.last_mark().file_id, "logFileOffset": j.last_mark().offset}
+                          for j in journals})
+
+
+def _list_disk_files(config, kinds) -> dict:
+    from bk.entrylog.format import log_dir, parse_log_file_name
+    from bk.journal.records import list_files
+
+    out = {}
+    if "journal" in kinds:
+        out["journal files"] = " ".join(path for d in config.journal_dirs for _, path in list_files(d))
+    if "entrylog" in kinds:
+        names = []
+        for d in config.ledger_dirs:
+            try:
+                names += sorted(os.path.join(log_dir(d), n) for n in os.listdir(log_dir(d))
+                                if parse_log_file_name(n) is not None)
+            except FileNotFoundError:
+                pass
+        out["entrylog files"] = " ".join(names)
+    if "index" in kinds:
+        d = config.resolved_index_dir
+        try:
+            out["index files"] = " ".join(sorted(os.path.join(d, n) for n in os.listdir(d)))
+        except FileNotFoundError:
+            out["index files"] = ""
+    return out
+
+
+@route("/api/v1/bookie/list_disk_file", "GET")
+async def list_disk_file(admin, request):
+    kind = request.query.get("file_type", "")
+    kinds = ("journal", "entrylog", "index")
+    if kind and kind not in kinds:
+        raise HttpError(400, f"file_type must be one of {', '.join(kinds)}, got {kind!r}")
+    return json_response(await asyncio.to_thread(_list_disk_files, admin.config, (kind,) if kind else kinds))
+
+
+# ---------------------------------------------------------------- GC (another module)
+# The garbage collector registers /api/v1/bookie/gc (PUT triggers, GET status) and
+# /api/v1/bookie/gc_details (GET) here, with @route(...) from its own module imported
+# at the top of this one. Nothing answers them until it does.
+
+
+# ---------------------------------------------------------------- the cluster
+@route("/api/v1/bookie/list_bookies", "GET")
+async def list_bookies(admin, request):
+    kind = request.query.get("type", "")
+    if kind not in ("rw", "ro"):
+        raise HttpError(400, "parameter type must be rw (writable bookies) or ro (read-only bookies)")
+    hostnames = param_bool(request, "print_hostnames")
+    reg = admin.server.registration
+    bookies = await (reg.writable_bookies() if kind == "rw" else reg.readonly_bookies())
+    return json_response({b: (b.rpartition(":")[0] if hostnames else None) for b in sorted(bookies)})
+
+
+async def _bookie_space(pool, bookie_id: str) -> dict | None:
+    client = pool.get(bookie_id)
+    try:
+        resp = await asyncio.wait_for(client.call(client.send_bookie_info, FREE_AND_TOTAL), BOOKIE_INFO_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - an unreachable bookie is reported as null
+        return None
+    return {"free": resp.free_disk_bytes, "total": resp.total_disk_bytes}
+
+
+@route("/api/v1/bookie/list_bookie_info", "GET")
+async def list_bookie_info(admin, request):
+    bkc = await admin.client()
+    reg = admin.server.registration
+    bookies = sorted({*await reg.writable_bookies(), *await reg.readonly_bookies()})
+    answers = await asyncio.gather(*(_bookie_space(bkc.pool, b) for b in bookies))
+    out = {b: a for b, a in zip(bookies, answers)}
+    known = [a for a in answers if a is not None]
+    out["clusterInfo"] = {"total_free": sum(a["free"] for a in known), "total": sum(a["total"] for a in known)}
+    return json_response(out)
+
+
+@route("/api/v1/bookie/cluster_info", "GET")
+async def cluster_info(admin, request):
+    from bk.meta.underreplication import LedgerUnderreplicationManager
+    from bk.replication.election import current_auditor
+
+    store = admin.server.store
+    reg = admin.server.registration
+    writable, readonly = set(await reg.writable_bookies()), set(await reg.readonly_bookies())
+    known = set(await reg.known_bookies())
+    urm = LedgerUnderreplicationManager(store)
+    try:
+        auditor = await current_auditor(store)
+        enabled = await urm.is_ledger_replication_enabled()
+        underreplicated = False
+        async for _ in urm.iter_underreplicated_ledgers():
+            underreplicated = True
+            break
+    finally:
+        await urm.close()
+    return json_response({
+        "auditorElected": auditor is not None, "auditorId": auditor or "",
+        "clusterUnderReplicated": underreplicated, "ledgerReplicationEnabled": enabled,
+        "totalBookiesCount": len(known | writable | readonly), "writableBookiesCount": len(writable),
+        "readonlyBookiesCount": len(readonly),
+        "unavailableBookiesCount": len(known - writable - readonly)})
+
+
+# ---------------------------------------------------------------- ledgers
+def _ledger_id(request) -> int:
+    return param_int(request, "ledger_id", lowest=0)
+
+
+@route("/api/v1/ledger/list", "GET")
+async def ledger_list(admin, request):
+    from bk.meta.ledger_manager import LedgerManager
+
+    with_metadata = param_bool(request, "print_metadata")
+    lm = LedgerManager(admin.server.store)
+    ids = sorted(await lm.list_ledger_ids())
+    out = {}
+    for ledger_id in ids:
+        if not with_metadata:
+            out[str(ledger_id)] = None
+            continue
+        try:
+            md, version = await lm.read_ledger_metadata(ledger_id)
+        except NoSuchLedgerMetadataError:
+            continue  # deleted meanwhile
+        out[str(ledger_id)] = metadata_dict(ledger_id, md, version)
+    return json_response(out)
+
+
+@route("/api/v1/ledger/metadata", "GET")
+async def ledger_metadata(admin, request):
+    from bk.meta.ledger_manager import LedgerManager
+
+    ledger_id = _ledger_id(request)
+    md, version = await LedgerManager(admin.server.store).read_ledger_metadata(ledger_id)
+    return json_response({str(ledger_id): metadata_dict(ledger_id, md, version)})
+
+
+@route("/api/v1/ledger/read", "GET")
+async def ledger_read(admin, request):
+    """Entries start_entry_id..end_entry_id (default: all up to the last confirmed, at most
+    READ_MAX_ENTRIES) as text, or base64 with encoding=base64. Never fences: an open ledger
+    is read up to its last add confirmed."""
+    ledger_id = _ledger_id(request)
+    first = param_int(request, "start_entry_id", 0, lowest=0)
+    encoding = request.query.get("encoding", "text")
+    if encoding not in ("text", "base64"):
+        raise HttpError(400, "encoding must be text or base64")
+    bkc = await admin.client()
+    md = await bkc.get_ledger_metadata(ledger_id)
+    handle = await bkc.open_ledger(ledger_id, password=md.password or b"", recovery=False)
+    last = param_int(request, "end_entry_id", handle.last_add_confirmed, lowest=-1)
+    if last < first:
+        if "end_entry_id" in request.query:
+            raise HttpError(400, f"end_entry_id {last} is before start_entry_id {first}")
+        return json_response({})
+    if last - first + 1 > READ_MAX_ENTRIES:
+        raise HttpError(400, f"at most {READ_MAX_ENTRIES} entries at once: narrow start_entry_id..end_entry_id")
+    if last > handle.last_add_confirmed:
+        raise HttpError(404, f"ledger {ledger_id} has no confirmed entry past {handle.last_add_confirmed}")
+    entries = await handle.read_entries(first, last)
+    render = (lambda b: base64.b64encode(b).decode()) if encoding == "base64" else \
+        (lambda b: b.decode("utf-8", errors="backslashreplace"))
+    return json_response({str(e.entry_id): render(bytes(e.data)) for e in entries})
+
+
+@route("/api/v1/ledger/delete", "DELETE")
+async def ledger_delete(admin, request):
+    ledger_id = _ledger_id(request)
+    bkc = await admin.client()
+    await bkc.delete_ledger(ledger_id)
+    return json_response({"deleted": ledger_id})
+
+
+# ---------------------------------------------------------------- AutoRecovery
+async def _with_urm(admin, fn):
+    from bk.meta.underreplication import LedgerUnderreplicationManager
+
+    urm = LedgerUnderreplicationManager(admin.server.store)
+    try:
+        return await fn(urm)
+    finally:
+        await urm.close()
+
+
+@route("/api/v1/autorecovery/status", "GET", "PUT")
+async def autorecovery_status(admin, request):
+    async def go(urm):
+        if request.method == "PUT":
+            if "enabled" not in request.query:
+                raise HttpError(400, "missing parameter enabled (true or false)")
+            if param_bool(request, "enabled"):
+                await urm.enable_ledger_replication()
+            else:
+                await urm.disable_ledger_replication()
+        return json_response({"enabled": await urm.is_ledger_replication_enabled()})
+    return await _with_urm(admin, go)
+
+
+@route("/api/v1/autorecovery/list_under_replicated_ledger", "GET")
+async def list_under_replicated(admin, request):
+    from bk.replication.admin import list_underreplicated
+
+    missing = request.query.get("missingreplica") or None
+    excluding = request.query.get("excludingmissingreplica") or None
+    with_replicas = param_bool(request, "printmissingreplica")
+
+    async def go(urm):
+        rows = await list_underreplicated(urm, missing_replica=missing)
+        if excluding:
+            rows = [r for r in rows if excluding not in r.missing_replicas]
+        if with_replicas:
+            return json_response({str(r.ledger_id): list(r.missing_replicas) for r in rows})
+        return json_response([r.ledger_id for r in rows])
+    return await _with_urm(admin, go)
+
+
+@route("/api/v1/autorecovery/who_is_auditor", "GET")
+async def who_is_auditor(admin, request):
+    from bk.replication.election import current_auditor
+
+    auditor = await current_auditor(admin.server.store)
+    if auditor is None:
+        raise HttpError(404, "no auditor is elected (is AutoRecovery enabled on some bookie?)")
+    return json_response({"Auditor": auditor})
+
+
+@route("/api/v1/autorecovery/trigger_audit", "PUT")
+async def trigger_audit(admin, request):
+    from bk.replication.admin import trigger_audit as trigger
+
+    await _with_urm(admin, trigger)
+    return json_response({"triggered": True})
+
+
+@route("/api/v1/autorecovery/lost_bookie_recovery_delay", "GET", "PUT")
+async def lost_bookie_recovery_delay(admin, request):
+    async def go(urm):
+        if request.method == "PUT":
+            body = await json_body(request)
+            delay = body.get("delay_seconds")
+            if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
+                raise HttpError(400, 'give {"delay_seconds": N} with N >= 0 as the body')
+            await urm.set_lost_bookie_recovery_delay(delay)
+        return json_response({"lostBookieRecoveryDelay": await urm.get_lost_bookie_recovery_delay(0)})
+    return await _with_urm(admin, go)
+
+
+def _bookie_list(value, name: str, required: bool) -> list[str]:
+    from bk.meta.cluster import check_bookie_id
+    from bk.meta.registration import split_bookie_id
+
+    if value is None and not required:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise HttpError(400, f"{name} must be a bookie id (host:port) or a list of them")
+    for v in value:
+        try:
+            split_bookie_id(check_bookie_id(v))
+        except Exception as e:  # noqa: BLE001
+            raise HttpError(400, f"{name}: {e}") from None
+    return value
+
+
+@route("/api/v1/autorecovery/bookie", "PUT")
+async def recover_bookie(admin, request):
+    """Recover the ledgers of lost bookies (BookKeeper's manual recovery), in the background:
+    the answer says it started; the bookie's log says how it ended."""
+    from bk.replication import BookieRecovery
+
+    body = await json_body(request)
+    sources = _bookie_list(body.get("bookie_src"), "bookie_src", True)
+    targets = _bookie_list(body.get("bookie_dest"), "bookie_dest", False)
+    delete_cookie = bool(body.get("delete_cookie", False))
+    cfg = admin.config
+    bkc = await admin.client()
+
+    async def run():
+        recovery = BookieRecovery(bkc, window_entries=cfg.rereplication_entry_batch_size,
+                                  rate_bytes_per_s=cfg.replication_rate_bytes_per_s)
+        done = {}
+        for src in sources:
+            summary = await recovery.recover(src, target=targets[0] if targets else None,
+                                             delete_cookie=delete_cookie)
+            done[src] = {"ok": summary.ok, "recovered": summary.by_status("recovered"),
+                         "failed": [r.ledger_id for r in summary.failed]}
+        return done
+    if not admin.spawn("recover:" + ",".join(sources), run()):
+        raise HttpError(409, f"a recovery of {', '.join(sources)} is already running")
+    return json_response({"started": True, "bookie_src": sources, "bookie_dest": targets,
+                          "delete_cookie": delete_cookie})
+
+
+@route("/api/v1/autorecovery/decommission", "PUT")
+async def decommission(admin, request):
+    """Decommission a stopped bookie through AutoRecovery, in the background."""
+    from bk.meta.underreplication import LedgerUnderreplicationManager
+    from bk.replication.admin import decommission_bookie
+
+    body = await json_body(request)
+    src = _bookie_list(body.get("bookie_src"), "bookie_src", True)
+    if len(src) != 1:
+        raise HttpError(400, "bookie_src must name one bookie")
+    bookie_id = src[0]
+    if await admin.server.registration.registration(bookie_id) is not None:
+        raise HttpError(400, f"bookie {bookie_id} is registered (running): stop it before decommissioning")
+    bkc = await admin.client()
+
+    async def run():
+        urm = LedgerUnderreplicationManager(bkc.store)
+        try:
+            return await decommission_bookie(bkc, urm, bookie_id)
+        finally:
+            await urm.close()
+    if not admin.spawn("decommission:" + bookie_id, run()):
+        raise HttpError(409, f"a decommission of {bookie_id} is already running")
+    return json_response({"started": True, "bookie_src": bookie_id})
