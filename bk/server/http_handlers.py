@@ -105,6 +105,20 @@ async def bookie_is_ready(admin, request):
     return web.Response(status=503, text="Bookie is not ready\n")
 
 
+@route("/api/v1/bookie/repair_status", "GET")
+async def repair_status(admin, request):
+    """BP-46 (docs/JOURNAL-OFF.md): whether this bookie may have lost data and its self-repair's
+    progress; bk's own endpoint (BookKeeper has none). `repair` is null when none ran since start."""
+    server = admin.server
+    repair = server.repair
+    return json_response({
+        "dataIntegrityChecking": server.config.data_integrity_checking,
+        "needsIntegrityCheck": await asyncio.to_thread(lambda: server.bookie.needs_integrity_check),
+        "limboLedgers": len(server.bookie.limbo_ledgers()),
+        "phaseOne": server.phase_one.as_dict() if server.phase_one is not None else None,
+        "repair": repair.status.as_dict() if repair is not None else None})
+
+
 @route("/api/v1/bookie/last_log_mark", "GET")
 async def last_log_mark(admin, request):
     """Per journal directory, its current log mark (what a checkpoint would persist now)."""

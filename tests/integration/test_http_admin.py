@@ -97,6 +97,9 @@ def test_bookie_endpoints(cluster):
     assert status == 200 and files["journal files"].endswith(".txn") and "index files" in files
     assert set(call(cluster, 0, "/api/v1/bookie/list_disk_file?file_type=journal")[2]) == {"journal files"}
     assert_error(call(cluster, 0, "/api/v1/bookie/list_disk_file?file_type=cookies"), 400)
+    status, _, rs = call(cluster, 0, "/api/v1/bookie/repair_status")  # journal on: nothing to repair
+    assert status == 200 and rs == {"dataIntegrityChecking": False, "needsIntegrityCheck": False,
+                                    "limboLedgers": 0, "phaseOne": None, "repair": None}
     status, _, ci = call(cluster, 0, "/api/v1/bookie/cluster_info")
     assert status == 200 and ci["writableBookiesCount"] == 3 and ci["auditorElected"] in (True, False)
 

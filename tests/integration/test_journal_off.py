@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -162,6 +163,16 @@ def test_one_bookie_sigkilled_never_denies_fences_and_repairs(cluster):
         finally:
             client.close()
     run(check_limbo())
+    url = cluster.bookies[0].http_url + "/api/v1/bookie/repair_status"
+    for _ in range(100):  # the HTTP server starts just after the listener
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                rs = json.loads(resp.read())
+            break
+        except OSError:
+            time.sleep(0.1)
+    assert rs["dataIntegrityChecking"] and rs["needsIntegrityCheck"] and rs["limboLedgers"] >= 1
+    assert rs["phaseOne"]["ledgers_marked"] == 2 and rs["repair"]["state"] == "running"
 
     # stopped cleanly half-way: the repair resumes at the next start (the flag survives)
     assert cluster.stop_bookie(0) == 0
