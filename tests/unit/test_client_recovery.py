@@ -116,7 +116,7 @@ async def test_an_entry_with_neither_a_valid_copy_nor_enough_negatives_fails_rec
         plant(x, lh.ledger_id, 5, 4, lh.length + 7, b"entry-5")
         x.corrupt(lh.ledger_id, 5)
         y.read_hook = lambda req: int(StatusCode.EIO) if req.entry_id == 5 else None
-        with pytest.raises(LedgerRecoveryError, match="entry 5: neither a valid copy"):
+        with pytest.raises(LedgerRecoveryError, match="entry 5: recovery cannot tell whether the entry exists"):
             await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
         md = (await LedgerManager(cluster.store).read_ledger_metadata(lh.ledger_id))[0]
         assert md.state is LedgerState.IN_RECOVERY
