@@ -113,10 +113,10 @@ def _describe(answers: dict) -> str:
     return "; ".join(f"{b}: {text}" for b, (_, text) in answers.items()) or "no answers"
 
 
-def _machine(answers: dict) -> dict:
+def _machine(answers: dict, unknown_kinds: tuple = (UNKNOWN, LIMBO)) -> dict:
     """The error's machine fields for `answers` ({bookie: (kind, text)})."""
     return dict(answers={b: text for b, (_, text) in answers.items()},
-                unknown_bookies=tuple(b for b, (kind, _) in answers.items() if kind in (UNKNOWN, LIMBO)),
+                unknown_bookies=tuple(b for b, (kind, _) in answers.items() if kind in unknown_kinds),
                 limbo_bookies=tuple(b for b, (kind, _) in answers.items() if kind == LIMBO))
 
 
@@ -164,7 +164,12 @@ def undecided_entry_error(ledger_id: int, entry_id: int, answers: dict, write_qu
 
 
 async def fence_last_segment(pool, digest: DigestManager, metadata: LedgerMetadata, master_key: bytes) -> int:
-    """Step 2: fence every bookie of the last segment; returns the highest LAC the answers carry.
+    """Step 2: fence every bookie of the last segment; returns the highest LAC the answers carry."""
+    return await start_fencing(pool, digest, metadata, master_key)
+
+
+def start_fencing(pool, digest: DigestManager, metadata: LedgerMetadata, master_key: bytes) -> asyncio.Future:
+    """Send the fencing reads; a future of the highest LAC once the fence covers the ensemble.
 
     Covered by EOK (valid digest; its LAC counts), ENOENTRY, ENOLEDGER and EUNKNOWNLEDGERSTATE
     (fenced, but no LAC: the module docstring says why)."""
@@ -202,7 +207,7 @@ async def fence_last_segment(pool, digest: DigestManager, metadata: LedgerMetada
                 f"ledger {ledger_id}: cannot fence: {state['unknown']} of {len(ensemble)} bookies of the last"
                 f" segment gave no answer that counts, at most {allowed_unknown} may ({_describe(answers)})."
                 " The ledger is left IN_RECOVERY, not closed: retry once those bookies are reachable.",
-                ledger_id=ledger_id, **_machine(answers)))
+                ledger_id=ledger_id, **_machine(answers, (UNKNOWN,))))
 
     for bookie in ensemble:
         try:
@@ -211,7 +216,7 @@ async def fence_last_segment(pool, digest: DigestManager, metadata: LedgerMetada
                              master_key=master_key)
         except BKError as e:
             on_answer(bookie, None, e)
-    return await done
+    return done
 
 
 def recovery_read(pool, digest: DigestManager, metadata: LedgerMetadata, entry_id: int,
