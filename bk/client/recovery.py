@@ -69,11 +69,14 @@ RECOVERY_READ_WINDOW = 16
 
 
 class RecoveryWriter(LedgerHandle):
-    """Writes recovered entries back (FLAG_RECOVERY_ADD); its ensemble changes stay local."""
+    """Writes recovered entries back (FLAG_RECOVERY_ADD); delayed ensemble changes, kept local."""
 
     def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
                  master_key: bytes, start: int, length_before: int):
         super().__init__(bk, ledger_id, metadata, version, digest, master_key, add_flags=FLAG_RECOVERY_ADD)
+        # A bookie of the last segment may be down with no spare to replace it (#3905, #2281): write
+        # back to the others as long as AQ of every write set are up (LedgerHandle's docstring).
+        self._delay_ensemble_change = True
         self._lac = self._last_add_pushed = self._fixed_lac = start - 1
         self._length_confirmed = self._length_pushed = length_before
         self._segments_kept = len(metadata.segments) - 1  # recovery owns the last segment and any after it

@@ -141,8 +141,10 @@ async def test_empty_last_segment_closes_before_it_with_the_right_length():
 
 @run_async
 async def test_write_back_to_a_dead_bookie_changes_the_ensemble_only_in_the_final_cas():
+    """AQ = WQ: without the dead bookie no entry reaches its ack quorum, so the write-back must
+    replace it - and that change is written only with the final CAS."""
     async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri, connect_timeout_s=2) as bkc:
-        lh = await dead_writer(cluster, bkc, 10)
+        lh = await dead_writer(cluster, bkc, 10, aq=3)
         x, y, z = (cluster.by_id(b) for b in lh.ensemble)
         length = lh.length
         for i in range(10, 13):
@@ -164,6 +166,27 @@ async def test_write_back_to_a_dead_bookie_changes_the_ensemble_only_in_the_fina
         md = await check_closed(bkc, lh.ledger_id, [b"entry-%d" % i for i in range(13)])
         assert len(md.segments) == 2 and z.bookie_id not in md.segments[1][1]
         assert md.segments[1][0] <= 10
+
+
+@run_async
+async def test_write_back_with_a_dead_bookie_and_no_spare_keeps_it_in_the_ensemble():
+    """E=3 WQ=3 AQ=2 on three bookies, one dead: every write set still has AQ bookies up, so the
+    write-back completes on the other two (delayed ensemble change) and the closed ledger names
+    the dead bookie (no replacement exists; re-replication fixes the copies later)."""
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri, connect_timeout_s=2) as bkc:
+        lh = await dead_writer(cluster, bkc, 10)
+        x, y, z = (cluster.by_id(b) for b in lh.ensemble)
+        length = lh.length
+        for i in range(10, 13):  # sent to x and y only, never acknowledged
+            length += len(b"entry-%d" % i)
+            for b in (x, y):
+                plant(b, lh.ledger_id, i, 9, length, b"entry-%d" % i)
+        await cluster.kill(z)
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert rh.last_add_confirmed == 12
+        md = await check_closed(bkc, lh.ledger_id, [b"entry-%d" % i for i in range(13)])
+        assert md.segments == ((0, lh.ensemble),)
+        assert ("add", lh.ledger_id, 12) in x.requests and ("add", lh.ledger_id, 12) in y.requests
 
 
 @run_async
