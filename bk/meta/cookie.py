@@ -154,6 +154,19 @@ class CookieStore:
 
 
 # ---------------------------------------------------------------------- directories
+def config_cookie(bookie_id: str, journal_dirs, ledger_dirs, index_dir: str | None,
+                  instance_id: str | None) -> Cookie:
+    """The cookie a bookie with these directories must have (`index_dir` only when the index is
+    configured apart from the ledger dirs)."""
+    return Cookie(bookie_id, tuple(journal_dirs), tuple(ledger_dirs), instance_id,
+                  (index_dir,) if index_dir else None)
+
+
+def cookie_directories(cookie: Cookie) -> list[str]:
+    """Every directory that holds a copy of `cookie` (journal, ledger, index), once each."""
+    return list(dict.fromkeys([*cookie.journal_dirs, *cookie.ledger_dirs, *(cookie.index_dirs or ())]))
+
+
 def cookie_file(directory: str) -> str:
     return os.path.join(directory, "current", VERSION_FILENAME)
 
@@ -226,10 +239,8 @@ async def verify_cookies(
     """
     if instance_id is None:
         instance_id = await read_instance_id(store, root)
-    expected = Cookie(
-        bookie_id, tuple(journal_dirs), tuple(ledger_dirs), instance_id, (index_dir,) if index_dir else None
-    )
-    directories = list(dict.fromkeys([*expected.journal_dirs, *expected.ledger_dirs, *(expected.index_dirs or ())]))
+    expected = config_cookie(bookie_id, journal_dirs, ledger_dirs, index_dir, instance_id)
+    directories = cookie_directories(expected)
     cookies = CookieStore(store, root)
     try:
         zk_cookie, zk_version = await cookies.read(bookie_id)
