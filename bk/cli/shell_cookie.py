@@ -42,6 +42,10 @@ def add_parsers(cmds) -> None:
         p.add_argument("--conf", metavar="FILE", default=argparse.SUPPRESS, help=_CONF_HELP)
         return p
 
+    def dir_lists(p, new: str) -> None:
+        for kind in ("journal", "ledger"):
+            p.add_argument(f"--{kind}-dirs", metavar="D,..", help=f"{new}{kind} directories, comma-separated")
+
     p = action("show", "print the cookie in ZooKeeper; with --conf also each directory's and whether they match",
                "Print BOOKIE_ID's cookie as ZooKeeper holds it and whether the bookie is registered. With"
                " --conf FILE (the bookie's configuration, on the bookie's host) also read current/VERSION in"
@@ -62,8 +66,7 @@ def add_parsers(cmds) -> None:
                " refuse to start.")
     p.add_argument("bookie_id", nargs="?", help="the bookie's current id, host:port (default: from --conf)")
     p.add_argument("--new-bookie-id", metavar="HOST:PORT", help="the bookie's new address")
-    p.add_argument("--journal-dirs", metavar="D,..", help="new journal directories, comma-separated")
-    p.add_argument("--ledger-dirs", metavar="D,..", help="new ledger directories, comma-separated")
+    dir_lists(p, "new ")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--index-dir", metavar="D", help="new index directory (apart from the ledger dirs)")
     g.add_argument("--no-index-dir", action="store_true", help="the index lives in the first ledger dir again")
@@ -86,8 +89,7 @@ def add_parsers(cmds) -> None:
                " touched. Directories come from --conf or --journal-dirs/--ledger-dirs/--index-dir; the"
                " instance id from --instance-id or the cluster's INSTANCEID znode.")
     p.add_argument("bookie_id", nargs="?", help="host:port (default: the one --conf describes)")
-    p.add_argument("--journal-dirs", metavar="D,..", help="journal directories, comma-separated")
-    p.add_argument("--ledger-dirs", metavar="D,..", help="ledger directories, comma-separated")
+    dir_lists(p, "")
     p.add_argument("--index-dir", metavar="D", help="index directory, if apart from the ledger dirs")
     p.add_argument("--instance-id", metavar="ID", help="default: the cluster's INSTANCEID")
     p.add_argument("--output", "-o", metavar="FILE", help="write the cookie text here instead of printing it")
