@@ -159,9 +159,10 @@ def undecided_entry_error(ledger_id: int, entry_id: int, answers: dict, write_qu
     head = (f"{where}: recovery cannot tell whether the entry exists: neither a valid copy nor {need_negative}"
             f" explicit negatives (ENOENTRY/ENOLEDGER; {negatives} received) among the {write_quorum} replicas")
     if fields["limbo_bookies"] and len(fields["limbo_bookies"]) + negatives == len(answers) == write_quorum:
-        kept = (" No replica has the entry and the limbo bookies cannot say: if it was acknowledged, it is lost"
-                " on every replica. The ledger is left OPEN/IN_RECOVERY, never closed short; retry once the"
-                " limbo bookies are repaired.")
+        kept = (" No replica has the entry and the limbo bookies cannot say whether they lost it: if it was"
+                " acknowledged, it is lost on every replica (DATA LOSS, not provable from here). The ledger is"
+                " left OPEN/IN_RECOVERY, never closed short; a retry can only succeed once a copy of the entry"
+                " comes back (restored data, or a replica that did not lose it).")
     return LedgerRecoveryError(f"{head} ({_describe(answers)}).{_limbo_advice(fields['limbo_bookies'])}{kept}",
                                ledger_id=ledger_id, entry_id=entry_id, **fields)
 

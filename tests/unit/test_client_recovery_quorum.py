@@ -189,9 +189,9 @@ def check_read_outcome(fut, expected, kinds, write_set, entry_id, known_lac, whe
     if acknowledged:
         assert ("POSSIBLE DATA LOSS" if no_usable_answer else "DATA LOSS of an acknowledged entry") in message
     else:
-        assert "DATA LOSS" not in message
         everyone_lost_it = LIMBO in kinds and all(k in (LIMBO, NOENTRY, NOLEDGER) for k in kinds)
-        assert ("it is lost on every replica" in message) == everyone_lost_it, where
+        assert ("it is lost on every replica (DATA LOSS, not provable" in message) == everyone_lost_it, where
+        assert ("DATA LOSS" in message) == everyone_lost_it, where
 
 
 @run_async
