@@ -18,6 +18,8 @@ import time
 from bk import eventloop
 from bk.errors import BKError, ConfigError
 
+from .shell_cookie import add_parsers as add_cookie_parsers, cmd_cookie  # noqa: F401 (run() finds cmd_cookie)
+
 COMMANDS = {}
 
 
@@ -73,12 +75,13 @@ def add_parser(sub) -> None:
     c.add_argument("--password", default="", help="the ledger's password (default empty)")
     c.add_argument("--recover", action="store_true", help="open with recovery (fences and closes an open ledger)")
     c.add_argument("--format", choices=["text", "hex", "base64"], default="text")
+    add_cookie_parsers(cmds)
     c = cmds.add_parser("deleteledger", help="delete a ledger")
     c.add_argument("ledger_id", type=int)
     c.add_argument("--force", action="store_true", help="do not ask")
-    from . import shell_cookie, shell_recovery
+    from . import shell_integrity, shell_recovery
     shell_recovery.add_parsers(cmds)
-    shell_cookie.add_parsers(cmds)
+    shell_integrity.add_parsers(cmds)
     p.set_defaults(func=run)
 
 
@@ -95,8 +98,9 @@ def metadata_uri(args) -> str:
 
 
 def run(args) -> int:
+    from .shell_integrity import COMMANDS as INTEGRITY_COMMANDS
     from .shell_recovery import COMMANDS as RECOVERY_COMMANDS
-    fn = (getattr(args, "shell_fn", None) or RECOVERY_COMMANDS.get(args.shell_command)
+    fn = (RECOVERY_COMMANDS.get(args.shell_command) or INTEGRITY_COMMANDS.get(args.shell_command)
           or globals()["cmd_" + args.shell_command])
     uri = metadata_uri(args)
     try:

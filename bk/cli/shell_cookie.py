@@ -94,7 +94,6 @@ def add_parsers(cmds) -> None:
     p.add_argument("--instance-id", metavar="ID", help="default: the cluster's INSTANCEID")
     p.add_argument("--output", "-o", metavar="FILE", help="write the cookie text here instead of printing it")
     p.add_argument("--force", action="store_true", help="overwrite --output FILE if it exists")
-    c.set_defaults(shell_fn=cmd_cookie)
 
 
 async def cmd_cookie(uri: str, args) -> dict:

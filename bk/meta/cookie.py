@@ -157,14 +157,9 @@ class CookieStore:
 def config_cookie(bookie_id: str, journal_dirs, ledger_dirs, index_dir: str | None,
                   instance_id: str | None) -> Cookie:
     """The cookie a bookie with these directories must have (`index_dir` only when the index is
-    configured apart from the ledger dirs)."""
+    configured apart from the ledger dirs; verify_cookies builds the same)."""
     return Cookie(bookie_id, tuple(journal_dirs), tuple(ledger_dirs), instance_id,
                   (index_dir,) if index_dir else None)
-
-
-def cookie_directories(cookie: Cookie) -> list[str]:
-    """Every directory that holds a copy of `cookie` (journal, ledger, index), once each."""
-    return list(dict.fromkeys([*cookie.journal_dirs, *cookie.ledger_dirs, *(cookie.index_dirs or ())]))
 
 
 def cookie_file(directory: str) -> str:
@@ -239,7 +234,9 @@ async def verify_cookies(
     """
     if instance_id is None:
         instance_id = await read_instance_id(store, root)
-    expected = config_cookie(bookie_id, journal_dirs, ledger_dirs, index_dir, instance_id)
+    expected = Cookie(
+        bookie_id, tuple(journal_dirs), tuple(ledger_dirs), instance_id, (index_dir,) if index_dir else None
+    )
     directories = cookie_directories(expected)
     cookies = CookieStore(store, root)
     try:
@@ -287,6 +284,11 @@ async def verify_cookies(
     if problems and not allow_repair:
         raise CookieError(f"bookie {bookie_id} refuses to start: " + " | ".join(problems))
     return check
+
+
+def cookie_directories(cookie: Cookie) -> list[str]:
+    """Every directory a cookie names, once each, in journal, ledger, index order."""
+    return list(dict.fromkeys([*cookie.journal_dirs, *cookie.ledger_dirs, *(cookie.index_dirs or ())]))
 
 
 async def stamp_cookies(
