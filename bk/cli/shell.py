@@ -79,9 +79,8 @@ def add_parser(sub) -> None:
     c = cmds.add_parser("deleteledger", help="delete a ledger")
     c.add_argument("ledger_id", type=int)
     c.add_argument("--force", action="store_true", help="do not ask")
-    from . import shell_integrity, shell_recovery
+    from . import shell_recovery
     shell_recovery.add_parsers(cmds)
-    shell_integrity.add_parsers(cmds)
     p.set_defaults(func=run)
 
 
@@ -98,10 +97,8 @@ def metadata_uri(args) -> str:
 
 
 def run(args) -> int:
-    from .shell_integrity import COMMANDS as INTEGRITY_COMMANDS
     from .shell_recovery import COMMANDS as RECOVERY_COMMANDS
-    fn = (RECOVERY_COMMANDS.get(args.shell_command) or INTEGRITY_COMMANDS.get(args.shell_command)
-          or globals()["cmd_" + args.shell_command])
+    fn = RECOVERY_COMMANDS.get(args.shell_command) or globals()["cmd_" + args.shell_command]
     uri = metadata_uri(args)
     try:
         result = eventloop.run(fn(uri, args))
