@@ -153,7 +153,24 @@ class MetadataVersionError(ClientError):
 
 
 class LedgerRecoveryError(ClientError):
-    pass
+    """Ledger recovery could not decide; the ledger was left OPEN/IN_RECOVERY (never closed short).
+
+    Machine fields (all optional): `ledger_id`; `entry_id` (the undecided entry, None for a
+    fencing failure); `answers` ({bookie: what it answered}); `unknown_bookies` (answers that
+    are neither a valid copy nor an explicit negative); `limbo_bookies` (those that answered
+    EUNKNOWNLEDGERSTATE: they may have lost data in a crash without the journal);
+    `data_loss` (True: the entry was certainly acknowledged and no replica holds it)."""
+
+    def __init__(self, message: str = "", *, ledger_id: int | None = None, entry_id: int | None = None,
+                 answers: dict | None = None, unknown_bookies: tuple = (), limbo_bookies: tuple = (),
+                 data_loss: bool = False):
+        super().__init__(message)
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.answers = dict(answers or {})
+        self.unknown_bookies = tuple(unknown_bookies)
+        self.limbo_bookies = tuple(limbo_bookies)
+        self.data_loss = data_loss
 
 
 class ReplicationError(ClientError):

@@ -62,7 +62,8 @@ class BookKeeper:
                  read_window_entries: int = DEFAULT_READ_WINDOW_ENTRIES,
                  batch_read_entries: int = DEFAULT_BATCH_READ_ENTRIES,
                  max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
-                 placement: EnsemblePlacementPolicy | None = None, store_options: Mapping | None = None):
+                 placement: EnsemblePlacementPolicy | None = None, store_options: Mapping | None = None,
+                 delay_ensemble_change: bool = False):
         for name, value in (("add_timeout_s", add_timeout_s), ("read_timeout_s", read_timeout_s),
                             ("connect_timeout_s", connect_timeout_s)):
             if not value > 0:
@@ -77,6 +78,10 @@ class BookKeeper:
         self.batch_read_entries = int(batch_read_entries)  # 0 or 1: never BATCH_READ
         self.max_frame_size_bytes = int(max_frame_size_bytes)
         self.placement = placement or EnsemblePlacementPolicy()
+        # BookKeeper's delayEnsembleChange (off by default, as there): a writer keeps a failed bookie
+        # in the ensemble while every write set still has AQ bookies up (LedgerHandle's docstring).
+        # Ledger recovery's write-back always does this.
+        self.delay_ensemble_change = bool(delay_ensemble_change)
         self._store_options = dict(store_options or {})
         self.store = None
         self.ledger_manager: LedgerManager | None = None

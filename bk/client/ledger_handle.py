@@ -19,6 +19,19 @@ not have. Entries added during the change go to the bookies of the current
 ensemble that have not failed, and to the replacements afterwards. Failures
 seen during the CAS trigger another round with the same start L+1.
 
+Delayed ensemble change (BookKeeper's delayEnsembleChange; always on for
+recovery's RecoveryWriter, for writers when the client's
+`delay_ensemble_change` is set). A failed bookie is still marked failed (no
+more sends to it, its late answers ignored, acks it gave before stay), but the
+ensemble is changed only once some write set of the ensemble has fewer than AQ
+bookies that have not failed: before that every pending and every new entry
+can still complete on AQ acks, so completions are not frozen and the metadata
+keeps naming the failed bookie. When a change is needed it replaces every
+failed bookie, the delayed ones too. The price: entries written meanwhile
+have one copy fewer on the failed bookie's side (re-replication or the
+auditor's checks restore them), which is what lets a ledger with no spare
+bookie keep going, and be recovered, with one bookie down.
+
 Fatal errors. EFENCED (another client recovered the ledger), EUA (wrong key),
 a CAS that finds the ledger IN_RECOVERY or CLOSED (fenced out), or no
 replacement bookies (NotEnoughBookiesError) end writing: every pending add and
@@ -92,6 +105,8 @@ class LedgerHandle(AddCore, ReadHandle):
         self._pending: deque[PendingAdd] = deque()
         self._failed_bookies: set[str] = set()  # in the ensemble, waiting to be replaced
         self._avoid: set[str] = set()  # every bookie that failed for this handle
+        self._delay_ensemble_change = bool(getattr(bk, "delay_ensemble_change", False))
+        self.delayed_failures = 0  # bookie failures kept in the ensemble (delayed ensemble change)
         self._changing = False  # completions frozen until the metadata has the new ensemble
         self._change_task: asyncio.Task | None = None
         self._fatal: tuple[type, str] | None = None
@@ -216,13 +231,25 @@ class LedgerHandle(AddCore, ReadHandle):
         if self._bk.closed:
             self._fail(LedgerClosedError, f"ledger {self.ledger_id}: its BookKeeper client was closed")
             return
-        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, err)
         self._failed_bookies.add(bookie)
         self._avoid.add(bookie)
+        if self._delay_ensemble_change and not self._changing and self._ack_quorum_reachable():
+            self.delayed_failures += 1
+            log.info("ledger %d: bookie %s failed (%s); every write set still has %d bookies up: ensemble"
+                     " change delayed", self.ledger_id, bookie, err, self._AQ)
+            return
+        log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, err)
         self._changing = True
         if self._change_task is None:
             self._change_task = self._loop.create_task(self._ensemble_change(),
                                                        name=f"ensemble-change-{self.ledger_id}")
+
+    def _ack_quorum_reachable(self) -> bool:
+        """True while every write set of the ensemble has AQ bookies that have not failed (so every
+        pending entry - its acks from now-failed bookies still count - and every new one can complete)."""
+        ensemble, failed, aq = self._ensemble, self._failed_bookies, self._AQ
+        return all(sum(1 for i in indexes if ensemble[i] not in failed) >= aq
+                   for indexes in self._write_set_indexes)
 
     async def _ensemble_change(self) -> None:
         retries = 0

@@ -154,6 +154,14 @@ class CookieStore:
 
 
 # ---------------------------------------------------------------------- directories
+def config_cookie(bookie_id: str, journal_dirs, ledger_dirs, index_dir: str | None,
+                  instance_id: str | None) -> Cookie:
+    """The cookie a bookie with these directories must have (`index_dir` only when the index is
+    configured apart from the ledger dirs; verify_cookies builds the same)."""
+    return Cookie(bookie_id, tuple(journal_dirs), tuple(ledger_dirs), instance_id,
+                  (index_dir,) if index_dir else None)
+
+
 def cookie_file(directory: str) -> str:
     return os.path.join(directory, "current", VERSION_FILENAME)
 

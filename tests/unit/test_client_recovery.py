@@ -10,13 +10,15 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from test_client_support import DROP, FakeCluster, run_async  # noqa: E402
+from test_client_support import DROP, FakeCluster, run_async, until  # noqa: E402
 
 from bk.client import BookKeeper  # noqa: E402
 from bk.errors import LedgerFencedError, LedgerRecoveryError, UnauthorizedAccessError  # noqa: E402
 from bk.meta.ledger_manager import LedgerManager  # noqa: E402
 from bk.meta.ledger_metadata import LedgerState  # noqa: E402
 from bk.proto import FLAG_RECOVERY_ADD, DigestManager, StatusCode, master_key  # noqa: E402
+
+ENOENTRY = int(StatusCode.ENOENTRY)
 
 
 def plant(bookie, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes,
@@ -116,7 +118,7 @@ async def test_an_entry_with_neither_a_valid_copy_nor_enough_negatives_fails_rec
         plant(x, lh.ledger_id, 5, 4, lh.length + 7, b"entry-5")
         x.corrupt(lh.ledger_id, 5)
         y.read_hook = lambda req: int(StatusCode.EIO) if req.entry_id == 5 else None
-        with pytest.raises(LedgerRecoveryError, match="entry 5: neither a valid copy"):
+        with pytest.raises(LedgerRecoveryError, match="entry 5: recovery cannot tell whether the entry exists"):
             await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
         md = (await LedgerManager(cluster.store).read_ledger_metadata(lh.ledger_id))[0]
         assert md.state is LedgerState.IN_RECOVERY
@@ -139,8 +141,10 @@ async def test_empty_last_segment_closes_before_it_with_the_right_length():
 
 @run_async
 async def test_write_back_to_a_dead_bookie_changes_the_ensemble_only_in_the_final_cas():
+    """AQ = WQ: without the dead bookie no entry reaches its ack quorum, so the write-back must
+    replace it - and that change is written only with the final CAS."""
     async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri, connect_timeout_s=2) as bkc:
-        lh = await dead_writer(cluster, bkc, 10)
+        lh = await dead_writer(cluster, bkc, 10, aq=3)
         x, y, z = (cluster.by_id(b) for b in lh.ensemble)
         length = lh.length
         for i in range(10, 13):
@@ -162,6 +166,27 @@ async def test_write_back_to_a_dead_bookie_changes_the_ensemble_only_in_the_fina
         md = await check_closed(bkc, lh.ledger_id, [b"entry-%d" % i for i in range(13)])
         assert len(md.segments) == 2 and z.bookie_id not in md.segments[1][1]
         assert md.segments[1][0] <= 10
+
+
+@run_async
+async def test_write_back_with_a_dead_bookie_and_no_spare_keeps_it_in_the_ensemble():
+    """E=3 WQ=3 AQ=2 on three bookies, one dead: every write set still has AQ bookies up, so the
+    write-back completes on the other two (delayed ensemble change) and the closed ledger names
+    the dead bookie (no replacement exists; re-replication fixes the copies later)."""
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri, connect_timeout_s=2) as bkc:
+        lh = await dead_writer(cluster, bkc, 10)
+        x, y, z = (cluster.by_id(b) for b in lh.ensemble)
+        length = lh.length
+        for i in range(10, 13):  # sent to x and y only, never acknowledged
+            length += len(b"entry-%d" % i)
+            for b in (x, y):
+                plant(b, lh.ledger_id, i, 9, length, b"entry-%d" % i)
+        await cluster.kill(z)
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        assert rh.last_add_confirmed == 12
+        md = await check_closed(bkc, lh.ledger_id, [b"entry-%d" % i for i in range(13)])
+        assert md.segments == ((0, lh.ensemble),)
+        assert ("add", lh.ledger_id, 12) in x.requests and ("add", lh.ledger_id, 12) in y.requests
 
 
 @run_async
@@ -222,3 +247,106 @@ async def test_lost_fence_the_writers_late_add_is_never_acknowledged():
         assert (lh.ledger_id, 5) in z.entries  # z stored it, but one copy is no ack quorum
         assert lh.last_add_confirmed == 4
         await check_closed(recoverer, lh.ledger_id, [b"entry-%d" % i for i in range(5)])
+
+
+# ---------------------------------------------------------------- BP-46: unknown answers (limbo, timeouts)
+def forget(bookie, ledger_id: int, first: int) -> None:
+    """The bookie lost entries `first..` (a crash without the journal)."""
+    for key in [k for k in bookie.entries if k[0] == ledger_id and k[1] >= first]:
+        del bookie.entries[key]
+
+
+async def assert_not_closed(cluster, ledger_id: int) -> None:
+    md = (await LedgerManager(cluster.store).read_ledger_metadata(ledger_id))[0]
+    assert md.state is LedgerState.IN_RECOVERY and md.last_entry_id == -1
+
+
+@run_async
+async def test_limbo_and_a_silent_bookie_fail_recovery_plainly_and_a_retry_after_repair_succeeds():
+    """x lost its tail and is in limbo, z never answers (its read times out), y has no entry 10:
+    entry 10 can be decided neither way. The error names each bookie's answer and says what limbo
+    means; the ledger is not closed; once x is repaired (it has entry 10 back) recovery succeeds."""
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri, read_timeout_s=0.5) as bkc:
+        lh = await dead_writer(cluster, bkc, 10)
+        x, y, z = (cluster.by_id(b) for b in lh.ensemble)
+        plant(x, lh.ledger_id, 10, 9, lh.length + 8, b"entry-10")
+        saved = x.entries[(lh.ledger_id, 10)]
+        forget(x, lh.ledger_id, 10)
+        x.limbo(lh.ledger_id)
+        z.read_hook = lambda req: DROP if req.entry_id == 10 else None
+        with pytest.raises(LedgerRecoveryError) as caught:
+            await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        err = caught.value
+        assert err.entry_id == 10 and not err.data_loss
+        assert set(err.unknown_bookies) == {x.bookie_id, z.bookie_id} and err.limbo_bookies == (x.bookie_id,)
+        assert err.answers[y.bookie_id] == "ENOENTRY" and "did not answer" in err.answers[z.bookie_id]
+        message = str(err)
+        assert "in limbo there, they may have lost data in a crash while running without the journal" in message
+        assert "not closed" in message and x.bookie_id in message and z.bookie_id in message
+        await assert_not_closed(cluster, lh.ledger_id)
+        x.entries[(lh.ledger_id, 10)] = saved  # repaired from a peer
+        z.read_hook = None
+        await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        await check_closed(bkc, lh.ledger_id, [b"entry-%d" % i for i in range(10)] + [b"entry-10"])
+
+
+@run_async
+async def test_every_replica_lost_the_tail_recovery_refuses_and_says_so():
+    """All three bookies crashed without the journal and lost entries 6..: fencing is covered by
+    limbo answers (no LAC), 0..5 are recovered, entry 6 has no copy and nobody can deny it."""
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 10)
+        for b in cluster.bookies:
+            forget(b, lh.ledger_id, 6)
+            b.limbo(lh.ledger_id)
+        with pytest.raises(LedgerRecoveryError) as caught:
+            await bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        err = caught.value
+        assert err.entry_id == 6 and len(err.limbo_bookies) == 3
+        assert "it is lost on every replica" in str(err) and "never closed short" in str(err)
+        await assert_not_closed(cluster, lh.ledger_id)
+
+
+@run_async
+async def test_an_entry_lost_everywhere_below_a_lac_read_ahead_is_reported_as_data_loss():
+    """Entry 5 is gone from all three limbo bookies but 6..9 are not, and entry 6 carries LAC 5:
+    entry 5 was acknowledged. (Entry 5's answers wait until 6..9 have been answered.)"""
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 10)
+        gates = []
+        for b in cluster.bookies:
+            del b.entries[(lh.ledger_id, 5)]
+            b.limbo(lh.ledger_id)
+            gates.append(b.gate_reads(lambda req: req.entry_id == 5))
+        opening = asyncio.ensure_future(bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True))
+        await until(lambda: all(("fence", lh.ledger_id, 9) in b.requests for b in cluster.bookies), "reads ahead")
+        for gate in gates:
+            gate.set()
+        with pytest.raises(LedgerRecoveryError) as caught:
+            await opening
+        err = caught.value
+        assert err.entry_id == 5 and err.data_loss
+        assert "DATA LOSS of an acknowledged entry (LAC 8 was seen)" in str(err)
+        await assert_not_closed(cluster, lh.ledger_id)
+
+
+@run_async
+async def test_negatives_below_a_lac_read_ahead_never_close_the_ledger_short():
+    """Bookies that do not know they lost data deny entry 5 (and give no LAC when fenced), but entry 6
+    carries LAC 5:
+    closing at 4 would truncate an acknowledged entry, so recovery refuses."""
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        lh = await dead_writer(cluster, bkc, 10)
+        gates = []
+        for b in cluster.bookies:
+            del b.entries[(lh.ledger_id, 5)]
+            b.read_hook = lambda req: ENOENTRY if req.entry_id == -1 else None  # no LAC from the fence
+            gates.append(b.gate_reads(lambda req: req.entry_id == 5))
+        opening = asyncio.ensure_future(bkc.open_ledger(lh.ledger_id, password=b"pw", recovery=True))
+        await until(lambda: all(("fence", lh.ledger_id, 9) in b.requests for b in cluster.bookies), "reads ahead")
+        for gate in gates:
+            gate.set()
+        with pytest.raises(LedgerRecoveryError, match="never closed short") as caught:
+            await opening
+        assert caught.value.entry_id == 5 and caught.value.data_loss
+        await assert_not_closed(cluster, lh.ledger_id)

@@ -11,6 +11,10 @@ demand:
 - `hold()` / `release(reverse=False)`: queue answers and send them later
   (optionally in reverse order: out-of-order answers);
 - `corrupt(ledger, entry)`: serve that entry with a flipped payload byte;
+- `gate_reads(predicate)`: answers to matching READs wait until the returned
+  asyncio.Event is set (answers to other requests go out meanwhile);
+- `limbo(ledger)`: answer like a BP-46 bookie whose ledger is in limbo (entries
+  it has are served; READ of -1 and missing entries: EUNKNOWNLEDGERSTATE);
 - `stop()` / `start()` (same port) / `kill_connections()`.
 Every request is logged in `requests` as (op name, ledger_id, entry_id).
 
@@ -104,6 +108,8 @@ class FakeBookie:
         self.server = None
         self.port = 0
         self._held: list | None = None
+        self._gate = None  # (predicate, asyncio.Event)
+        self._later: set = set()
 
     @property
     def bookie_id(self) -> str:
@@ -143,6 +149,21 @@ class FakeBookie:
     def corrupt(self, ledger_id: int, entry_id: int) -> None:
         self.corrupted.add((ledger_id, entry_id))
 
+    def gate_reads(self, predicate) -> asyncio.Event:
+        event = asyncio.Event()
+        self._gate = (predicate, event)
+        return event
+
+    def limbo(self, ledger_id: int) -> None:
+        limbo = int(StatusCode.EUNKNOWNLEDGERSTATE)
+
+        def hook(req):
+            if req.ledger_id == ledger_id and (req.entry_id == -1 or (ledger_id, req.entry_id) not in self.entries):
+                return limbo
+            return None
+
+        self.read_hook = hook
+
     def ledger_entries(self, ledger_id: int) -> dict[int, bytes]:
         return {e: body for (lid, e), body in self.entries.items() if lid == ledger_id}
 
@@ -152,6 +173,10 @@ class FakeBookie:
             self._held.append((conn, frame))
         else:
             conn.send(frame)
+
+    async def _answer_later(self, event: asyncio.Event, conn, frame: bytes) -> None:
+        await event.wait()
+        self._answer(conn, frame)
 
     def _handle(self, conn, req) -> None:
         if isinstance(req, RequestDecodeError):
@@ -171,9 +196,15 @@ class FakeBookie:
             if rc == DROP:
                 return
             if rc is not None:
-                self._answer(conn, encode_response(ReadResponse(rc, req.ledger_id, req.entry_id)))
+                frame = encode_response(ReadResponse(rc, req.ledger_id, req.entry_id))
+            else:
+                frame = encode_response(self._read(req))
+            if self._gate is not None and self._gate[0](req):
+                task = asyncio.ensure_future(self._answer_later(self._gate[1], conn, frame))
+                self._later.add(task)
+                task.add_done_callback(self._later.discard)
                 return
-            self._answer(conn, encode_response(self._read(req)))
+            self._answer(conn, frame)
         elif isinstance(req, BatchReadRequest):
             self.requests.append(("batch", req.ledger_id, req.start_entry_id))
             rc = self.read_hook(req) if self.read_hook else None
