@@ -98,9 +98,36 @@ class BookieConfig:
     data_integrity_checking_enabled: bool = False
     data_integrity_cookie_stamping_enabled: bool = False
 
+    # --- garbage collection, compaction, read-only mode, admin channel (docs/GC.md)
+    gc_wait_time_ms: int = 900_000  # BookKeeper's gcWaitTime: between two GC passes
+    # BookKeeper's gcOverreplicatedLedgerWaitTime: how often the over-replication check
+    # runs (0 = never); a copy is deleted only when no ensemble of the closed ledger
+    # names this bookie any more.
+    gc_over_replicated_ledger_wait_time_ms: int = 86_400_000
+    verify_metadata_on_gc: bool = True  # re-read a candidate's metadata just before deleting it
+    gc_metadata_timeout_ms: int = 30_000  # one metadata call of a pass; on timeout nothing is deleted
+    minor_compaction_threshold: float = 0.2  # compact logs under 20% live ... (0 = no minor compaction)
+    minor_compaction_interval_s: int = 3600  # ... every hour (0 = no minor compaction)
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_s: int = 86_400
+    compaction_rate_bytes_per_s: int = 0  # bytes copied per second by compaction (0 = unthrottled)
+    # BookKeeper's isForceGCAllowWhenNoSpace: with every ledger dir over disk_usage_threshold,
+    # run GC and compaction at once (and keep compacting) so the bookie can leave read-only
+    # mode by itself; false suspends compaction while the disks are full (GC still runs).
+    is_force_gc_allow_when_no_space: bool = False
+    force_read_only: bool = False  # serve reads only, from the start (BookKeeper's forceReadOnlyBookie)
+    # The admin channel of `bk shell triggergc/gcstatus`: a Unix-domain socket, JSON lines.
+    # Empty path: <first ledger dir>/admin.sock. Access is the socket file's permissions.
+    admin_socket_enabled: bool = True
+    admin_socket_path: str = ""
+
     @property
     def bookie_id(self) -> str:
         return f"{self.advertised_address}:{self.bookie_port}"
+
+    @property
+    def resolved_admin_socket_path(self) -> str:
+        return self.admin_socket_path or os.path.join(self.ledger_dirs[0], "admin.sock")
 
     @property
     def resolved_index_dir(self) -> str:
@@ -193,6 +220,13 @@ def _check(cfg: BookieConfig) -> None:
         bad("disk_usage_threshold", "must be in (0, 1]")
     if cfg.num_read_worker_threads < 1:
         bad("num_read_worker_threads", "must be at least 1")
+    for key in ("minor_compaction_threshold", "major_compaction_threshold"):
+        if getattr(cfg, key) > 1:
+            bad(key, "must be in [0, 1]")
+    if 0 < cfg.major_compaction_threshold < cfg.minor_compaction_threshold:
+        bad("major_compaction_threshold", "must not be below minor_compaction_threshold")
+    if cfg.gc_wait_time_ms < 1:
+        bad("gc_wait_time_ms", "must be at least 1")
 
 
 def load_config(

@@ -129,6 +129,56 @@ class Index:
             raise self._error(e, "reading a log mark") from e
         return None if value is None else st.decode_log_mark(value, self.path)
 
+    def get_locations(self, keys) -> list[int | None]:
+        """get_location for many (ledger_id, entry_id) pairs, in one read transaction."""
+        out: list[int | None] = []
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                get, pack, unpack = txn.get, st.LOCATION_KEY.pack, st.U64.unpack
+                for lid, eid in keys:
+                    value = get(pack(lid, eid))
+                    out.append(None if value is None or len(value) != 8 else unpack(value)[0])
+        except lmdb.Error as e:
+            raise self._error(e, "reading locations") from e
+        return out
+
+    def count_locations_in_log(self, ledger_ids, log_id: int) -> int:
+        """How many stored locations of these ledgers point into entry log `log_id`
+        (walks every location of each ledger: for the rare unclean compaction)."""
+        found = 0
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                cur = txn.cursor()
+                for lid in ledger_ids:
+                    prefix = st.ledger_key(lid)
+                    if not cur.set_range(st.LOCATION_KEY.pack(lid, 0)):
+                        continue
+                    for key, value in cur.iternext():
+                        if key[:8] != prefix:
+                            break
+                        if len(value) == 8 and st.U64.unpack(value)[0] >> 32 == log_id:
+                            found += 1
+        except lmdb.Error as e:
+            raise self._error(e, "walking locations") from e
+        return found
+
+    def compacting_logs(self) -> list[int]:
+        """Entry logs whose compaction started and did not finish (GC.md)."""
+        out = []
+        try:
+            with self._env.begin(db=self._state) as txn:
+                cur = txn.cursor()
+                if cur.set_range(st.COMPACTING_PREFIX):
+                    for key in cur.iternext(values=False):
+                        if not key.startswith(st.COMPACTING_PREFIX):
+                            break
+                        log_id = st.parse_compacting_log_key(bytes(key))
+                        if log_id is not None:
+                            out.append(log_id)
+        except lmdb.Error as e:
+            raise self._error(e, "listing compacting logs") from e
+        return out
+
     def location_count(self) -> int:
         try:
             with self._env.begin(db=self._locations) as txn:
@@ -278,6 +328,38 @@ class IndexWriter:
         except lmdb.Error as e:
             raise idx._error(e, "deleting a ledger") from e
         return removed
+
+    def switch_locations(self, moves) -> int:
+        """Compaction's index switch: for each (ledger_id, entry_id, old, new), store
+        `new` only where the index still holds `old` (an entry re-added or moved since
+        keeps its newer location; a deleted one stays deleted). Returns how many moved."""
+        txn = self._live()
+        idx = self._index
+        pack, u64 = st.LOCATION_KEY.pack, st.U64
+        moved = 0
+        try:
+            for lid, eid, old, new in moves:
+                key = pack(lid, eid)
+                value = txn.get(key, db=idx._locations)
+                if value is not None and len(value) == 8 and u64.unpack(value)[0] == old:
+                    txn.put(key, u64.pack(new), db=idx._locations)
+                    moved += 1
+        except lmdb.Error as e:
+            raise idx._error(e, "switching locations") from e
+        return moved
+
+    def set_compacting_log(self, log_id: int, pending: bool) -> None:
+        """Set (pending=True) or clear the marker of an entry log being compacted."""
+        txn = self._live()
+        key = st.compacting_log_key(log_id)
+        idx = self._index
+        try:
+            if pending:
+                txn.put(key, b"", db=idx._state)
+            else:
+                txn.delete(key, db=idx._state)
+        except lmdb.Error as e:
+            raise idx._error(e, "storing a compacting-log marker") from e
 
     def set_flag(self, name: str, value: bool) -> None:
         txn = self._live()

@@ -25,7 +25,9 @@ from bk.meta.cluster import is_initialized
 from bk.meta.cookie import verify_cookies
 from bk.meta.registration import RegistrationManager
 
+from .admin import AdminServer, gc_ops
 from .connection import BookieConnection
+from .gc_policy import ScanAndCompareGarbageCollector
 from .processor import RequestProcessor
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,9 @@ class BookieServer:
         self._listener: asyncio.AbstractServer | None = None
         self._monitor: asyncio.Task | None = None
         self._registered_readonly: bool | None = None
-        self._forced_read_only = False
+        self._forced_read_only = config.force_read_only
+        self.gc_policy: ScanAndCompareGarbageCollector | None = None
+        self.admin: AdminServer | None = None  # the admin socket (bk.server.admin, docs/GC.md)
         self.autorecovery = None  # bk.replication.AutoRecovery when autorecovery_enabled
         self.port: int | None = None
         self.started = False
@@ -67,6 +71,7 @@ class BookieServer:
             index_dir = cfg.index_dir or None
             await verify_cookies(self.store, self.bookie_id, cfg.journal_dirs, cfg.ledger_dirs, index_dir)
             await self.bookie.start()
+            await self._start_gc()
             self._listener = await asyncio.get_running_loop().create_server(
                 lambda: BookieConnection(self), host=cfg.bind_address or cfg.advertised_address,
                 port=cfg.bookie_port, reuse_address=True, backlog=1024)
@@ -106,8 +111,21 @@ class BookieServer:
         if autorecovery is not None:
             await autorecovery.stop()
 
+    async def _start_gc(self) -> None:
+        """Scan-and-compare needs the metadata store: the policy is server/'s."""
+        cfg = self.config
+        self.gc_policy = ScanAndCompareGarbageCollector(self.store, cfg, self.bookie_id)
+        self.bookie.gc.policy = self.gc_policy
+        if cfg.admin_socket_enabled:
+            admin = AdminServer(cfg.resolved_admin_socket_path, gc_ops(self.bookie.gc))
+            if await admin.start():
+                self.admin = admin
+
     async def _teardown(self) -> None:
         await self._stop_autorecovery()
+        if self.admin is not None:
+            await self.admin.stop()
+            self.admin = None
         for conn in list(self.connections):
             conn.close()
         if self._listener is not None:
@@ -125,6 +143,9 @@ class BookieServer:
         if self.registration is not None:
             await self.registration.close()
             self.registration = None
+        if self.gc_policy is not None:
+            await self.gc_policy.close()
+            self.gc_policy = None
         if self._own_store and self.store is not None:
             await self.store.close()
             self.store = None
@@ -169,6 +190,6 @@ class BookieServer:
 
     async def set_read_only(self, read_only: bool) -> None:
         """Operator switch (and tests): change mode and re-register; wins over the disk check."""
-        self._forced_read_only = read_only
-        self.bookie.set_read_only(read_only)
+        self._forced_read_only = read_only or self.config.force_read_only
+        self.bookie.set_read_only(self._forced_read_only)
         await self._register()
