@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 from bk.config import BookieConfig
 from bk.entrylog import EntryLogger
-from bk.errors import CorruptedStorageError, StorageError
+from bk.errors import StorageError
 from bk.index import Index, LedgerState
 
 from .ledger_descriptor import LedgerDescriptor
@@ -339,7 +339,7 @@ class LedgerStorage:
                 return self.get_cached(ledger_id, entry_id)
             try:
                 return self._read_at(ledger_id, entry_id, location)
-            except CorruptedStorageError:
+            except StorageError:  # CorruptedStorageError included
                 # Compaction may have moved the entry and deleted its old log between
                 # the index lookup and the read: only a location that did not change
                 # is a real error.
