@@ -76,8 +76,9 @@ def add_parser(sub) -> None:
     c = cmds.add_parser("deleteledger", help="delete a ledger")
     c.add_argument("ledger_id", type=int)
     c.add_argument("--force", action="store_true", help="do not ask")
-    from . import shell_recovery
+    from . import shell_gc, shell_recovery
     shell_recovery.add_parsers(cmds)
+    shell_gc.add_parsers(cmds)
     p.set_defaults(func=run)
 
 

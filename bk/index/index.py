@@ -30,21 +30,24 @@ _RECORD_BYTES = _kernel.RECORD_BYTES  # packed key (16) + value (8)
 
 
 class Index:
-    def __init__(self, path: str, config: BookieConfig):
+    def __init__(self, path: str, config: BookieConfig, *, readonly: bool = False):
+        """`readonly`: another process's index, opened for reads (tools; LMDB lets a
+        reader process run next to the bookie that writes)."""
         self.path = path
         self._map_size_bytes = config.index_map_size_bytes
         self._local = threading.local()  # .writing: a write() is open on this thread
         self._closed = False
         self._env = None
-        ensure_dir(path)
+        if not readonly:
+            ensure_dir(path)
         try:
             self._env = lmdb.open(
                 path, map_size=config.index_map_size_bytes, subdir=True, max_dbs=3,
                 sync=config.index_sync, metasync=config.index_sync, lock=True,
-                readahead=False, max_readers=_MAX_READERS, create=True)
-            self._locations = self._env.open_db(b"locations")
-            self._ledgers = self._env.open_db(b"ledgers")
-            self._state = self._env.open_db(b"state")
+                readahead=False, max_readers=_MAX_READERS, create=not readonly, readonly=readonly)
+            self._locations = self._env.open_db(b"locations", create=not readonly)
+            self._ledgers = self._env.open_db(b"ledgers", create=not readonly)
+            self._state = self._env.open_db(b"state", create=not readonly)
         except lmdb.Error as e:
             if self._env is not None:
                 self._env.close()
