@@ -31,6 +31,7 @@ without it compaction is suspended (it writes before it frees) and GC still runs
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -286,13 +287,13 @@ class GarbageCollector:
             raise RuntimeError("no event loop to reach the metadata store")
         fut = asyncio.run_coroutine_threadsafe(coro, loop)
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return fut.result(0.2)
-            except TimeoutError:
-                if self._stopping or time.monotonic() >= deadline:
-                    fut.cancel()
-                    raise TimeoutError(f"metadata scan took over {timeout_s:.0f}s") from None
+        # Polled (not fut.result(timeout)): the coroutine's own TimeoutError must not
+        # read as "not done yet", and a stopping bookie must not wait for the scan.
+        while not concurrent.futures.wait([fut], timeout=0.2).done:
+            if self._stopping or time.monotonic() >= deadline:
+                fut.cancel()
+                raise TimeoutError(f"metadata scan took over {timeout_s:.0f}s")
+        return fut.result()
 
     def _drop_dead_ledgers(self) -> None:
         dead: dict[int, bool] = {}

@@ -45,7 +45,16 @@ class ScanAndCompareGarbageCollector:
         self._last_over_replicated_check = time.monotonic()
 
     async def _call(self, coro):
-        return await asyncio.wait_for(coro, self.timeout_s)
+        """The call's result, or TimeoutError after gc_metadata_timeout_ms. Unlike
+        asyncio.wait_for this does not wait for the abandoned call to finish
+        cancelling (a store call stuck on a dead connection may not, for a while)."""
+        task = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        if not done:
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # no "never retrieved"
+            raise asyncio.TimeoutError(f"metadata store call took over {self.timeout_s:.1f}s")
+        return task.result()
 
     async def find_garbage(self, local: set[int], delete: Callable[[list[int]], Awaitable[list[int]]]) -> dict:
         """Delete (through `delete`) the local ledgers proven dead; returns what was done.
