@@ -28,18 +28,11 @@ import time
 from bk import eventloop
 from bk.bookie import Bookie
 from bk.config import load_config
+from bk.testing.gc_host import DeletePolicy
 
 from .stats import fmt_num
 
 MiB = 1024 * 1024
-
-
-class _Delete:
-    def __init__(self, dead):
-        self.dead = set(dead)
-
-    async def find_garbage(self, local, delete):
-        return {"ledgers": await delete(sorted(self.dead))}
 
 
 def _entry(lid: int, eid: int, payload: bytes) -> bytes:
@@ -112,7 +105,7 @@ async def run(args) -> dict:
 
         async def compaction(dead, with_adds: bool):
             nonlocal eid
-            gc.policy = _Delete(dead)
+            gc.policy = DeletePolicy(dead)
             logs = {i: b.storage.entry_logger.log_file_bytes(i) for i in b.storage.entry_logger.closed_log_ids()}
             t0 = time.perf_counter()
             fut = asyncio.ensure_future(asyncio.to_thread(gc.trigger, force_major=True))

@@ -353,28 +353,22 @@ class IndexWriter:
 
     def set_compacting_log(self, log_id: int, pending: bool) -> None:
         """Set (pending=True) or clear the marker of an entry log being compacted."""
-        txn = self._live()
-        key = st.compacting_log_key(log_id)
-        idx = self._index
-        try:
-            if pending:
-                txn.put(key, b"", db=idx._state)
-            else:
-                txn.delete(key, db=idx._state)
-        except lmdb.Error as e:
-            raise idx._error(e, "storing a compacting-log marker") from e
+        self._set_state(st.compacting_log_key(log_id), b"" if pending else None, "a compacting-log marker")
 
     def set_flag(self, name: str, value: bool) -> None:
+        self._set_state(st.flag_key(name), b"1" if value else None, "a flag")
+
+    def _set_state(self, key: bytes, value: bytes | None, what: str) -> None:
+        """Put `value` under `key` in the state database, or delete the key (None)."""
         txn = self._live()
-        key = st.flag_key(name)
         idx = self._index
         try:
-            if value:
-                txn.put(key, b"1", db=idx._state)
+            if value is not None:
+                txn.put(key, value, db=idx._state)
             else:
                 txn.delete(key, db=idx._state)
         except lmdb.Error as e:
-            raise idx._error(e, "storing a flag") from e
+            raise idx._error(e, f"storing {what}") from e
 
     def set_log_mark(self, journal_index: int, mark: LogMark) -> None:
         txn = self._live()

@@ -14,23 +14,14 @@ from bk.entrylog.logger import DiskUsage
 from bk.errors import BookieReadOnlyError, NoSuchLedgerError
 from bk.index import Index
 from bk.testing.engine_host import engine_config, expected_entry, ledger_key
+from bk.testing.gc_host import DeletePolicy
 
 SIZE = 1000
 
 
-class DeletePolicy:
-    """Stands in for the metadata comparison: these ledgers are gone from metadata."""
-
-    def __init__(self, dead=(), fail=False):
-        self.dead = set(dead)
-        self.fail = fail
-        self.seen: list[set] = []
-
+class Unreachable:
     async def find_garbage(self, local, delete):
-        self.seen.append(set(local))
-        if self.fail:
-            raise ConnectionError("metadata store unreachable")
-        return {"ledgers": await delete(sorted(self.dead))}
+        raise ConnectionError("metadata store unreachable")
 
 
 def make_config(tmp_path, **extra):
@@ -73,16 +64,14 @@ def test_gc_deletes_whole_logs_and_compacts_the_rest(tmp_path):
     cfg = make_config(tmp_path)
 
     async def main():
-        b = Bookie(cfg)
-        await b.start()
-        try:
+        async with Bookie(cfg) as b:
             await fill(b, [5], 150)  # ledger 5 alone: logs of its own
             await fill(b, [1, 2, 3], 150)  # interleaved
             await fill(b, [4], 10)
             before = log_bytes(cfg)
             held = {lid: sum(m.get(lid, 0) for m in map(b.storage.entry_logger.ledgers_map,
                                                          b.storage.entry_logger.log_ids())) for lid in (2, 5)}
-            b.gc.policy = DeletePolicy(dead=[2, 5])
+            b.gc.policy = DeletePolicy([2, 5])
             out = await off_loop(b.gc.trigger)
             assert out["ok"], out
             assert out["ledgers_deleted"] == [2, 5]
@@ -101,16 +90,10 @@ def test_gc_deletes_whole_logs_and_compacts_the_rest(tmp_path):
             st = b.gc.status()
             assert st["passes"] == 1 and st["ledgers_deleted"] == 2 and st["compacting_logs"] == []
             assert all(r["usage"] >= 0.8 for r in b.gc.entry_log_usage() if r["source"] != "memory")
-        finally:
-            await b.stop()
-        b = Bookie(cfg)
-        await b.start()
-        try:
+        async with Bookie(cfg) as b:
             for lid in (1, 3):
                 await check_ledger(b, lid, 150)
             assert not b.ledger_exists(2) and not b.ledger_exists(5)
-        finally:
-            await b.stop()
     eventloop.run(main())
 
 
@@ -131,9 +114,7 @@ def test_entry_rewritten_during_compaction_keeps_its_newer_location(tmp_path):
     cfg = make_config(tmp_path, major_compaction_threshold=1.0, minor_compaction_threshold=1.0)
 
     async def main():
-        b = Bookie(cfg)
-        await b.start()
-        try:
+        async with Bookie(cfg) as b:
             await fill(b, [1], 150)
             storage = b.storage
             log_id = storage.entry_logger.closed_log_ids()[0]
@@ -155,8 +136,6 @@ def test_entry_rewritten_during_compaction_keeps_its_newer_location(tmp_path):
             for eid in range(150):
                 if eid != victim:
                     assert await b.read_entry(1, eid) == expected_entry(1, 1, eid, SIZE)
-        finally:
-            await b.stop()
     eventloop.run(main())
 
 
@@ -172,7 +151,7 @@ def test_interrupted_compaction_is_finished_by_the_next_pass(tmp_path, step):
         b = Bookie(cfg)
         await b.start()
         await fill(b, [1, 2], 150)
-        b.gc.policy = DeletePolicy(dead=[2])
+        b.gc.policy = DeletePolicy([2])
 
         def hook(s, log_id):
             if s == step:
@@ -201,14 +180,12 @@ def test_a_read_racing_compaction_follows_the_moved_entry(tmp_path):
     cfg = make_config(tmp_path)
 
     async def main():
-        b = Bookie(cfg)
-        await b.start()
-        try:
+        async with Bookie(cfg) as b:
             await fill(b, [1, 2], 100)
             storage = b.storage
             storage.read_cache.max_size_bytes = 0
             old = storage.index.get_location(1, 3)
-            b.gc.policy = DeletePolicy(dead=[2])
+            b.gc.policy = DeletePolicy([2])
             assert (await off_loop(b.gc.trigger))["logs_compacted"]
             assert storage.index.get_location(1, 3) != old
             real, calls = storage.index.get_location, []
@@ -222,8 +199,6 @@ def test_a_read_racing_compaction_follows_the_moved_entry(tmp_path):
             finally:
                 storage.index.get_location = real
             assert got == expected_entry(1, 1, 3, SIZE) and len(calls) == 2
-        finally:
-            await b.stop()
     eventloop.run(main())
 
 
@@ -231,22 +206,18 @@ def test_a_failed_metadata_scan_deletes_nothing(tmp_path):
     cfg = make_config(tmp_path)
 
     async def main():
-        b = Bookie(cfg)
-        await b.start()
-        try:
+        async with Bookie(cfg) as b:
             await fill(b, [1, 2], 100)
             before = log_bytes(cfg)
-            b.gc.policy = DeletePolicy(dead=[2], fail=True)
+            b.gc.policy = Unreachable()
             out = await off_loop(b.gc.trigger)
             assert not out["ok"] and "unreachable" in out["errors"][0]
             assert out["ledgers_deleted"] == [] and b.ledger_exists(2)
             assert log_bytes(cfg) >= before
             await check_ledger(b, 2, 100)
-            b.gc.policy = DeletePolicy(dead=[2, 77])  # 77 is not local: ignored
+            b.gc.policy = DeletePolicy([2, 77])  # 77 is not local: ignored
             out = await off_loop(b.gc.trigger)
             assert out["ledgers_deleted"] == [2]
-        finally:
-            await b.stop()
     eventloop.run(main())
 
 
@@ -255,12 +226,10 @@ def test_disks_full_suspend_compaction_unless_forced_gc_is_allowed(tmp_path, mon
     cfg = make_config(tmp_path, is_force_gc_allow_when_no_space=allow, disk_usage_threshold=0.9)
 
     async def main():
-        b = Bookie(cfg)
-        await b.start()
-        try:
+        async with Bookie(cfg) as b:
             await fill(b, [1, 2], 100)
             monkeypatch.setattr(logger_mod, "_dir_space", lambda path: DiskUsage(100, 1, 0.99))
-            b.gc.policy = DeletePolicy(dead=[2])
+            b.gc.policy = DeletePolicy([2])
             out = await off_loop(b.gc.run_pass)  # a scheduled pass, nothing due by the clock
             assert out["ledgers_deleted"] == [2]
             assert bool(out["logs_compacted"]) == allow
@@ -268,8 +237,6 @@ def test_disks_full_suspend_compaction_unless_forced_gc_is_allowed(tmp_path, mon
             if allow:
                 assert b.gc._next_wait_s() == cfg.disk_check_interval_ms / 1000.0
             await check_ledger(b, 1, 100)
-        finally:
-            await b.stop()
     eventloop.run(main())
 
 
@@ -277,9 +244,7 @@ def test_read_only_accepts_recovery_adds_and_refuses_write_lac(tmp_path):
     cfg = make_config(tmp_path, force_read_only=True)
 
     async def main():
-        b = Bookie(cfg)
-        await b.start()
-        try:
+        async with Bookie(cfg) as b:
             assert b.read_only
             b.set_read_only(False)
             assert b.read_only, "force_read_only wins"
@@ -290,6 +255,4 @@ def test_read_only_accepts_recovery_adds_and_refuses_write_lac(tmp_path):
             assert await b.read_entry(1, 0) == body
             with pytest.raises(BookieReadOnlyError):
                 await b.write_lac(1, ledger_key(1, 1), b"lac")
-        finally:
-            await b.stop()
     eventloop.run(main())
