@@ -101,6 +101,11 @@ class GarbageCollector:
 
     def _run(self) -> None:
         cfg = self.config
+        try:
+            if self.compactor.pending():  # a crash interrupted a compaction: finish it now
+                self._wake.set()
+        except BKError as e:
+            log.error("GC: cannot read the compacting markers: %s", e)
         while not self._stopping:
             self._wake.wait(self._next_wait_s())
             self._wake.clear()
