@@ -125,6 +125,32 @@ class BookieConfig:
     log_file_max_size_bytes: int = 100 * MiB  # rotate log_file at this size (0 = never)
     log_file_backups: int = 5
 
+    # --- garbage collection, compaction, read-only mode, admin channel (docs/GC.md)
+    gc_wait_time_ms: int = 900_000  # BookKeeper's gcWaitTime: between two GC passes
+    # BookKeeper's gcOverreplicatedLedgerWaitTime: how often the over-replication check
+    # runs (0 = never); a copy is deleted only when no ensemble of the closed ledger
+    # names this bookie any more.
+    gc_over_replicated_ledger_wait_time_ms: int = 86_400_000
+    verify_metadata_on_gc: bool = True  # re-read a candidate's metadata just before deleting it
+    gc_metadata_timeout_ms: int = 30_000  # one metadata call of a pass; on timeout nothing is deleted
+    minor_compaction_threshold: float = 0.2  # compact logs under 20% live ... (0 = no minor compaction)
+    minor_compaction_interval_s: int = 3600  # ... every hour (0 = no minor compaction)
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_s: int = 86_400
+    # Record bytes compaction copies per second (0 = unthrottled; BookKeeper: 1 MB/s). Adds
+    # next to a compaction (bench.gc, BENCHMARKS.md), 1 KiB: unthrottled -50%, 64 MiB/s -28%,
+    # 16 MiB/s -19%; 4 KiB at 64 MiB/s -8%. 16 MiB/s rewrites 32 GiB in ~35 minutes.
+    compaction_rate_bytes_per_s: int = 16 * MiB
+    # BookKeeper's isForceGCAllowWhenNoSpace: with every ledger dir over disk_usage_threshold,
+    # run GC and compaction at once (and keep compacting) so the bookie can leave read-only
+    # mode by itself; false suspends compaction while the disks are full (GC still runs).
+    is_force_gc_allow_when_no_space: bool = False
+    force_read_only: bool = False  # serve reads only, from the start (BookKeeper's forceReadOnlyBookie)
+    # The admin channel of `bk shell triggergc/gcstatus`: a Unix-domain socket, JSON lines.
+    # Empty path: <first ledger dir>/admin.sock. Access is the socket file's permissions.
+    admin_socket_enabled: bool = True
+    admin_socket_path: str = ""
+
     @property
     def bookie_id(self) -> str:
         return f"{self.advertised_address}:{self.bookie_port}"
@@ -135,6 +161,10 @@ class BookieConfig:
         if self.data_integrity_checking_enabled is None:
             return not self.journal_write_data
         return self.data_integrity_checking_enabled
+
+    @property
+    def resolved_admin_socket_path(self) -> str:
+        return self.admin_socket_path or os.path.join(self.ledger_dirs[0], "admin.sock")
 
     @property
     def resolved_index_dir(self) -> str:
@@ -241,6 +271,13 @@ def _check(cfg: BookieConfig) -> None:
         parse_log_levels(cfg.log_level)
     except ValueError as e:
         bad("log_level", str(e))
+    for key in ("minor_compaction_threshold", "major_compaction_threshold"):
+        if getattr(cfg, key) > 1:
+            bad(key, "must be in [0, 1]")
+    if 0 < cfg.major_compaction_threshold < cfg.minor_compaction_threshold:
+        bad("major_compaction_threshold", "must not be below minor_compaction_threshold")
+    if cfg.gc_wait_time_ms < 1:
+        bad("gc_wait_time_ms", "must be at least 1")
 
 
 def load_config(

@@ -37,6 +37,7 @@ from bk.index import NEEDS_INTEGRITY_CHECK, UNCLEAN_SHUTDOWN
 from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
 from bk.proto.constants import FLAG_RECOVERY_ADD
 
+from .gc import GarbageCollector
 from .ledger_storage import LedgerStorage
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ class Bookie:
         self.bookie_id = config.bookie_id
         self.storage: LedgerStorage | None = None
         self.journals: list[Journal] = []
-        self.read_only = False
+        self.read_only = config.force_read_only
+        self.gc: GarbageCollector | None = None  # started with the storage (bk.bookie.gc)
         self.was_unclean_shutdown = False
         self.replayed_records = 0
         self.cut_journal_tails: list[str] = []
@@ -105,6 +107,8 @@ class Bookie:
         # Persist what replay restored, so the old journal files can go.
         await asyncio.to_thread(storage.checkpoint)
         self._read_pool = ThreadPoolExecutor(self.config.num_read_worker_threads, thread_name_prefix="bk-read")
+        self.gc = GarbageCollector(storage, self.config)
+        self.gc.start(self._loop)
         self._running = True
 
     def _open_and_replay(self) -> None:
@@ -169,6 +173,8 @@ class Bookie:
             self._read_pool.shutdown(wait=True)
 
     def _stop_blocking(self) -> None:
+        if self.gc is not None:
+            self.gc.stop()
         for journal in self.journals:
             journal.stop()
         storage = self.storage
@@ -206,7 +212,7 @@ class Bookie:
                                       ledger_id=ledger_id, entry_id=entry_id)
             if entry_id < 0:
                 raise BadRequestError("negative entry id on an add", ledger_id=ledger_id, entry_id=entry_id)
-            if self.read_only:
+            if self.read_only and not recovery:  # recovery adds still land (re-replication, recovery)
                 raise BookieReadOnlyError(ledger_id=ledger_id, entry_id=entry_id)
             storage = self.storage
             desc = storage.get_ledger(ledger_id)
@@ -399,6 +405,8 @@ class Bookie:
                 desc.fence_pending = None
 
     async def write_lac(self, ledger_id: int, master_key: bytes, lac_buf: bytes) -> None:
+        if self.read_only:  # refused like an add (BookKeeper)
+            raise BookieReadOnlyError(ledger_id=ledger_id)
         desc = self._key_checked(ledger_id, master_key, create=True)
         self.storage.update_ledger(desc, explicit_lac=bytes(lac_buf))
         fut = self._loop.create_future()
@@ -536,6 +544,7 @@ class Bookie:
         await asyncio.to_thread(self.storage.checkpoint)
 
     def set_read_only(self, read_only: bool) -> None:
+        read_only = read_only or self.config.force_read_only
         if read_only != self.read_only:
             log.warning("bookie %s is now %s", self.bookie_id, "read-only" if read_only else "writable")
         self.read_only = read_only

@@ -26,7 +26,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from bk import metrics
 from bk.config import BookieConfig
@@ -239,6 +240,25 @@ class LedgerStorage:
             raise box[0]
         return box[0]
 
+    def run_on_owner(self, fn):
+        """Run fn on the owner (event loop) thread and return its result; for other
+        threads (GC) that change ledger state."""
+        return self._on_owner(fn)
+
+    @contextmanager
+    def exclusive_writer(self) -> Iterator[None]:
+        """Hold the checkpoint lock: the entry logger's writer side and LMDB write
+        transactions are this thread's until the block ends. Compaction copies
+        entries and switches their locations inside it, so a checkpoint never runs
+        in between (and never sees a half-switched batch)."""
+        with self._checkpoint_lock:
+            yield
+
+    def sync_index(self) -> None:
+        """Make committed index transactions durable (a no-op cost with index_sync)."""
+        if not self.config.index_sync:
+            self.index.sync()
+
     def _checkpoint_behind(self) -> bool:
         """Asked by the entry logger while a checkpoint writes (flush thread): is the
         checkpoint falling behind the adds? True when adds already wait for room, or
@@ -326,8 +346,21 @@ class LedgerStorage:
         if entry is not None:
             return entry
         location = self.index.get_location(ledger_id, entry_id)
-        if location is None:
-            return self.get_cached(ledger_id, entry_id)
+        while True:
+            if location is None:
+                return self.get_cached(ledger_id, entry_id)
+            try:
+                return self._read_at(ledger_id, entry_id, location)
+            except StorageError:  # CorruptedStorageError included
+                # Compaction may have moved the entry and deleted its old log between
+                # the index lookup and the read: only a location that did not change
+                # is a real error.
+                moved = self.index.get_location(ledger_id, entry_id)
+                if moved == location:
+                    raise
+                location = moved
+
+    def _read_at(self, ledger_id: int, entry_id: int, location: int) -> bytes:
         batch = max(1, self.config.read_ahead_batch_size)
         run = self.entry_logger.read_run(location, batch, READ_AHEAD_MAX_BYTES)
         if not run or run[0][0] != ledger_id or run[0][1] != entry_id:

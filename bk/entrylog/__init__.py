@@ -1,9 +1,24 @@
-"""Append-only entry logs: EntryLogger (writer + readers), LogScan, the byte formats."""
-from bk.entrylog.files import SCAN_BAD_SIZE, SCAN_CLEAN, SCAN_TRUNCATED, LogScan
-from bk.entrylog.format import HEADER_BYTES, make_location, split_location
-from bk.entrylog.logger import DiskUsage, EntryLogger
+"""Append-only entry logs: EntryLogger (writer + readers), LogScan, the byte formats.
 
-__all__ = [
-    "EntryLogger", "LogScan", "DiskUsage", "HEADER_BYTES", "make_location", "split_location",
-    "SCAN_CLEAN", "SCAN_TRUNCATED", "SCAN_BAD_SIZE",
-]
+The names below load lazily, so `import bk.entrylog.format` or `bk.entrylog.usage`
+(the pure format modules an outside reader such as spark/ uses) never loads the
+native kernels that the EntryLogger needs.
+"""
+import importlib
+
+_EXPORTS = {
+    "EntryLogger": "logger", "DiskUsage": "logger",
+    "LogScan": "files", "SCAN_CLEAN": "files", "SCAN_TRUNCATED": "files", "SCAN_BAD_SIZE": "files",
+    "HEADER_BYTES": "format", "make_location": "format", "split_location": "format",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bk.entrylog' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"bk.entrylog.{module}"), name)
+    globals()[name] = value
+    return value

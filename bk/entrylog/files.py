@@ -124,10 +124,12 @@ class LogScan:
     ends, `status` says why (SCAN_CLEAN: reached `end_offset`; SCAN_TRUNCATED:
     the last record runs past the end of the data, e.g. torn by a crash;
     SCAN_BAD_SIZE: a size field out of range) and `stop_offset` where.
+    With `with_entries` each item has a fifth element, the entry's bytes (compaction).
     """
 
     def __init__(self, kernel, path: str, log_id: int, end_offset: int, max_entry_bytes: int,
-                 chunk_bytes: int = SCAN_CHUNK_BYTES):
+                 chunk_bytes: int = SCAN_CHUNK_BYTES, with_entries: bool = False):
+        self.with_entries = with_entries
         self.path = path
         self.log_id = log_id
         self.end_offset = end_offset
@@ -141,10 +143,10 @@ class LogScan:
     def __iter__(self) -> "LogScan":
         return self
 
-    def __next__(self) -> tuple[int, int, int, int]:
+    def __next__(self) -> tuple:
         return next(self._it)
 
-    def _records(self) -> Iterator[tuple[int, int, int, int]]:
+    def _records(self) -> Iterator[tuple]:
         end = self.end_offset
         if end < HEADER_BYTES:  # crash before the header was written whole
             self.status, self.stop_offset = (SCAN_TRUNCATED if end > 0 else SCAN_CLEAN), 0
@@ -171,8 +173,12 @@ class LogScan:
                 if n < request:  # file ends before `end`: what is there is all there is
                     end = pos + n
                 records, stop, status = scan_log(buf, 0, n, self._max_entry_bytes)
-                for off, size, ledger_id, entry_id in records:
-                    yield ledger_id, entry_id, loc_base | (pos + off), size
+                if self.with_entries:
+                    for off, size, ledger_id, entry_id in records:
+                        yield ledger_id, entry_id, loc_base | (pos + off), size, buf[off + 4:off + 4 + size]
+                else:
+                    for off, size, ledger_id, entry_id in records:
+                        yield ledger_id, entry_id, loc_base | (pos + off), size
                 if status == SCAN_CLEAN:
                     pos += n
                     want = self._chunk_bytes

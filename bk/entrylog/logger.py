@@ -419,13 +419,31 @@ class EntryLogger:
     def log_path(self, log_id: int) -> str | None:
         return self._path_of(log_id)
 
-    def scan(self, log_id: int) -> LogScan:
-        """Iterate (ledger_id, entry_id, location, size) over a log's records; the
-        returned LogScan tells after the loop whether the data ended clean."""
+    def scan(self, log_id: int, with_entries: bool = False) -> LogScan:
+        """Iterate (ledger_id, entry_id, location, size[, entry]) over a log's records;
+        the returned LogScan tells after the loop whether the data ended clean."""
         path = self._path_of(log_id)
         if path is None:
             raise StorageError(f"no entry log {log_id:x}")
-        return LogScan(self._kernel, path, log_id, self._records_end(log_id), self.max_entry_bytes)
+        return LogScan(self._kernel, path, log_id, self._records_end(log_id), self.max_entry_bytes,
+                       with_entries=with_entries)
+
+    def closed_log_ids(self) -> list[int]:
+        """Logs GC may look at: every log but the current one and those still owed an
+        fsync (abandoned after a failed write). Nothing is ever appended to these."""
+        with self._lock:
+            busy = {log_id for log_id, _ in self._unsynced}
+            if self._current is not None:
+                busy.add(self.current_log_id)
+            return sorted(log_id for log_id in self._paths if log_id not in busy)
+
+    def log_file_bytes(self, log_id: int) -> int:
+        """The log file's size on disk (0 when it is gone)."""
+        path = self._path_of(log_id)
+        try:
+            return os.path.getsize(path) if path else 0
+        except OSError:
+            return 0
 
     def ledgers_map(self, log_id: int) -> dict[int, int]:
         """ledger id -> bytes of its records in the log (size fields included).

@@ -30,21 +30,24 @@ _RECORD_BYTES = _kernel.RECORD_BYTES  # packed key (16) + value (8)
 
 
 class Index:
-    def __init__(self, path: str, config: BookieConfig):
+    def __init__(self, path: str, config: BookieConfig, *, readonly: bool = False):
+        """`readonly`: another process's index, opened for reads (tools; LMDB lets a
+        reader process run next to the bookie that writes)."""
         self.path = path
         self._map_size_bytes = config.index_map_size_bytes
         self._local = threading.local()  # .writing: a write() is open on this thread
         self._closed = False
         self._env = None
-        ensure_dir(path)
+        if not readonly:
+            ensure_dir(path)
         try:
             self._env = lmdb.open(
                 path, map_size=config.index_map_size_bytes, subdir=True, max_dbs=3,
                 sync=config.index_sync, metasync=config.index_sync, lock=True,
-                readahead=False, max_readers=_MAX_READERS, create=True)
-            self._locations = self._env.open_db(b"locations")
-            self._ledgers = self._env.open_db(b"ledgers")
-            self._state = self._env.open_db(b"state")
+                readahead=False, max_readers=_MAX_READERS, create=not readonly, readonly=readonly)
+            self._locations = self._env.open_db(b"locations", create=not readonly)
+            self._ledgers = self._env.open_db(b"ledgers", create=not readonly)
+            self._state = self._env.open_db(b"state", create=not readonly)
         except lmdb.Error as e:
             if self._env is not None:
                 self._env.close()
@@ -154,6 +157,56 @@ class Index:
                 lid, eid = st.split_location_key(key)
                 yield lid, eid, st.U64.unpack(value)[0]
             start = rows[-1][0]
+
+    def get_locations(self, keys) -> list[int | None]:
+        """get_location for many (ledger_id, entry_id) pairs, in one read transaction."""
+        out: list[int | None] = []
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                get, pack, unpack = txn.get, st.LOCATION_KEY.pack, st.U64.unpack
+                for lid, eid in keys:
+                    value = get(pack(lid, eid))
+                    out.append(None if value is None or len(value) != 8 else unpack(value)[0])
+        except lmdb.Error as e:
+            raise self._error(e, "reading locations") from e
+        return out
+
+    def count_locations_in_log(self, ledger_ids, log_id: int) -> int:
+        """How many stored locations of these ledgers point into entry log `log_id`
+        (walks every location of each ledger: for the rare unclean compaction)."""
+        found = 0
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                cur = txn.cursor()
+                for lid in ledger_ids:
+                    prefix = st.ledger_key(lid)
+                    if not cur.set_range(st.LOCATION_KEY.pack(lid, 0)):
+                        continue
+                    for key, value in cur.iternext():
+                        if key[:8] != prefix:
+                            break
+                        if len(value) == 8 and st.U64.unpack(value)[0] >> 32 == log_id:
+                            found += 1
+        except lmdb.Error as e:
+            raise self._error(e, "walking locations") from e
+        return found
+
+    def compacting_logs(self) -> list[int]:
+        """Entry logs whose compaction started and did not finish (GC.md)."""
+        out = []
+        try:
+            with self._env.begin(db=self._state) as txn:
+                cur = txn.cursor()
+                if cur.set_range(st.COMPACTING_PREFIX):
+                    for key in cur.iternext(values=False):
+                        if not key.startswith(st.COMPACTING_PREFIX):
+                            break
+                        log_id = st.parse_compacting_log_key(bytes(key))
+                        if log_id is not None:
+                            out.append(log_id)
+        except lmdb.Error as e:
+            raise self._error(e, "listing compacting logs") from e
+        return out
 
     def location_count(self) -> int:
         try:
@@ -305,17 +358,43 @@ class IndexWriter:
             raise idx._error(e, "deleting a ledger") from e
         return removed
 
-    def set_flag(self, name: str, value: bool) -> None:
+    def switch_locations(self, moves) -> int:
+        """Compaction's index switch: for each (ledger_id, entry_id, old, new), store
+        `new` only where the index still holds `old` (an entry re-added or moved since
+        keeps its newer location; a deleted one stays deleted). Returns how many moved."""
         txn = self._live()
-        key = st.flag_key(name)
+        idx = self._index
+        pack, u64 = st.LOCATION_KEY.pack, st.U64
+        moved = 0
+        try:
+            for lid, eid, old, new in moves:
+                key = pack(lid, eid)
+                value = txn.get(key, db=idx._locations)
+                if value is not None and len(value) == 8 and u64.unpack(value)[0] == old:
+                    txn.put(key, u64.pack(new), db=idx._locations)
+                    moved += 1
+        except lmdb.Error as e:
+            raise idx._error(e, "switching locations") from e
+        return moved
+
+    def set_compacting_log(self, log_id: int, pending: bool) -> None:
+        """Set (pending=True) or clear the marker of an entry log being compacted."""
+        self._set_state(st.compacting_log_key(log_id), b"" if pending else None, "a compacting-log marker")
+
+    def set_flag(self, name: str, value: bool) -> None:
+        self._set_state(st.flag_key(name), b"1" if value else None, "a flag")
+
+    def _set_state(self, key: bytes, value: bytes | None, what: str) -> None:
+        """Put `value` under `key` in the state database, or delete the key (None)."""
+        txn = self._live()
         idx = self._index
         try:
-            if value:
-                txn.put(key, b"1", db=idx._state)
+            if value is not None:
+                txn.put(key, value, db=idx._state)
             else:
                 txn.delete(key, db=idx._state)
         except lmdb.Error as e:
-            raise idx._error(e, "storing a flag") from e
+            raise idx._error(e, f"storing {what}") from e
 
     def set_log_mark(self, journal_index: int, mark: LogMark) -> None:
         txn = self._live()

@@ -7,7 +7,10 @@ Pure module (no lmdb): key/value encoders and decoders, LedgerState.
     ledgers    key ledger_id i64   value flags u8 (1=exists 2=fenced 4=limbo) | key_len u8 |
                master_key | explicit_lac_len u32 | explicit_lac
     state      b"unclean_shutdown", b"needs_integrity_check" -> b"1";
-               b"logmark/<journal index>" -> file_id u64 | offset u64
+               b"logmark/<journal index>" -> file_id u64 | offset u64;
+               b"compacting/<log id>" -> b"" (a compaction of that entry log started:
+               until its live entries are copied, switched and the file deleted, and
+               then the key with it, every start of GC finishes it: GC.md)
 """
 from __future__ import annotations
 
@@ -135,3 +138,18 @@ def decode_log_mark(value: bytes, path: str | None = None) -> LogMark:
     if len(value) != _MARK.size:
         raise CorruptedStorageError(f"index log mark is {len(value)} bytes, expected {_MARK.size}", path=path)
     return LogMark(*_MARK.unpack(value))
+
+
+COMPACTING_PREFIX = b"compacting/"
+
+
+def compacting_log_key(log_id: int) -> bytes:
+    if not isinstance(log_id, int) or log_id < 0:
+        raise ValueError(f"log id must be a non-negative integer, got {log_id!r}")
+    return COMPACTING_PREFIX + b"%d" % log_id
+
+
+def parse_compacting_log_key(key: bytes) -> int | None:
+    if not key.startswith(COMPACTING_PREFIX) or not key[len(COMPACTING_PREFIX):].isdigit():
+        return None
+    return int(key[len(COMPACTING_PREFIX):])

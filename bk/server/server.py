@@ -31,7 +31,9 @@ from bk.meta.registration import BookieServiceInfo, Endpoint, RegistrationManage
 
 from . import integrity
 
+from .admin import AdminServer, gc_ops
 from .connection import BookieConnection
+from .gc_policy import ScanAndCompareGarbageCollector
 from .processor import RequestProcessor
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,9 @@ class BookieServer:
         self._listener: asyncio.AbstractServer | None = None
         self._monitor: asyncio.Task | None = None
         self._registered_readonly: bool | None = None
-        self._forced_read_only = False
+        self._forced_read_only = config.force_read_only
+        self.gc_policy: ScanAndCompareGarbageCollector | None = None
+        self.admin: AdminServer | None = None  # the admin socket (bk.server.admin, docs/GC.md)
         self._writable_dirs = 0
         self.autorecovery = None  # bk.replication.AutoRecovery when autorecovery_enabled
         self.repair = None  # bk.replication.integrity.DataIntegrityCheck while BP-46 phase two runs
@@ -95,6 +99,7 @@ class BookieServer:
             await self.bookie.start()
             if checking:
                 await self._boot_check(cookies)
+            await self._start_gc()
             self._listener = await asyncio.get_running_loop().create_server(
                 lambda: BookieConnection(self), host=cfg.bind_address or cfg.advertised_address,
                 port=cfg.bookie_port, reuse_address=True, backlog=1024)
@@ -180,12 +185,25 @@ class BookieServer:
         if autorecovery is not None:
             await autorecovery.stop()
 
+    async def _start_gc(self) -> None:
+        """Scan-and-compare needs the metadata store: the policy is server/'s."""
+        cfg = self.config
+        self.gc_policy = ScanAndCompareGarbageCollector(self.store, cfg, self.bookie_id)
+        self.bookie.gc.policy = self.gc_policy
+        if cfg.admin_socket_enabled:
+            admin = AdminServer(cfg.resolved_admin_socket_path, gc_ops(self.bookie.gc))
+            if await admin.start():
+                self.admin = admin
+
     async def _teardown(self) -> None:
         await self._stop_repair()
         await self._stop_autorecovery()
         if self.http is not None:
             await self.http.stop()
             self.http = None
+        if self.admin is not None:
+            await self.admin.stop()
+            self.admin = None
         for conn in list(self.connections):
             conn.close()
         if self._listener is not None:
@@ -203,6 +221,9 @@ class BookieServer:
         if self.registration is not None:
             await self.registration.close()
             self.registration = None
+        if self.gc_policy is not None:
+            await self.gc_policy.close()
+            self.gc_policy = None
         if self._own_store and self.store is not None:
             await self.store.close()
             self.store = None
@@ -271,6 +292,6 @@ class BookieServer:
 
     async def set_read_only(self, read_only: bool) -> None:
         """Operator switch (and tests): change mode and re-register; wins over the disk check."""
-        self._forced_read_only = read_only
-        self.bookie.set_read_only(read_only)
+        self._forced_read_only = read_only or self.config.force_read_only
+        self.bookie.set_read_only(self._forced_read_only)
         await self._register()

@@ -91,6 +91,8 @@ def halt_without_checkpoint(bookie) -> None:
     and closed (what they acknowledged is on disk), but no final checkpoint, the
     unclean-shutdown flag left set, and everything since the last checkpoint only
     in the journal. The next start must replay it."""
+    if bookie.gc is not None:
+        bookie.gc.stop()
     for journal in bookie.journals:
         journal.stop()
     storage = bookie.storage

@@ -1,0 +1,185 @@
+"""EntryLogCompactor: copy an entry log's live entries away, switch the index, delete it.
+
+The one sequence that deletes entry data that may still be live; every step is made
+durable before the next one may assume it (GC.md "Compaction, step by step"):
+
+  1. mark     `compacting/<log id>` committed in the index (and synced): from here
+              every start of GC finishes this compaction (`finish_pending`).
+  2. copy     batches of the log's records whose location the index still names
+              are appended to the current entry log and fdatasync'ed;
+  3. switch   in one LMDB transaction per batch, each entry's location becomes
+              the copy's, only where the index still holds the old location (an
+              entry re-added or moved since keeps its newer one, a deleted ledger
+              stays deleted); committed and synced;
+  4. check    when the scan of the old log did not end clean, no location of its
+              ledgers may still point into it (else: stop, keep the log, report);
+  5. delete   the old log file is unlinked and its directory fsynced;
+  6. unmark   the marker is cleared.
+
+A crash anywhere leaves the old log on disk until step 5, and the index names only
+durable records (copies are durable before the switch commits), so no live entry is
+lost; a copy made before a crash but never switched is dead weight in its new log.
+The next GC start repeats steps 2-6 for the marked log (copying what the index still
+names there: nothing after step 3), so it always finishes.
+
+Threads: compaction runs on the GC thread. Steps 2-3 of a batch run inside
+`LedgerStorage.exclusive_writer()` (the checkpoint lock): the entry logger has one
+writer at a time and a checkpoint never interleaves with a batch's copy and switch.
+Reading the old log, the index lookups and the throttle sleep run outside the lock.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from bk.entrylog import SCAN_BAD_SIZE
+
+log = logging.getLogger(__name__)
+
+BATCH_BYTES = 4 * 1024 * 1024  # copied, made durable and switched together
+BATCH_ENTRIES = 20_000
+
+
+def _no_step(step: str, log_id: int) -> None:
+    pass
+
+
+@dataclass
+class CompactionResult:
+    log_id: int
+    entries_copied: int = 0
+    entries_switched: int = 0
+    bytes_copied: int = 0  # record bytes written to the current log (size fields included)
+    file_bytes_deleted: int = 0  # the old log's size on disk, once deleted
+    deleted: bool = False
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Throttle:
+    """Sleep so that `rate_bytes_per_s` is not exceeded on average (0 = no limit)."""
+
+    def __init__(self, rate_bytes_per_s: int, sleep: Callable[[float], None] = time.sleep):
+        self.rate = rate_bytes_per_s
+        self._sleep = sleep
+        self._start = time.monotonic()
+        self._bytes = 0
+
+    def account(self, nbytes: int) -> None:
+        if not self.rate:
+            return
+        self._bytes += nbytes
+        ahead_s = self._bytes / self.rate - (time.monotonic() - self._start)
+        if ahead_s > 0:
+            self._sleep(ahead_s)
+
+
+class EntryLogCompactor:
+    def __init__(self, storage, rate_bytes_per_s: int = 0):
+        self.storage = storage
+        self.index = storage.index
+        self.entry_logger = storage.entry_logger
+        self.rate_bytes_per_s = rate_bytes_per_s
+        # Crash tests set this to stop the process at a step ("after_copy",
+        # "after_switch", "before_delete", "after_delete"); it runs after the step's
+        # writes are durable.
+        self.step_hook: Callable[[str, int], None] = _no_step
+
+    # ------------------------------------------------------------ markers
+    def pending(self) -> list[int]:
+        return self.index.compacting_logs()
+
+    def _set_marker(self, log_id: int, on: bool) -> None:
+        with self.storage.exclusive_writer():
+            with self.index.write() as w:
+                w.set_compacting_log(log_id, on)
+        self.storage.sync_index()
+
+    def finish_pending(self, is_live: Callable[[int], bool], stop: Callable[[], bool] = lambda: False
+                       ) -> list[CompactionResult]:
+        """Finish every compaction a crash (or a stop) interrupted."""
+        out = []
+        for log_id in self.pending():
+            if stop():
+                break
+            if self.entry_logger.log_path(log_id) is None:  # deleted; only the marker was left
+                self._set_marker(log_id, False)
+                out.append(CompactionResult(log_id, deleted=True))
+                continue
+            log.info("finishing the interrupted compaction of entry log %x", log_id)
+            out.append(self.compact(log_id, is_live, stop))
+        return out
+
+    # ------------------------------------------------------------ compaction
+    def compact(self, log_id: int, is_live: Callable[[int], bool],
+                stop: Callable[[], bool] = lambda: False) -> CompactionResult:
+        """Compact one closed log (steps 1-6 of the module docstring). Returns what it
+        did; `error` is set (and the log kept) when it could not finish safely."""
+        result = CompactionResult(log_id)
+        if log_id not in self.entry_logger.closed_log_ids():
+            result.error = f"entry log {log_id:x} is not a closed log"
+            return result
+        self._set_marker(log_id, True)
+        throttle = Throttle(self.rate_bytes_per_s)
+        scan = self.entry_logger.scan(log_id, with_entries=True)
+        batch: list = []
+        batch_bytes = 0
+        seen_ledgers: set[int] = set()
+        for lid, eid, loc, size, entry in scan:
+            seen_ledgers.add(lid)
+            if not is_live(lid):
+                continue
+            batch.append((lid, eid, loc, entry))
+            batch_bytes += size + 4
+            if batch_bytes >= BATCH_BYTES or len(batch) >= BATCH_ENTRIES:
+                if stop():
+                    result.error = "stopped"
+                    return result
+                self._move(batch, result)
+                throttle.account(batch_bytes)
+                batch, batch_bytes = [], 0
+        if batch:
+            self._move(batch, result)
+            throttle.account(batch_bytes)
+        if scan.status == SCAN_BAD_SIZE:
+            # Garbage inside the log: records past it were not seen. Delete only if
+            # no location of any ledger the log holds still points into it.
+            usage = self.entry_logger.ledgers_map(log_id)
+            left = self.index.count_locations_in_log(sorted(seen_ledgers | set(usage)), log_id)
+            if left:
+                result.error = (f"entry log {log_id:x} has a bad record at offset {scan.stop_offset} and "
+                                f"{left} indexed entries past it; kept")
+                log.error("compaction: %s", result.error)
+                return result
+        self.step_hook("before_delete", log_id)
+        result.file_bytes_deleted = self.entry_logger.log_file_bytes(log_id)
+        self.entry_logger.delete_log(log_id)
+        result.deleted = True
+        self.step_hook("after_delete", log_id)
+        self._set_marker(log_id, False)
+        return result
+
+    def _move(self, batch: list, result: CompactionResult) -> None:
+        """Copy the batch's entries the index still names, then switch them (steps 2-3)."""
+        current = self.index.get_locations([(lid, eid) for lid, eid, _, _ in batch])
+        batch = [r for r, cur in zip(batch, current) if cur == r[2]]
+        if not batch:
+            return
+        entries = [r[3] for r in batch]
+        storage = self.storage
+        with storage.exclusive_writer():
+            new_locs = self.entry_logger.add_entries(entries)
+            self.entry_logger.flush()
+            self.step_hook("after_copy", batch[0][2] >> 32)
+            with self.index.write() as w:
+                moved = w.switch_locations(
+                    (lid, eid, old, new) for (lid, eid, old, _), new in zip(batch, new_locs))
+        storage.sync_index()
+        result.entries_copied += len(batch)
+        result.entries_switched += moved
+        result.bytes_copied += sum(len(e) + 4 for e in entries)
+        self.step_hook("after_switch", batch[0][2] >> 32)

@@ -1,0 +1,371 @@
+"""GarbageCollector: the bookie's GC thread (BookKeeper's GarbageCollectorThread).
+
+Every `gc_wait_time_ms`, or when triggered, one pass:
+  1. finish any compaction a crash interrupted (EntryLogCompactor.finish_pending);
+  2. learn the usage of entry logs closed since the last pass (their ledgers map,
+     or a scan when it is missing or corrupt: EntryLogMetadata, bk.entrylog.usage);
+  3. scan and compare: take the set of local ledgers FIRST, then ask the policy
+     (bk.server.gc_policy, which reads the metadata store) which of them are
+     garbage; delete those locally (owner thread), then checkpoint and sync the
+     index, so the deletions are durable before any byte of them is;
+  4. drop deleted ledgers from every log's usage; delete whole logs with no live
+     ledger left (a ledger counts as dead only when neither the in-memory state
+     nor the committed index has it);
+  5. major compaction if due (or forced), else minor if due (or forced): logs whose
+     usage is under the threshold, emptiest first.
+The policy is optional (no metadata store: step 3 is skipped) and duck-typed:
+`async find_garbage(local_ledgers: set[int], delete) -> dict` runs on the event loop
+and calls `await delete(ids)` for the ledgers it proved dead (ids outside
+local_ledgers are ignored); `delete` forgets them on the owner thread and returns
+once that is checkpointed. The dict may hold "over_replicated" (ids) and "errors".
+
+Control (any thread, JSON-able results; the admin channel and a later HTTP endpoint
+call these): `trigger(force_major=, force_minor=)` runs a pass now and returns its
+figures, `status()` the last pass and totals, `entry_log_usage()` each log's usage.
+
+Disks full (every ledger dir over disk_usage_threshold): with
+is_force_gc_allow_when_no_space, passes run every disk_check_interval_ms with
+compaction forced, so a read-only bookie frees space and becomes writable again;
+without it compaction is suspended (it writes before it frees) and GC still runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Callable
+
+from bk.entrylog.usage import EntryLogMetadata
+from bk.errors import BKError
+
+from .compactor import EntryLogCompactor
+
+log = logging.getLogger(__name__)
+
+STATUS_KEYS = ("last_run_start_ms", "last_run_duration_ms", "passes", "bytes_freed", "logs_deleted",
+               "logs_compacted", "ledgers_deleted", "errors")
+
+
+class _Request:
+    def __init__(self, force_major: bool, force_minor: bool):
+        self.force_major = force_major
+        self.force_minor = force_minor
+        self.done = threading.Event()
+        self.result: dict | None = None
+
+
+class GarbageCollector:
+    def __init__(self, storage, config, policy=None):
+        self.storage = storage
+        self.config = config
+        self.policy = policy
+        self.compactor = EntryLogCompactor(storage, config.compaction_rate_bytes_per_s)
+        # Crash tests stop the process at a GC step ("after_ledger_delete",
+        # "after_whole_log_delete") and the compactor's steps.
+        self.step_hook: Callable[[str, int], None] = lambda step, log_id: None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._logs: dict[int, EntryLogMetadata] = {}
+        self._lock = threading.Lock()  # guards _logs (read by entry_log_usage), _requests, _status
+        self._requests: list[_Request] = []
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._pass_lock = threading.Lock()  # one pass at a time (the thread, or run_pass in tests)
+        now = time.monotonic()
+        self._last_major_s = now
+        self._last_minor_s = now
+        self._status = {"enabled": True, "running": False, "last_run_start_ms": None, "last_run_duration_ms": None,
+                        "last_pass": None, "passes": 0, "bytes_freed": 0, "logs_deleted": 0, "logs_compacted": 0,
+                        "ledgers_deleted": 0, "errors": 0, "last_error": None}
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="bk-gc", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the current batch; an interrupted compaction is finished at the next start."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            for req in self._requests:
+                req.result = {"ok": False, "error": "the bookie is stopping"}
+                req.done.set()
+            self._requests.clear()
+
+    def _run(self) -> None:
+        cfg = self.config
+        try:
+            if self.compactor.pending():  # a crash interrupted a compaction: finish it now
+                self._wake.set()
+        except BKError as e:
+            log.error("GC: cannot read the compacting markers: %s", e)
+        while not self._stopping:
+            self._wake.wait(self._next_wait_s())
+            self._wake.clear()
+            if self._stopping:
+                break
+            with self._lock:
+                requests, self._requests = self._requests, []
+            forced = bool(requests)
+            result = self.run_pass(force_major=any(r.force_major for r in requests),
+                                   force_minor=any(r.force_minor for r in requests), forced=forced)
+            for req in requests:
+                req.result = result
+                req.done.set()
+        log.debug("GC thread stopped (gc_wait_time_ms=%d)", cfg.gc_wait_time_ms)
+
+    def _next_wait_s(self) -> float:
+        wait_s = self.config.gc_wait_time_ms / 1000.0
+        if self.config.is_force_gc_allow_when_no_space and self._disks_full():
+            wait_s = min(wait_s, self.config.disk_check_interval_ms / 1000.0)
+        return wait_s
+
+    # ------------------------------------------------------------ control (any thread)
+    def trigger(self, force_major: bool = False, force_minor: bool = False, timeout_s: float | None = None) -> dict:
+        """Run a pass now (blocking until it ends) and return its figures. A pass
+        already running finishes first; requests made meanwhile share the next one."""
+        if self._thread is None:
+            return self.run_pass(force_major=force_major, force_minor=force_minor, forced=True)
+        req = _Request(force_major, force_minor)
+        with self._lock:
+            self._requests.append(req)
+        self._wake.set()
+        if not req.done.wait(timeout_s):
+            return {"ok": False, "error": f"no GC pass finished within {timeout_s}s (it goes on)"}
+        return req.result
+
+    def status(self) -> dict:
+        with self._lock:
+            out = dict(self._status)
+            out["entry_logs"] = len(self._logs)
+        out["compacting_logs"] = self.compactor.pending()
+        out["settings"] = {k: getattr(self.config, k) for k in (
+            "gc_wait_time_ms", "gc_over_replicated_ledger_wait_time_ms", "verify_metadata_on_gc",
+            "minor_compaction_threshold", "minor_compaction_interval_s", "major_compaction_threshold",
+            "major_compaction_interval_s", "compaction_rate_bytes_per_s", "is_force_gc_allow_when_no_space")}
+        return out
+
+    def entry_log_usage(self) -> list[dict]:
+        """Each closed log's usage as this bookie knows it (deleted ledgers removed),
+        plus the current log from memory; the rows of bk.entrylog.usage."""
+        with self._lock:
+            rows = [m.to_dict() for _, m in sorted(self._logs.items())]
+        el = self.storage.entry_logger
+        cur = el.current_log_id
+        if cur is not None and all(r["log_id"] != cur for r in rows):
+            try:
+                rows.append(EntryLogMetadata.from_ledgers_map(cur, el.ledgers_map(cur), "memory").to_dict())
+            except BKError:
+                pass
+        return rows
+
+    # ------------------------------------------------------------ one pass
+    def run_pass(self, force_major: bool = False, force_minor: bool = False, forced: bool = False) -> dict:
+        with self._pass_lock:
+            with self._lock:
+                self._status["running"] = True
+            try:
+                return self._pass(force_major, force_minor, forced)
+            finally:
+                with self._lock:
+                    self._status["running"] = False
+
+    def _pass(self, force_major: bool, force_minor: bool, forced: bool) -> dict:
+        t0_ms, t0 = int(time.time() * 1000), time.monotonic()
+        out = {"ok": True, "start_ms": t0_ms, "ledgers_deleted": [], "over_replicated_deleted": [],
+               "logs_deleted": [], "logs_compacted": [], "compaction": None, "bytes_freed": 0,
+               "bytes_rewritten": 0, "errors": []}
+        stop = lambda: self._stopping  # noqa: E731
+        try:
+            for r in self.compactor.finish_pending(self._is_live, stop):
+                self._account_compaction(r, out)
+            self._learn_logs()
+            if self.policy is not None:
+                self._scan_and_compare(out)
+            self._drop_dead_ledgers()
+            self._delete_empty_logs(out)
+            self._compact(force_major, force_minor, forced, out, stop)
+        except BKError as e:  # storage trouble: report it, the next pass tries again
+            out["errors"].append(f"{type(e).__name__}: {e}")
+            log.error("GC pass failed: %s", e)
+        except Exception as e:  # a bug: keep the thread alive, say where
+            out["errors"].append(f"{type(e).__name__}: {e}")
+            log.exception("GC pass failed")
+        out["duration_ms"] = int((time.monotonic() - t0) * 1000)
+        out["ok"] = not out["errors"]
+        self._record(out)
+        return out
+
+    def _record(self, out: dict) -> None:
+        st = self._status
+        with self._lock:
+            st["last_run_start_ms"] = out["start_ms"]
+            st["last_run_duration_ms"] = out["duration_ms"]
+            st["last_pass"] = {k: (len(v) if isinstance(v, list) and k != "errors" else v) for k, v in out.items()}
+            st["passes"] += 1
+            st["bytes_freed"] += out["bytes_freed"]
+            st["logs_deleted"] += len(out["logs_deleted"])
+            st["logs_compacted"] += len(out["logs_compacted"])
+            st["ledgers_deleted"] += len(out["ledgers_deleted"])
+            st["errors"] += len(out["errors"])
+            if out["errors"]:
+                st["last_error"] = out["errors"][-1]
+        log.info("GC pass: %d ledgers deleted (%d over-replicated), %d logs deleted, %d logs compacted (%s), "
+                 "%d bytes freed, %d bytes rewritten, %d errors, %d ms",
+                 len(out["ledgers_deleted"]), len(out["over_replicated_deleted"]), len(out["logs_deleted"]),
+                 len(out["logs_compacted"]), out["compaction"] or "no compaction", out["bytes_freed"],
+                 out["bytes_rewritten"], len(out["errors"]), out["duration_ms"])
+
+    def _is_live(self, ledger_id: int) -> bool:
+        return self.storage.get_ledger(ledger_id) is not None
+
+    def _is_dead(self, ledger_id: int) -> bool:
+        """Dead for deleting bytes: gone from memory AND from the committed index (so
+        its locations' removal is durable, once sync_index ran)."""
+        return self.storage.get_ledger(ledger_id) is None and self.storage.index.get_ledger(ledger_id) is None
+
+    def _learn_logs(self) -> None:
+        el = self.storage.entry_logger
+        closed = el.closed_log_ids()
+        with self._lock:
+            for gone in set(self._logs) - set(closed):
+                del self._logs[gone]
+            known = set(self._logs)
+        for log_id in closed:
+            if log_id in known:
+                continue
+            try:
+                meta = EntryLogMetadata.from_ledgers_map(log_id, el.ledgers_map(log_id))
+            except BKError as e:
+                log.warning("GC: cannot read the usage of entry log %x: %s", log_id, e)
+                continue
+            with self._lock:
+                self._logs[log_id] = meta
+
+    def _scan_and_compare(self, out: dict) -> None:
+        storage = self.storage
+        # The local set is taken before the metadata is read: a ledger created
+        # after this moment is not a candidate, whatever the metadata says.
+        local = frozenset(storage.run_on_owner(storage.ledger_ids))
+        deleted: list[int] = []
+
+        async def delete(ids: list[int]) -> list[int]:
+            """On the loop (the owner thread): forget the ledgers, then make it durable."""
+            ids = sorted(set(ids) & local)
+            if not ids:
+                return []
+            for lid in ids:
+                storage.delete_ledger(lid)
+            await asyncio.to_thread(self._make_durable)
+            deleted.extend(ids)
+            self.step_hook("after_ledger_delete", -1)
+            return ids
+
+        timeout_s = self.config.gc_metadata_timeout_ms / 1000.0
+        try:
+            found = self._on_loop(self.policy.find_garbage(set(local), delete), timeout_s * 10)
+        except Exception as e:  # store error, timeout, session loss: nothing more is garbage
+            out["errors"].append(f"metadata scan failed: {type(e).__name__}: {e}")
+            log.warning("GC: metadata scan failed; no (further) ledger deleted this pass: %s", e)
+            found = {}
+        out["errors"] += found.get("errors", [])
+        out["ledgers_deleted"] = sorted(deleted)
+        out["over_replicated_deleted"] = sorted(set(found.get("over_replicated", ())) & set(deleted))
+        if deleted:
+            log.info("GC: deleted %d ledgers: %s", len(deleted), sorted(deleted)[:20])
+
+    def _make_durable(self) -> None:
+        self.storage.checkpoint()
+        self.storage.sync_index()
+
+    def _on_loop(self, coro, timeout_s: float):
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            coro.close()
+            raise RuntimeError("no event loop to reach the metadata store")
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        deadline = time.monotonic() + timeout_s
+        # Polled (not fut.result(timeout)): the coroutine's own TimeoutError must not
+        # read as "not done yet", and a stopping bookie must not wait for the scan.
+        while not concurrent.futures.wait([fut], timeout=0.2).done:
+            if self._stopping or time.monotonic() >= deadline:
+                fut.cancel()
+                raise TimeoutError(f"metadata scan took over {timeout_s:.0f}s")
+        return fut.result()
+
+    def _drop_dead_ledgers(self) -> None:
+        dead: dict[int, bool] = {}
+
+        def is_dead(lid: int) -> bool:
+            if lid not in dead:
+                dead[lid] = self._is_dead(lid)
+            return dead[lid]
+        with self._lock:
+            metas = list(self._logs.values())
+        for meta in metas:
+            meta.remove_ledgers_if(is_dead)
+
+    def _delete_empty_logs(self, out: dict) -> None:
+        el = self.storage.entry_logger
+        with self._lock:
+            empty = [log_id for log_id, m in self._logs.items() if m.is_empty()]
+        for log_id in sorted(empty):
+            size = el.log_file_bytes(log_id)
+            if el.delete_log(log_id):
+                out["logs_deleted"].append(log_id)
+                out["bytes_freed"] += size
+            with self._lock:
+                self._logs.pop(log_id, None)
+            self.step_hook("after_whole_log_delete", log_id)
+
+    def _disks_full(self) -> bool:
+        usage = self.storage.entry_logger.disk_usage().values()
+        return bool(usage) and all(u.usage > self.config.disk_usage_threshold for u in usage)
+
+    def _compact(self, force_major: bool, force_minor: bool, forced: bool, out: dict, stop) -> None:
+        cfg = self.config
+        now = time.monotonic()
+        major_on = cfg.major_compaction_threshold > 0 and cfg.major_compaction_interval_s > 0
+        minor_on = cfg.minor_compaction_threshold > 0 and cfg.minor_compaction_interval_s > 0
+        full = self._disks_full()
+        allow_full = full and cfg.is_force_gc_allow_when_no_space
+        if full and not allow_full:
+            log.warning("GC: every ledger dir is over disk_usage_threshold: compaction suspended "
+                        "(is_force_gc_allow_when_no_space=false)")
+            return
+        if force_major or (major_on and (forced or allow_full or now - self._last_major_s >= cfg.major_compaction_interval_s)):
+            kind, threshold = "major", cfg.major_compaction_threshold
+        elif force_minor or (minor_on and (forced or allow_full or now - self._last_minor_s >= cfg.minor_compaction_interval_s)):
+            kind, threshold = "minor", cfg.minor_compaction_threshold
+        else:
+            return
+        with self._lock:
+            candidates = sorted((m.usage, log_id) for log_id, m in self._logs.items() if m.usage < threshold)
+        out["compaction"] = kind
+        for _usage, log_id in candidates:
+            if stop():
+                break
+            r = self.compactor.compact(log_id, self._is_live, stop)
+            self._account_compaction(r, out)
+            with self._lock:
+                if r.deleted:
+                    self._logs.pop(log_id, None)
+        if kind == "major":  # a major compaction covers the minor one too (BookKeeper)
+            self._last_major_s = self._last_minor_s = time.monotonic()
+        else:
+            self._last_minor_s = time.monotonic()
+
+    def _account_compaction(self, r, out: dict) -> None:
+        out["bytes_rewritten"] += r.bytes_copied
+        if r.deleted:
+            out["logs_compacted"].append(r.log_id)
+            out["bytes_freed"] += max(0, r.file_bytes_deleted - r.bytes_copied)
+        if r.error:
+            out["errors"].append(f"compaction of entry log {r.log_id:x}: {r.error}")

@@ -1,0 +1,216 @@
+"""`bk shell` commands for garbage collection and compaction (registered by bk.cli.shell).
+
+    listfilesondisc [--ledger-dirs DIR ...] [--index-dir DIR]     entry logs from the files
+    readlogmetadata LOG [--ledger-dirs DIR ...] [--index-dir DIR]  one log's ledgers
+    triggergc [--force-major] [--force-minor] [--socket PATH]      run a GC pass on a running bookie
+    gcstatus [--socket PATH]                                       its last pass and totals
+
+The first two read the bookie's directories only (no metadata store, the bookie may
+be running or not): sizes come from each log's ledgers map (or a scan when it has
+none), and "live" from the bookie's own index (a ledger counts as live while the
+bookie still has it: GC has not collected it). triggergc and gcstatus talk to the
+running bookie through its admin socket (docs/GC.md). Directories and the socket
+come from the options, else from `bk shell --conf bookie.toml`. Every command takes
+--json (before or after the command name).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from bk.errors import BKError, ConfigError
+
+
+def add_parsers(cmds) -> None:
+    def common(c, local: bool) -> None:
+        c.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+        if local:
+            c.add_argument("--ledger-dirs", nargs="+", metavar="DIR", help="the bookie's ledger dirs")
+            c.add_argument("--index-dir", metavar="DIR", help="its index dir (default: as the bookie)")
+        else:
+            c.add_argument("--socket", metavar="PATH", help="the bookie's admin socket "
+                                                            "(default: <first ledger dir>/admin.sock)")
+            c.add_argument("--ledger-dirs", nargs="+", metavar="DIR", help="find the socket from these")
+            c.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait (default 3600)")
+        c.set_defaults(func=run)
+
+    c = cmds.add_parser("listfilesondisc", help="list a bookie's entry logs: total and live bytes, usage")
+    common(c, True)
+    c = cmds.add_parser("readlogmetadata", help="one entry log's ledgers and their bytes")
+    c.add_argument("log", help="log id (hex, as in the file name) or the log file's path")
+    common(c, True)
+    c = cmds.add_parser("triggergc", help="run a GC pass (and compaction) on a running bookie now")
+    c.add_argument("--force-major", action="store_true", help="run a major compaction even if not due")
+    c.add_argument("--force-minor", action="store_true", help="run a minor compaction even if not due")
+    common(c, False)
+    c = cmds.add_parser("gcstatus", help="a running bookie's GC: last pass, totals, settings")
+    common(c, False)
+
+
+def run(args) -> int:
+    fn = {"listfilesondisc": listfilesondisc, "readlogmetadata": readlogmetadata,
+          "triggergc": triggergc, "gcstatus": gcstatus}[args.shell_command]
+    try:
+        result = fn(args)
+    except (BKError, OSError, ValueError) as e:
+        if args.json:
+            print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
+        print(f"bk shell {args.shell_command}: error: {e}", file=sys.stderr)
+        return 1
+    text = result.pop("text")
+    print(json.dumps(result, indent=2) if args.json else text)
+    return 0 if result.get("ok", True) else 1
+
+
+# ---------------------------------------------------------------- local files
+def _config(args):
+    from bk.config import load_config
+    overrides = {}
+    if getattr(args, "ledger_dirs", None):
+        overrides["ledger_dirs"] = list(args.ledger_dirs)
+    if getattr(args, "index_dir", None):
+        overrides["index_dir"] = args.index_dir
+    if not args.conf and not overrides.get("ledger_dirs"):
+        raise ConfigError("which bookie? give --ledger-dirs DIR ... or `bk shell --conf bookie.toml`")
+    cfg = load_config(args.conf, overrides=overrides)
+    missing = [d for d in cfg.ledger_dirs if not os.path.isdir(d)]
+    if missing:
+        raise ConfigError(f"no such ledger dir: {', '.join(missing)}")
+    return cfg
+
+
+def _live_ledgers(cfg) -> tuple[set[int] | None, str]:
+    """The ledgers the bookie still has (its index, opened read-only), or None."""
+    from bk.index import Index
+    path = cfg.resolved_index_dir
+    if not os.path.exists(os.path.join(path, "data.mdb")):
+        return None, "no index found: every ledger in a map counts as live"
+    idx = Index(path, cfg, readonly=True)
+    try:
+        return {lid for lid, _ in idx.ledgers()}, f"live = ledgers in the bookie's index ({path})"
+    finally:
+        idx.close()
+
+
+def _logs(cfg):
+    from bk.entrylog.usage import list_entry_logs
+    return sorted((log_id, path) for d in cfg.ledger_dirs for log_id, path in list_entry_logs(d))
+
+
+def _metadata(path: str, live: set[int] | None):
+    from bk.entrylog.usage import ScanReport, read_log_metadata
+    report = ScanReport()
+    meta = read_log_metadata(path, report)
+    if live is not None:
+        meta.remove_ledgers_if(lambda lid: lid not in live)
+    return meta, report
+
+
+def listfilesondisc(args) -> dict:
+    cfg = _config(args)
+    live, basis = _live_ledgers(cfg)
+    rows = []
+    for log_id, path in _logs(cfg):
+        meta, report = _metadata(path, live)
+        row = meta.to_dict(with_ledgers=False)
+        row.update(path=path, file_bytes=os.path.getsize(path), ledger_count=len(meta.ledgers))
+        if not report.clean:
+            row["scan_stopped"] = f"{report.reason} at offset {report.stop_offset}"
+        rows.append(row)
+    total = sum(r["total_bytes"] for r in rows)
+    live_bytes = sum(r["live_bytes"] for r in rows)
+    lines = [f"{'log':>8} {'file bytes':>12} {'total bytes':>12} {'live bytes':>12} {'usage':>6} {'ledgers':>7}  source",
+             *(f"{r['log_id']:>8x} {r['file_bytes']:>12} {r['total_bytes']:>12} {r['live_bytes']:>12} "
+               f"{r['usage']:>6.2f} {r['ledger_count']:>7}  {r['source']}"
+               + (f" ({r['scan_stopped']})" if "scan_stopped" in r else "") for r in rows),
+             f"{len(rows)} entry logs, {total} bytes of records, {live_bytes} live "
+             f"({live_bytes / total:.0%})" if total else f"{len(rows)} entry logs, no records", basis]
+    return {"ok": True, "entry_logs": rows, "total_bytes": total, "live_bytes": live_bytes,
+            "live_basis": basis, "text": "\n".join(lines)}
+
+
+def readlogmetadata(args) -> dict:
+    from bk.entrylog import format as fmt
+    path = args.log
+    if os.path.sep in path or path.endswith(fmt.LOG_SUFFIX):
+        cfg = _config(args) if (args.conf or args.ledger_dirs) else None
+    else:
+        cfg = _config(args)
+        try:
+            log_id = int(path, 16)
+        except ValueError:
+            raise ValueError(f"{args.log!r} is neither a hex log id nor a path") from None
+        found = [p for lid, p in _logs(cfg) if lid == log_id]
+        if not found:
+            raise ValueError(f"no entry log {log_id:x} in {', '.join(cfg.ledger_dirs)}")
+        path = found[0]
+    live, basis = _live_ledgers(cfg) if cfg is not None else (None, "no bookie given: every ledger counts as live")
+    meta, report = _metadata(path, None)
+    d = meta.to_dict()
+    d["path"] = path
+    d["ledgers"] = [{"ledger_id": lid, "bytes": n, "live": live is None or lid in live}
+                    for lid, n in sorted(meta.ledgers.items())]
+    d["live_bytes"] = sum(x["bytes"] for x in d["ledgers"] if x["live"])
+    d["usage"] = round(d["live_bytes"] / d["total_bytes"], 6) if d["total_bytes"] else 1.0
+    d["live_basis"] = basis
+    d["scan"] = None if report.clean else f"{report.reason} at offset {report.stop_offset}"
+    lines = [f"entry log {meta.log_id:x} ({path}): {d['total_bytes']} bytes of records, {d['live_bytes']} live, "
+             f"usage {d['usage']:.2f}, from its {'ledgers map' if meta.source == 'map' else 'records (scan)'}",
+             *(f"  ledger {x['ledger_id']:>12} {x['bytes']:>12} bytes{'' if x['live'] else '  (deleted)'}"
+               for x in d["ledgers"]), basis]
+    d["text"] = "\n".join(lines)
+    return d
+
+
+# ---------------------------------------------------------------- running bookie
+def _socket(args) -> str:
+    if args.socket:
+        return args.socket
+    if args.ledger_dirs:
+        return os.path.join(args.ledger_dirs[0], "admin.sock")
+    if args.conf:
+        from bk.config import load_config
+        return load_config(args.conf).resolved_admin_socket_path
+    raise ConfigError("which bookie? give --socket PATH, --ledger-dirs DIR or `bk shell --conf bookie.toml`")
+
+
+def _call(args, op: str, **kw) -> dict:
+    from bk.server.admin import AdminError, admin_call
+    try:
+        return admin_call(_socket(args), op, timeout_s=args.timeout, **kw)
+    except AdminError as e:
+        raise BKError(str(e)) from None
+
+
+def _when(ms) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "never"
+
+
+def triggergc(args) -> dict:
+    out = _call(args, "gc_trigger", force_major=args.force_major, force_minor=args.force_minor)
+    lines = [f"GC pass at {_when(out.get('start_ms'))} took {out.get('duration_ms')} ms",
+             f"  ledgers deleted   {len(out.get('ledgers_deleted', []))} "
+             f"({len(out.get('over_replicated_deleted', []))} over-replicated)",
+             f"  logs deleted      {len(out.get('logs_deleted', []))}",
+             f"  logs compacted    {len(out.get('logs_compacted', []))} ({out.get('compaction') or 'no compaction'})",
+             f"  bytes freed       {out.get('bytes_freed', 0)}",
+             f"  bytes rewritten   {out.get('bytes_rewritten', 0)}"]
+    lines += [f"  error: {e}" for e in out.get("errors", [])]
+    out["text"] = "\n".join(lines)
+    return out
+
+
+def gcstatus(args) -> dict:
+    st = _call(args, "gc_status")
+    st["ok"] = True
+    lines = [f"GC {'running a pass now' if st.get('running') else 'idle'}; last pass {_when(st.get('last_run_start_ms'))}"
+             f" ({st.get('last_run_duration_ms')} ms)",
+             f"  passes {st.get('passes')}, ledgers deleted {st.get('ledgers_deleted')}, logs deleted "
+             f"{st.get('logs_deleted')}, logs compacted {st.get('logs_compacted')}, bytes freed {st.get('bytes_freed')}",
+             f"  errors {st.get('errors')}" + (f" (last: {st['last_error']})" if st.get("last_error") else ""),
+             f"  entry logs known {st.get('entry_logs')}, compactions to finish {st.get('compacting_logs')}"]
+    st["text"] = "\n".join(lines)
+    return st

@@ -1,0 +1,146 @@
+"""The bookie's admin channel: JSON lines over a Unix-domain socket (docs/GC.md).
+
+Why a Unix socket: `bk shell triggergc` must reach a running bookie without the
+HTTP admin server, and GC is a destructive control. A socket file under the
+bookie's own ledger dir (default `<first ledger dir>/admin.sock`, mode 0600) is
+reachable only by who may read the bookie's data anyway, needs no port, and does
+not exist on any network. `admin_socket_path` moves it; `admin_socket_enabled =
+false` turns it off.
+
+Protocol: the client sends ONE request line and reads ONE response line, then
+the connection closes.
+    request   {"op": "<name>", ...arguments}
+    response  {"ok": true, "result": {...}}  or  {"ok": false, "error": "..."}
+Ops (each calls the bookie's Python API, which a later HTTP endpoint can call too):
+    gc_trigger   {"force_major": bool, "force_minor": bool}  -> GarbageCollector.trigger()
+    gc_status    {}                                           -> GarbageCollector.status()
+    entry_logs   {}                                           -> GarbageCollector.entry_log_usage()
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import stat
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 1 << 20
+MAX_UNIX_PATH_BYTES = 107  # sun_path is 108 bytes with its NUL
+
+
+class AdminError(Exception):
+    """The admin channel could not be reached or answered with an error."""
+
+
+def gc_ops(gc) -> dict:
+    """op name -> blocking handler(args) for a GarbageCollector (run off the loop)."""
+    return {
+        "gc_trigger": lambda a: gc.trigger(force_major=bool(a.get("force_major")),
+                                           force_minor=bool(a.get("force_minor"))),
+        "gc_status": lambda a: gc.status(),
+        "entry_logs": lambda a: {"entry_logs": gc.entry_log_usage()},
+    }
+
+
+class AdminServer:
+    def __init__(self, path: str, ops: dict):
+        self.path = path
+        self.ops = ops
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> bool:
+        """Listen; False (logged) when the path cannot hold a socket."""
+        if len(os.fsencode(self.path)) > MAX_UNIX_PATH_BYTES:
+            log.error("admin socket disabled: %s is longer than %d bytes (set admin_socket_path)",
+                      self.path, MAX_UNIX_PATH_BYTES)
+            return False
+        self._remove_stale()
+        self._server = await asyncio.start_unix_server(self._serve, path=self.path, limit=MAX_LINE_BYTES)
+        os.chmod(self.path, 0o600)
+        log.info("admin socket %s", self.path)
+        return True
+
+    def _remove_stale(self) -> None:
+        """A socket file left by a killed bookie is removed; one that answers is not ours."""
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise AdminError(f"{self.path} exists and is not a socket")
+        with socket.socket(socket.AF_UNIX) as s:
+            try:
+                s.connect(self.path)
+            except OSError:
+                os.unlink(self.path)
+                return
+        raise AdminError(f"another process is serving the admin socket {self.path}")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                line = await reader.readline()
+                req = json.loads(line)
+                if not isinstance(req, dict):
+                    raise ValueError("a request is a JSON object")
+                op = self.ops.get(req.get("op"))
+                if op is None:
+                    raise ValueError(f"unknown op {req.get('op')!r}; known: {sorted(self.ops)}")
+                result = await asyncio.to_thread(op, req)
+                reply = {"ok": True, "result": result}
+            except (ValueError, asyncio.LimitOverrunError) as e:
+                reply = {"ok": False, "error": f"bad request: {e}"}
+            except Exception as e:  # the channel answers every request
+                log.exception("admin request failed")
+                reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            writer.write(json.dumps(reply, default=str).encode() + b"\n")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def admin_call(path: str, op: str, timeout_s: float = 600.0, **args) -> dict:
+    """One request to a bookie's admin socket (blocking); the result, or AdminError."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(timeout_s)
+            s.connect(path)
+            s.sendall(json.dumps({"op": op, **args}).encode() + b"\n")
+            chunks = []
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                if chunk.endswith(b"\n"):
+                    break
+    except FileNotFoundError:
+        raise AdminError(f"no admin socket at {path}: is the bookie running (admin_socket_enabled)?") from None
+    except ConnectionRefusedError:
+        raise AdminError(f"nothing listens on {path}: the bookie is not running") from None
+    except socket.timeout:
+        raise AdminError(f"no answer from {path} within {timeout_s}s") from None
+    except OSError as e:
+        raise AdminError(f"admin socket {path}: {e.strerror or e}") from None
+    try:
+        reply = json.loads(b"".join(chunks))
+    except ValueError:
+        raise AdminError(f"bad answer from {path}") from None
+    if not reply.get("ok"):
+        raise AdminError(reply.get("error", "unknown error"))
+    return reply["result"]
