@@ -24,9 +24,13 @@ import time
 from bk.errors import BKError, ConfigError
 
 
+# its commands run through this module's own run() (set as each parser's func), not
+# bk.cli.shell's table; --json and --conf come from the shell's common options
+COMMANDS: dict = {}
+
+
 def add_parsers(cmds) -> None:
     def common(c, local: bool) -> None:
-        c.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
         if local:
             c.add_argument("--ledger-dirs", nargs="+", metavar="DIR", help="the bookie's ledger dirs")
             c.add_argument("--index-dir", metavar="DIR", help="its index dir (default: as the bookie)")

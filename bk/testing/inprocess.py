@@ -83,6 +83,10 @@ class InProcessCluster:
             if task is not None:
                 await task.stop()
         server.repair = server.autorecovery = None
+        for side in (server.http, server.admin):  # their sockets die with a killed process
+            if side is not None:
+                await side.stop()
+        server.http = server.admin = None
         if server._monitor is not None:
             server._monitor.cancel()
         if server._listener is not None:
@@ -93,6 +97,8 @@ class InProcessCluster:
         halt_without_checkpoint(server.bookie)
         if server.registration is not None:
             await server.registration.close()
+        if server.gc_policy is not None:
+            await server.gc_policy.close()
         await server.store.close()  # its ephemeral registration goes with the session
 
     async def add_bookie(self, **extra) -> int:
