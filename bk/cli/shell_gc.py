@@ -15,7 +15,6 @@ come from the options, else from `bk shell --conf bookie.toml`. Every command ta
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys

@@ -161,10 +161,34 @@ async def list_disk_file(admin, request):
     return json_response(await asyncio.to_thread(_list_disk_files, admin.config, (kind,) if kind else kinds))
 
 
-# ---------------------------------------------------------------- GC (another module)
-# The garbage collector registers /api/v1/bookie/gc (PUT triggers, GET status) and
-# /api/v1/bookie/gc_details (GET) here, with @route(...) from its own module imported
-# at the top of this one. Nothing answers them until it does.
+# ---------------------------------------------------------------- GC (docs/GC.md)
+@route("/api/v1/bookie/gc", "GET", "PUT")
+async def gc(admin, request):
+    """GET: BookKeeper's {"is_in_force_gc": "true"|"false"}. PUT (a mutation): run a pass now,
+    body {"forceMajor": bool, "forceMinor": bool}; answers with the pass's figures."""
+    collector = admin.server.bookie.gc
+    if collector is None:
+        raise HttpError(503, "garbage collection is not running on this bookie")
+    if request.method == "GET":
+        return json_response({"is_in_force_gc": str(bool(collector.status().get("running"))).lower()})
+    body = await json_body(request)
+    flags = {}
+    for key, name in (("forceMajor", "force_major"), ("forceMinor", "force_minor")):
+        value = body.get(key, False)
+        if not isinstance(value, bool):
+            raise HttpError(400, f"{key} must be true or false")
+        flags[name] = value
+    return json_response(await asyncio.to_thread(collector.trigger, **flags))
+
+
+@route("/api/v1/bookie/gc_details", "GET")
+async def gc_details(admin, request):
+    """The collector's status (last pass, its figures, compactions, settings) as a one-item list,
+    BookKeeper's shape for one ledger storage."""
+    collector = admin.server.bookie.gc
+    if collector is None:
+        raise HttpError(503, "garbage collection is not running on this bookie")
+    return json_response([collector.status()])
 
 
 # ---------------------------------------------------------------- the cluster

@@ -180,6 +180,14 @@ def test_mutations(cluster):
     assert call(cluster, 2, f"/api/v1/ledger/delete?ledger_id={ledger_id}", "DELETE", token=TOKEN)[0] == 200
     assert_error(call(cluster, 0, f"/api/v1/ledger/metadata?ledger_id={ledger_id}"), 404)
     put("/api/v1/autorecovery/lost_bookie_recovery_delay", {"delay_seconds": 0})
+    # GC: the deleted ledger's bytes are collected by a forced pass
+    assert call(cluster, 2, "/api/v1/bookie/gc", token=TOKEN)[2] == {"is_in_force_gc": "false"}
+    status, _, passed = put("/api/v1/bookie/gc", {"forceMajor": True})
+    assert status == 200 and passed["ok"] and ledger_id in passed["ledgers_deleted"], passed
+    status, _, details = call(cluster, 2, "/api/v1/bookie/gc_details", token=TOKEN)
+    assert status == 200 and details[0]["passes"] >= 1 and details[0]["last_pass"]["ok"]
+    assert_error(put("/api/v1/bookie/gc", {"forceMajor": "yes"}), 400)
+    assert_error(call(cluster, 0, "/api/v1/bookie/gc", "PUT", {}), 403)  # mutations off on bookie 0
 
 
 def scrape(cluster, i: int) -> dict:
