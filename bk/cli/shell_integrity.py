@@ -38,6 +38,9 @@ def add_parsers(cmds) -> None:
     c.add_argument("--dry-run", action="store_true", help="only report what the check finds")
     c = cmds.add_parser("repairstatus", help="BP-46: each live bookie's self-repair progress")
     c.add_argument("bookie_id", nargs="?", default=None, help="only this bookie (host:port)")
+    c.add_argument("--watch", action="store_true",
+                   help="with BOOKIE_ID: follow its repair (a progress bar on a terminal) until it is done")
+    c.add_argument("--timeout", type=float, default=None, metavar="S", help="with --watch: give up after S seconds")
 
 
 @_command("fixcookie")
@@ -103,33 +106,65 @@ def _repair_of(info) -> dict | None:
     return out
 
 
-@_command("repairstatus")
-async def cmd_repairstatus(uri, args):
+async def _statuses(uri, bookie_id: str | None) -> list[dict]:
     from bk.meta import open_store
     from bk.meta.registration import RegistrationManager
 
     store = await open_store(uri)
     try:
         rm = RegistrationManager(store, reregister_on_expiry=False)
-        ids = sorted({*await rm.writable_bookies(), *await rm.readonly_bookies()})
-        if args.bookie_id is not None:
-            if args.bookie_id not in ids:
-                raise BKError(f"bookie {args.bookie_id} is not registered (not running?)")
-            ids = [args.bookie_id]
-        bookies = []
-        for bookie_id in ids:
-            info = await rm.get_service_info(bookie_id)
-            bookies.append({"bookie_id": bookie_id, "repair": _repair_of(info) if info is not None else None})
-        await rm.close()
+        try:
+            ids = sorted({*await rm.writable_bookies(), *await rm.readonly_bookies()})
+            if bookie_id is not None:
+                if bookie_id not in ids:
+                    raise BKError(f"bookie {bookie_id} is not registered (not running?)")
+                ids = [bookie_id]
+            bookies = []
+            for bid in ids:
+                info = await rm.get_service_info(bid)
+                bookies.append({"bookie_id": bid, "repair": _repair_of(info) if info is not None else None})
+            return bookies
+        finally:
+            await rm.close()
     finally:
         await store.close()
-    lines = []
-    for b in bookies:
-        r = b["repair"]
-        if r is None:
-            lines.append(f"{b['bookie_id']}: no repair since it started")
-        else:
-            lines.append(f"{b['bookie_id']}: {r.get('state')}: {r.get('ledgers_left')} of {r.get('ledgers_total')}"
-                         f" ledgers left, {r.get('ledgers_recovered')} recovered, {r.get('entries_copied')} entries"
-                         f" ({r.get('bytes_copied')} bytes) copied, {r.get('errors')} errors, {r.get('elapsed_s')}s")
-    return {"ok": True, "bookies": bookies, "text": "\n".join(lines) or "no bookie is registered"}
+
+
+def _line(b: dict) -> str:
+    r = b["repair"]
+    if r is None:
+        return f"{b['bookie_id']}: no repair since it started"
+    return (f"{b['bookie_id']}: {r.get('state')}: {r.get('ledgers_left')} of {r.get('ledgers_total')}"
+            f" ledgers left, {r.get('ledgers_recovered')} recovered, {r.get('entries_copied')} entries"
+            f" ({r.get('bytes_copied')} bytes) copied, {r.get('errors')} errors, {r.get('elapsed_s')}s")
+
+
+@_command("repairstatus")
+async def cmd_repairstatus(uri, args):
+    if args.watch:
+        return await _watch(uri, args)
+    bookies = await _statuses(uri, args.bookie_id)
+    return {"ok": True, "bookies": bookies, "text": "\n".join(map(_line, bookies)) or "no bookie is registered"}
+
+
+async def _watch(uri, args):
+    import asyncio
+
+    from .progress import progress_bar
+
+    if args.bookie_id is None:
+        raise BKError("--watch follows one bookie: give its id")
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    with progress_bar(desc=f"repair {args.bookie_id}", unit="ledger", quiet=args.json) as bar:
+        while True:
+            b = (await _statuses(uri, args.bookie_id))[0]
+            r = b["repair"]
+            if r is not None:
+                bar.update_to(int(r.get("ledgers_done", 0)), int(r.get("ledgers_total", 0)) or None,
+                              postfix=f"{r.get('bytes_copied', 0) / 1e6:.1f} MB copied, {r.get('errors', 0)} errors")
+                if r.get("state") == "done":
+                    break
+            if deadline is not None and time.monotonic() > deadline:
+                return {"ok": False, "bookies": [b], "text": _line(b) + f" (still not done after {args.timeout:g}s)"}
+            await asyncio.sleep(0.5)
+    return {"ok": True, "bookies": [b], "text": _line(b)}

@@ -311,7 +311,10 @@ def test_second_crash_during_repair_loses_nothing(cluster):
     time.sleep(2.0)  # the open ledger is recovered and a few entries copied
     cluster.kill(0)
     restart(cluster, 0, data_integrity_repair_rate_bytes_per_s=0, rereplication_entry_batch_size=100)
-    wait_repaired(cluster, 0)
+    cluster.bookies[0].wait_ready(60)
+    out = run_shell(uri, "--json", "repairstatus", victim, "--watch", "--timeout", "90", timeout_s=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["bookies"][0]["repair"]["state"] == "done"
 
     async def check():
         assert set((await answers(victim, closed_id, 60)).values()) == {EOK}
