@@ -113,13 +113,22 @@ class BookieProcess:
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
-                raise RuntimeError(f"bookie {self.bookie_id} is not running (exit code {code}); see {self.log_path}")
+                raise RuntimeError(f"bookie {self.bookie_id} is not running (exit code {code}); see {self.log_path}:\n"
+                                   + self._log_tail())
             try:
                 with socket.create_connection((self.bind_host, port), timeout=1.0):
                     return
             except OSError:
                 time.sleep(0.05)
         raise TimeoutError(f"bookie {self.bookie_id} not serving after {timeout_s}s; see {self.log_path}")
+
+    def _log_tail(self, nbytes: int = 3000) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                return fh.read().decode(errors="replace")[-nbytes:]
+        except OSError as e:
+            return f"(no log: {e})"
 
     @property
     def alive(self) -> bool:
