@@ -15,15 +15,10 @@ import time
 
 from bk.errors import BKError, ConfigError, CookieError
 
-COMMANDS = {}
+from .commands import command_table
+
+COMMANDS, command = command_table()
 REPAIR_PREFIX = "repair."
-
-
-def _command(name: str):
-    def register(fn):
-        COMMANDS[name] = fn
-        return fn
-    return register
 
 
 def add_parsers(cmds) -> None:
@@ -43,7 +38,7 @@ def add_parsers(cmds) -> None:
     c.add_argument("--timeout", type=float, default=None, metavar="S", help="with --watch: give up after S seconds")
 
 
-@_command("fixcookie")
+@command("fixcookie")
 async def cmd_fixcookie(uri, args):
     from bk.bookie import Bookie
     from bk.config import load_config
@@ -139,7 +134,7 @@ def _line(b: dict) -> str:
             f" ({r.get('bytes_copied')} bytes) copied, {r.get('errors')} errors, {r.get('elapsed_s')}s")
 
 
-@_command("repairstatus")
+@command("repairstatus")
 async def cmd_repairstatus(uri, args):
     if args.watch:
         return await _watch(uri, args)

@@ -16,15 +16,9 @@ import os
 
 from bk.errors import BKError, IncorrectParameterError
 
-COMMANDS = {}
+from .commands import command_table
 
-
-def _local(name: str):
-    def register(fn):
-        fn.local = True  # run() calls it without a metadata store
-        COMMANDS[name] = fn
-        return fn
-    return register
+COMMANDS, command = command_table()
 
 
 def add_parsers(cmds) -> None:
@@ -62,7 +56,7 @@ def _payload(entry: bytes) -> str:
     return bytes(entry).decode("utf-8", errors="backslashreplace")
 
 
-@_local("lastmark")
+@command("lastmark", local=True)
 async def cmd_lastmark(uri, args):
     import asyncio
 
@@ -84,7 +78,7 @@ async def cmd_lastmark(uri, args):
     return {"marks": rows, "text": text}
 
 
-@_local("readjournal")
+@command("readjournal", local=True)
 async def cmd_readjournal(uri, args):
     import asyncio
 
@@ -173,7 +167,7 @@ def scan_log_file(cfg, log_id: int, path: str):
     return LogScan(load("entrylog"), path, log_id, end, cfg.max_frame_size_bytes)
 
 
-@_local("readlog")
+@command("readlog", local=True)
 async def cmd_readlog(uri, args):
     import asyncio
 
@@ -254,7 +248,7 @@ def consistency_check(cfg) -> dict:
     return {"ok": not problems, "locations_checked": checked, "entry_logs": len(paths), "problems": problems}
 
 
-@_local("localconsistencycheck")
+@command("localconsistencycheck", local=True)
 async def cmd_localconsistencycheck(uri, args):
     import asyncio
 

@@ -17,15 +17,10 @@ import os
 
 from bk.errors import BKError, IncorrectParameterError
 
-COMMANDS = {}
+from .commands import command_table
+
+COMMANDS, command = command_table()
 BOOKIE_INFO_TIMEOUT_S = 5.0
-
-
-def _command(name: str):
-    def register(fn):
-        COMMANDS[name] = fn
-        return fn
-    return register
 
 
 def add_parsers(cmds) -> None:
@@ -65,7 +60,7 @@ def _http_url(info) -> str | None:
     return None
 
 
-@_command("bookieinfo")
+@command("bookieinfo")
 async def cmd_bookieinfo(uri, args):
     async def go(bkc):
         reg = bkc.registration
@@ -88,7 +83,7 @@ async def cmd_bookieinfo(uri, args):
     return await _with_client(uri, go)
 
 
-@_command("clusterinfo")
+@command("clusterinfo")
 async def cmd_clusterinfo(uri, args):
     from bk.meta.cluster import read_instance_id
     from bk.meta.underreplication import LedgerUnderreplicationManager
@@ -121,7 +116,7 @@ async def cmd_clusterinfo(uri, args):
     return await _with_client(uri, go)
 
 
-@_command("whatisinstanceid")
+@command("whatisinstanceid")
 async def cmd_whatisinstanceid(uri, args):
     from bk.meta import open_store
     from bk.meta.cluster import read_instance_id
@@ -146,7 +141,7 @@ class _OneBookie:
         return [self.bookie_id]
 
 
-@_command("bookiesanity")
+@command("bookiesanity")
 async def cmd_bookiesanity(uri, args):
     from bk.client import BookKeeper
 
@@ -175,7 +170,7 @@ async def cmd_bookiesanity(uri, args):
             "text": f"bookie sanity test succeeded on {bookie}: {args.entries} entries written and read back"}
 
 
-@_command("queryautorecoverystatus")
+@command("queryautorecoverystatus")
 async def cmd_queryautorecoverystatus(uri, args):
     from bk.meta import open_store
     from bk.meta.underreplication import LedgerUnderreplicationManager
@@ -200,7 +195,7 @@ async def cmd_queryautorecoverystatus(uri, args):
     return {"ledger_replication_enabled": enabled, "ledgers": ledgers, "text": "\n".join(lines)}
 
 
-@_command("nukeexistingcluster")
+@command("nukeexistingcluster")
 async def cmd_nukeexistingcluster(uri, args):
     """Delete the whole metadata root, only when --instance-id matches it (and no bookie is
     registered, unless --force): the ids guard against nuking the wrong cluster."""

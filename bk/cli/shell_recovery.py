@@ -22,15 +22,9 @@ import sys
 from bk.errors import IncorrectParameterError
 
 from .progress import progress_bar
+from .commands import command_table
 
-COMMANDS = {}
-
-
-def _command(name: str):
-    def register(fn):
-        COMMANDS[name] = fn
-        return fn
-    return register
+COMMANDS, command = command_table()
 
 
 def add_parsers(cmds) -> None:
@@ -134,7 +128,7 @@ def _plan_text(plans, args) -> str:
     return "\n".join(lines)
 
 
-@_command("recover")
+@command("recover")
 async def cmd_recover(uri, args):
     from bk.client import BookKeeper
     from bk.replication import BookieRecovery
@@ -205,7 +199,7 @@ async def _with_urm(uri, fn):
         await store.close()
 
 
-@_command("autorecovery")
+@command("autorecovery")
 async def cmd_autorecovery(uri, args):
     from bk.replication.admin import replication_status
 
@@ -223,7 +217,7 @@ async def cmd_autorecovery(uri, args):
     return await _with_urm(uri, go)
 
 
-@_command("lostbookierecoverydelay")
+@command("lostbookierecoverydelay")
 async def cmd_lostbookierecoverydelay(uri, args):
     async def go(urm):
         if args.set is not None:
@@ -235,7 +229,7 @@ async def cmd_lostbookierecoverydelay(uri, args):
     return await _with_urm(uri, go)
 
 
-@_command("whoisauditor")
+@command("whoisauditor")
 async def cmd_whoisauditor(uri, args):
     from bk.replication.election import current_auditor
 
@@ -245,7 +239,7 @@ async def cmd_whoisauditor(uri, args):
     return await _with_urm(uri, go)
 
 
-@_command("listunderreplicated")
+@command("listunderreplicated")
 async def cmd_listunderreplicated(uri, args):
     from bk.replication.admin import list_underreplicated
 
@@ -265,7 +259,7 @@ async def cmd_listunderreplicated(uri, args):
     return await _with_urm(uri, go)
 
 
-@_command("triggeraudit")
+@command("triggeraudit")
 async def cmd_triggeraudit(uri, args):
     from bk.replication.admin import trigger_audit
     from bk.replication.election import current_auditor
@@ -279,7 +273,7 @@ async def cmd_triggeraudit(uri, args):
     return await _with_urm(uri, go)
 
 
-@_command("decommissionbookie")
+@command("decommissionbookie")
 async def cmd_decommissionbookie(uri, args):
     from bk.client import BookKeeper
     from bk.meta.underreplication import LedgerUnderreplicationManager
