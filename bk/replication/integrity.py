@@ -17,7 +17,7 @@ at a time:
    stays open and in limbo, never closed short (bk.client.recovery).
 3. For every segment naming this bookie that has an end, the entries whose write
    set holds this bookie and that it does not store are copied from the other
-   members of the write set (digest verified, written back to this bookie as
+   members of the write set (digest verified, added to this bookie locally as
    recovery adds; bk.replication.replicator.EntryCopy).
 4. Limbo is cleared with a checkpoint that also makes the copied entries durable
    (Bookie.clear_limbo), so a cleared limbo never stands in front of an entry
@@ -29,8 +29,8 @@ in the bookie's registration (`bk shell repairstatus`) and logged at the start
 and the end with figures.
 
 `local` is the Bookie (duck-typed: this layer does not import bk.bookie):
-`missing_entries`, `clear_limbo`, `limbo_ledgers`, `is_limbo`,
-`finish_integrity_check`.
+`missing_entries`, `clear_limbo`, `limbo_ledgers`, `is_limbo`, `add_entry_cb`
+(copies are added straight into it, as recovery adds), `finish_integrity_check`.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
+from types import SimpleNamespace
 from typing import Callable
 
 from bk.errors import BKError, NoSuchLedgerMetadataError, ReplicationError
@@ -46,6 +48,11 @@ from bk.errors import BKError, NoSuchLedgerMetadataError, ReplicationError
 from .replicator import EntryCopy, RateLimiter, bookie_entries, ledger_digest, segment_bounds, write_set
 
 log = logging.getLogger(__name__)
+_OK = SimpleNamespace(rc=0)  # what EntryCopy reads of a successful answer
+
+
+def _local_done(answered, err) -> None:
+    answered(_OK if err is None else None, err)
 
 RETRY_FIRST_S = 1.0
 PROGRESS_EVERY_S = 1.0
@@ -246,11 +253,16 @@ class DataIntegrityCheck:
             self.status.bytes_copied += nbytes
             self._progress()
 
-        copy = EntryCopy(self.bk.pool, digest, key, missing, replicas_for, me, self.window, self.limiter, on_bytes)
+        copy = EntryCopy(self.bk.pool, digest, key, missing, replicas_for, me, self.window, self.limiter, on_bytes,
+                         store=partial(self._store_locally, ledger_id, key))
         try:
             await copy.start()
         finally:
             copy.cancel()
+
+    def _store_locally(self, ledger_id: int, key: bytes, entry_id: int, body: bytes, answered) -> None:
+        """A recovery add straight into this bookie (no round trip through its own listener)."""
+        self.local.add_entry_cb(ledger_id, entry_id, bytes(body), key, True, _local_done, answered)
 
     # ------------------------------------------------------------ reporting
     def _error(self, ledger_id: int | None, message: str) -> None:

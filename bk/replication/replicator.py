@@ -130,7 +130,7 @@ class EntryCopy:
 
     def __init__(self, pool, digest: DigestManager, key: bytes, entries: Sequence[int],
                  replicas_for: Callable[[int], list[str]], target: str, window: int,
-                 limiter: RateLimiter | None, on_bytes: Callable[[int], None] | None):
+                 limiter: RateLimiter | None, on_bytes: Callable[[int], None] | None, store=None):
         self.pool = pool
         self.digest = digest
         self.ledger_id = digest.ledger_id
@@ -138,7 +138,11 @@ class EntryCopy:
         self.entries = entries
         self.replicas_for = replicas_for
         self.target = target
-        self.target_client = pool.get(target)
+        # store(entry_id, stored_bytes, answered): a recovery add on the target that calls
+        # answered(response, err) once; the default goes over the wire, a bookie repairing
+        # itself adds locally (bk.replication.integrity)
+        self.store = store or self._send_to_target
+        self.target_client = pool.get(target) if store is None else None
         self.window = max(1, window)
         self.limiter = limiter
         self.on_bytes = on_bytes
@@ -211,10 +215,14 @@ class EntryCopy:
             answered(None, e)
 
     # -- write
+    def _send_to_target(self, entry_id: int, body: bytes, answered) -> None:
+        """The default `store`: a recovery ADD to the target bookie over the wire."""
+        frame = b"".join((_frame_head.pack(4 + len(self.key) + len(body), _ADD_RECOVERY_HEADER), self.key, body))
+        self.target_client.send_add(frame, self.ledger_id, entry_id, answered)
+
     def _write(self, entry_id: int, body: bytes, attempt: int) -> None:
         if self.future.done():
             return
-        frame = b"".join((_frame_head.pack(4 + len(self.key) + len(body), _ADD_RECOVERY_HEADER), self.key, body))
 
         def answered(response, err) -> None:
             if err is None and response.rc == EOK:
@@ -229,7 +237,7 @@ class EntryCopy:
                                         f" did not store it ({why})"))
 
         try:
-            self.target_client.send_add(frame, self.ledger_id, entry_id, answered)
+            self.store(entry_id, body, answered)
         except BKError as e:
             answered(None, e)
 
