@@ -77,7 +77,7 @@ def connect_instantly(bkc: BookKeeper, bookie_ids) -> None:
         client = bkc.pool.get(bookie_id)
         protocol = _BookieProtocol(client)
         protocol.connection_made(InstantBookieTransport(protocol))
-        client._protocol = protocol
+        client._core.protocol = protocol
 
 
 async def write_round(ensemble: int, wq: int, aq: int, use_callback: bool) -> float:
