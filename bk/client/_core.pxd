@@ -24,9 +24,26 @@ cdef class PendingAdd:
 cdef class AddCore
 
 
+cdef class AddBatch:
+    cdef public object future, error
+    cdef public int64_t first_entry_id
+    cdef public Py_ssize_t total, count, done, acked
+    cdef public bint added, unknown
+    cdef _completed(self, int64_t entry_id, err)
+    cdef _finish(self)
+
+
 cdef class AddResponder:
     cdef readonly AddCore core
     cdef readonly object bookie
+
+
+cdef class AddWindow:
+    cdef public AddCore core
+    cdef public object loop, error, waiters, drained, last_acknowledged_entry_id
+    cdef public Py_ssize_t max_in_flight, in_flight, acknowledged
+    cdef public bint reported, closed
+    cdef _completed(self, int64_t entry_id, err)
 
 
 cdef class AddCore:
@@ -46,6 +63,8 @@ cdef class AddCore:
     # add_failure(bookie, response, err), wake_drain()
     cdef public object raise_refused, raise_too_large, send_again, add_failure, wake_drain
 
+    cdef _check(self, data)
+    cdef _add(self, data, callback)
     cdef _add_response_c(self, bookie, response, err)
     cdef _deliver_c(self)
 

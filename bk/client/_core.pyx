@@ -20,7 +20,9 @@ from libc.stdint cimport int64_t
 
 import logging
 
-from bk.errors import IncorrectParameterError
+from collections import deque
+
+from bk.errors import AddBatchError, IncorrectParameterError, LedgerClosedError
 from bk.proto.constants import OpCode
 from bk.proto.messages import AddResponse
 
@@ -95,6 +97,116 @@ cdef class AddResponder:
         self.core._add_response_c(self.bookie, response, err)
 
 
+@cython.final
+cdef class AddBatch:
+    """The adds of one add_entries call: its future, completed once every add did (core_py.AddBatch)."""
+
+    def __call__(self, entry_id, err):
+        self._completed(entry_id, err)
+
+    cdef _completed(self, int64_t entry_id, err):
+        self.done += 1
+        if err is None:
+            self.acked += 1
+        else:
+            if self.error is None:
+                self.error = err
+            if getattr(err, "outcome_unknown", True):
+                self.unknown = True
+        if self.added and self.done == self.count:
+            self._finish()
+
+    cdef _finish(self):
+        future = self.future
+        if future.done():  # cancelled by its awaiter: the adds went on regardless
+            return
+        if self.error is None:
+            future.set_result(list(range(self.first_entry_id, self.first_entry_id + self.count)))
+        else:
+            future.set_exception(AddBatchError.of_batch(self.first_entry_id, self.acked, self.count, self.total,
+                                                        self.error, self.unknown))
+
+
+@cython.final
+cdef class AddWindow:
+    """The hot half of a LedgerWriter: adds through a window of `max_in_flight` (see core_py.AddWindow)."""
+
+    def __init__(self, AddCore core, Py_ssize_t max_in_flight):
+        self.core = core
+        self.loop = core.loop
+        self.max_in_flight = max_in_flight
+        self.waiters = deque()
+
+    def add(self, data):
+        """Send `data` now if the window has room (an awaitable already done: the entry id), else
+        queue it (a future of the entry id, set when it is sent)."""
+        if self.error is not None:
+            self.reported = True
+            raise self.error
+        if self.closed:
+            raise LedgerClosedError(f"ledger {self.core.ledger_id}: this writer is closed")
+        if self.in_flight < self.max_in_flight and not self.waiters:
+            entry_id = self.core._add(data, self)
+            self.in_flight += 1
+            return Ready(entry_id)
+        future = self.loop.create_future()
+        self.waiters.append((future, data))
+        return future
+
+    def __call__(self, entry_id, err):
+        self._completed(entry_id, err)
+
+    cdef _completed(self, int64_t entry_id, err):
+        self.in_flight -= 1
+        if err is None:
+            self.acknowledged += 1
+            self.last_acknowledged_entry_id = entry_id
+        elif self.error is None:
+            self.error = err
+        if self.waiters:
+            self.admit()
+        if self.in_flight == 0:
+            drained = self.drained
+            if drained is not None and not drained.done():
+                drained.set_result(None)
+
+    def admit(self):
+        """Send waiting adds while there is room; after a failure fail them all (they were not sent)."""
+        waiters = self.waiters
+        while waiters and (self.in_flight < self.max_in_flight or self.error is not None):
+            future, data = waiters.popleft()
+            if future.done():  # cancelled while waiting: not sent
+                continue
+            if self.error is not None:
+                self.reported = True
+                future.set_exception(self.error)
+                continue
+            try:
+                entry_id = self.core._add(data, self)
+            except Exception as e:  # refused (e.g. the ledger was closed): this add was not written
+                future.set_exception(e)
+                continue
+            self.in_flight += 1
+            future.set_result(entry_id)
+
+
+@cython.freelist(256)
+@cython.final
+cdef class Ready:
+    """An awaitable that is already done: `await Ready(v)` is v, with no future and no loop step."""
+
+    cdef object value
+
+    def __init__(self, value):
+        self.value = value
+
+    def __await__(self):
+        return self
+
+    def __next__(self):
+        raise StopIteration(self.value)
+
+
 cdef class AddCore:
     """The add path of one ledger, held by its LedgerHandle (see core_py.AddCore)."""
 
@@ -112,6 +224,59 @@ cdef class AddCore:
 
     def async_add_entry(self, data, callback=None):
         """Start an add without waiting (see core_py.AddCore.async_add_entry)."""
+        return self._add(data, callback)
+
+    def add_entry(self, data):
+        """The future of the entry id (see core_py.AddCore.add_entry)."""
+        try:
+            return self._add(data, None)
+        except Exception as e:  # what awaiting a coroutine would raise, raised by the await
+            future = self.loop.create_future()
+            future.set_exception(e)
+            return future
+
+    def add_entries(self, payloads):
+        """One future for a batch of adds (see core_py.AddCore.add_entries)."""
+        cdef AddBatch batch = AddBatch.__new__(AddBatch)
+        cdef list items
+        future = batch.future = self.loop.create_future()
+        try:
+            items = payloads if type(payloads) is list else list(payloads)
+            for data in items:
+                self._check(data)
+        except Exception as e:  # bad input: nothing was added
+            future.set_exception(e)
+            return future
+        batch.first_entry_id = self.last_add_pushed + 1
+        batch.total = len(items)
+        try:
+            for data in items:
+                self._add(data, batch)
+                batch.count += 1
+        except Exception as e:  # refused: at once (as add_entry would be), or part way
+            if batch.count == 0:
+                future.set_exception(e)
+                return future
+            if batch.error is None:
+                batch.error = e
+        batch.added = True
+        if batch.done == batch.count:
+            batch._finish()
+        return future
+
+    cdef _check(self, data):
+        """Raise what _add would for `data` as a payload, without adding it."""
+        cdef Py_ssize_t n
+        if type(data) is bytes:
+            n = len(<bytes>data)
+        elif isinstance(data, (bytearray, memoryview)):
+            n = memoryview(data).nbytes
+        else:
+            raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
+        if n > self.max_payload_bytes:
+            self.raise_too_large(n)
+
+    cdef _add(self, data, callback):
         cdef PendingAdd op
         cdef int64_t entry_id, lac, length
         cdef Py_ssize_t n
@@ -229,7 +394,12 @@ cdef class AddCore:
                 continue
             op.callback = None
             try:
-                callback(op.entry_id, None)
+                if type(callback) is AddWindow:
+                    (<AddWindow>callback)._completed(op.entry_id, None)
+                elif type(callback) is AddBatch:
+                    (<AddBatch>callback)._completed(op.entry_id, None)
+                else:
+                    callback(op.entry_id, None)
             except Exception:  # a caller's bug must not stop the other completions
                 log.exception("add callback of entry %d failed", op.entry_id)
         if not pending:

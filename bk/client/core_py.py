@@ -33,7 +33,9 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from bk.errors import IncorrectParameterError
+from collections import deque
+
+from bk.errors import AddBatchError, IncorrectParameterError, LedgerClosedError
 from bk.proto.constants import OpCode
 from bk.proto.messages import AddResponse
 
@@ -106,6 +108,129 @@ def AddResponder(core, bookie: str):  # noqa: N802 - the compiled twin is a clas
     return partial(core.add_response, bookie)
 
 
+class AddBatch:
+    """The adds of one add_entries call: its future, completed once every add did.
+
+    `count` adds got ids from `first_entry_id` on (of `total` payloads; fewer
+    if the handle refused part way); `done` of them completed, `acked` of them
+    successfully (a prefix: completions come in entry-id order)."""
+
+    __slots__ = ("future", "error", "first_entry_id", "total", "count", "done", "acked", "added", "unknown")
+
+    def __init__(self):
+        self.future = self.error = None
+        self.first_entry_id = self.total = self.count = self.done = self.acked = 0
+        self.added = self.unknown = False
+
+    def __call__(self, entry_id: int, err) -> None:
+        self._completed(entry_id, err)
+
+    def _completed(self, entry_id: int, err) -> None:
+        self.done += 1
+        if err is None:
+            self.acked += 1
+        else:
+            if self.error is None:
+                self.error = err
+            if getattr(err, "outcome_unknown", True):
+                self.unknown = True
+        if self.added and self.done == self.count:
+            self._finish()
+
+    def _finish(self) -> None:
+        future = self.future
+        if future.done():  # cancelled by its awaiter: the adds went on regardless
+            return
+        if self.error is None:
+            future.set_result(list(range(self.first_entry_id, self.first_entry_id + self.count)))
+        else:
+            future.set_exception(AddBatchError.of_batch(self.first_entry_id, self.acked, self.count, self.total,
+                                                        self.error, self.unknown))
+
+
+class AddWindow:
+    """The hot half of a LedgerWriter (bk/client/writer.py): adds through a window of
+    `max_in_flight`, completed through this object as their callback. `waiters` are
+    (future, data) of adds waiting for room, in call order; `error` the first failure
+    (`reported` once raised to the caller); `drained` a future set when nothing is in flight."""
+
+    __slots__ = ("core", "loop", "error", "waiters", "drained", "last_acknowledged_entry_id", "max_in_flight",
+                 "in_flight", "acknowledged", "reported", "closed")
+
+    def __init__(self, core, max_in_flight: int):
+        self.core, self.loop = core, core.loop
+        self.error = self.drained = self.last_acknowledged_entry_id = None
+        self.waiters = deque()
+        self.max_in_flight = max_in_flight
+        self.in_flight = self.acknowledged = 0
+        self.reported = self.closed = False
+
+    def add(self, data):
+        """Send `data` now if the window has room (an awaitable already done: the entry id), else
+        queue it (a future of the entry id, set when it is sent)."""
+        if self.error is not None:
+            self.reported = True
+            raise self.error
+        if self.closed:
+            raise LedgerClosedError(f"ledger {self.core.ledger_id}: this writer is closed")
+        if self.in_flight < self.max_in_flight and not self.waiters:
+            entry_id = self.core._add(data, self)
+            self.in_flight += 1
+            return Ready(entry_id)
+        future = self.loop.create_future()
+        self.waiters.append((future, data))
+        return future
+
+    def __call__(self, entry_id: int, err) -> None:
+        self._completed(entry_id, err)
+
+    def _completed(self, entry_id: int, err) -> None:
+        self.in_flight -= 1
+        if err is None:
+            self.acknowledged += 1
+            self.last_acknowledged_entry_id = entry_id
+        elif self.error is None:
+            self.error = err
+        if self.waiters:
+            self.admit()
+        if self.in_flight == 0:
+            drained = self.drained
+            if drained is not None and not drained.done():
+                drained.set_result(None)
+
+    def admit(self) -> None:
+        """Send waiting adds while there is room; after a failure fail them all (they were not sent)."""
+        waiters = self.waiters
+        while waiters and (self.in_flight < self.max_in_flight or self.error is not None):
+            future, data = waiters.popleft()
+            if future.done():  # cancelled while waiting: not sent
+                continue
+            if self.error is not None:
+                self.reported = True
+                future.set_exception(self.error)
+                continue
+            try:
+                entry_id = self.core._add(data, self)
+            except Exception as e:  # refused (e.g. the ledger was closed): this add was not written
+                future.set_exception(e)
+                continue
+            self.in_flight += 1
+            future.set_result(entry_id)
+
+
+class Ready:
+    """An awaitable that is already done: `await Ready(v)` is v, with no future and no loop step."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __await__(self):
+        return self.value
+        yield  # noqa: unreachable - makes __await__ a generator that stops at once
+
+
 class AddCore:
     """The add path of one ledger, held by its LedgerHandle (see the module docstring)."""
 
@@ -139,6 +264,69 @@ class AddCore:
         it or `callback(entry_id, error)` if it failed. Either way an add that
         cannot start (closed handle, fenced writer, bad data) raises here.
         """
+        return self._add(data, callback)
+
+    def add_entry(self, data):
+        """The add starts now; returns the future of its entry id.
+
+        A plain future, not a coroutine: `await lh.add_entry(data)` reads as
+        before, and `asyncio.gather` over many of them wraps none in a task. An
+        add that cannot start puts its error in the future (raised by the
+        await, as a coroutine would)."""
+        try:
+            return self._add(data, None)
+        except Exception as e:  # what awaiting a coroutine would raise, raised by the await
+            future = self.loop.create_future()
+            future.set_exception(e)
+            return future
+
+    def add_entries(self, payloads):
+        """Add every payload of `payloads` (any iterable of bytes-like) now; one future for all.
+
+        The future's result is the list of entry ids, in the payloads' order
+        (consecutive ids). Bad input (a payload that is not bytes-like or too
+        large) fails the future before anything is added. If some adds fail
+        the future raises AddBatchError: the acknowledged ids, the failed ids
+        and how many payloads were never added; each add is reported once.
+        Cancelling the future does not take back adds already made."""
+        batch = AddBatch()
+        future = batch.future = self.loop.create_future()
+        try:
+            items = payloads if type(payloads) is list else list(payloads)
+            for data in items:
+                self._check(data)
+        except Exception as e:  # bad input: nothing was added
+            future.set_exception(e)
+            return future
+        batch.first_entry_id = self.last_add_pushed + 1
+        batch.total = len(items)
+        try:
+            for data in items:
+                self._add(data, batch)
+                batch.count += 1
+        except Exception as e:  # refused: at once (as add_entry would be), or part way
+            if batch.count == 0:
+                future.set_exception(e)
+                return future
+            if batch.error is None:
+                batch.error = e
+        batch.added = True
+        if batch.done == batch.count:
+            batch._finish()
+        return future
+
+    def _check(self, data) -> None:
+        """Raise what _add would for `data` as a payload, without adding it."""
+        if type(data) is bytes:
+            n = len(data)
+        elif isinstance(data, (bytearray, memoryview)):
+            n = memoryview(data).nbytes
+        else:
+            raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
+        if n > self.max_payload_bytes:
+            self.raise_too_large(n)
+
+    def _add(self, data, callback):
         if self.refuse is not None or self.bk.closed:
             self.raise_refused()
         if type(data) is not bytes:

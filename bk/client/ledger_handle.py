@@ -62,6 +62,7 @@ from bk.proto import DigestManager, StatusCode
 
 from .quorum import AddFramer, in_write_set
 from .read_handle import ReadHandle
+from .writer import LedgerWriter
 
 log = logging.getLogger(__name__)
 _core = _native.load("core", "bk.client")
@@ -122,8 +123,10 @@ class LedgerHandle(ReadHandle):
         self._close_task: asyncio.Task | None = None
         self._drain_waiter: asyncio.Future | None = None
         self.ensemble_changes = 0
-        # the add path is the core's own method (no Python frame in between)
+        # the add path is the core's own methods (no Python frame in between)
         self.async_add_entry = core.async_add_entry
+        self.add_entry = core.add_entry
+        self.add_entries = core.add_entries
 
     @property
     def _lac(self) -> int:  # ReadHandle's name for the LAC; the writer's lives in its core
@@ -171,9 +174,30 @@ class LedgerHandle(ReadHandle):
     # ------------------------------------------------------------ adds
     # async_add_entry is the core's (bk/client/_core.pyx, twin core_py.py), as are the answers and
     # in-order completion; the rare paths below are the hooks the core was given.
-    async def add_entry(self, data) -> int:
-        """Append `data`; returns its entry id once AQ bookies stored it."""
-        return await self.async_add_entry(data)
+    # The four ways to add are the core's own methods, bound in __init__ (these definitions document
+    # them and serve a subclass that calls them through the class).
+    def async_add_entry(self, data, callback=None):
+        """Start an add; `callback(entry_id, err)` later, in entry-id order (or the future of the
+        entry id without a callback). An add that cannot start raises here."""
+        return self._core.async_add_entry(data, callback)
+
+    def add_entry(self, data) -> asyncio.Future:
+        """Append `data`: `await lh.add_entry(data)` is its entry id once AQ bookies stored it.
+
+        The add starts at the call and the result is a plain future (no coroutine, so `gather`
+        over many wraps none in a task); an add that cannot start raises when awaited."""
+        return self._core.add_entry(data)
+
+    def add_entries(self, payloads) -> asyncio.Future:
+        """Append every payload (any iterable of bytes-like) now: `await lh.add_entries(batch)` is
+        their entry ids, in order. A failure part way raises AddBatchError (acknowledged ids,
+        failed ids, payloads never added: each add reported once). Bad input adds nothing."""
+        return self._core.add_entries(payloads)
+
+    def writer(self, max_in_flight: int = 1000) -> "LedgerWriter":
+        """`async with lh.writer(max_in_flight=D) as w: await w.add(data)` - adds with a bounded
+        window; see bk/client/writer.py."""
+        return LedgerWriter(self, max_in_flight)
 
     def _raise_refused(self):
         if self._state is not OPEN:

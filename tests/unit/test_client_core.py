@@ -34,16 +34,16 @@ def declared_fields(cls) -> set[str]:
 
 
 @needs_native
-@pytest.mark.parametrize("name", ["AddCore", "RequestCore"])
+@pytest.mark.parametrize("name", ["AddCore", "RequestCore", "AddBatch", "AddWindow"])
 def test_both_twins_declare_the_same_fields(name):
     assert declared_fields(getattr(NATIVE, name)) == declared_fields(getattr(PURE, name))
 
 
 @needs_native
-@pytest.mark.parametrize("name", ["AddCore", "RequestCore", "PendingAdd"])
+@pytest.mark.parametrize("name", ["AddCore", "RequestCore", "PendingAdd", "AddBatch", "AddWindow", "Ready"])
 def test_both_twins_have_the_same_methods(name):
     def methods(cls):
-        return {n for n, v in vars(cls).items() if callable(v) and not n.startswith("__")}
+        return {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
     assert methods(getattr(NATIVE, name)) == methods(getattr(PURE, name))
 
 
@@ -62,7 +62,8 @@ class Future:
 
     def set_exception(self, err):
         assert self.outcome is None
-        self.outcome = ("err", repr(err))
+        self.outcome = ("err", repr(err), getattr(err, "acknowledged", None), getattr(err, "failed", None),
+                        getattr(err, "not_added", None))
 
 
 class Loop:
@@ -136,6 +137,7 @@ class Harness:
         core.pending = deque()
         core.failed_bookies = set()
         core.lac = core.last_add_pushed = -1
+        self.window = mod.AddWindow(core, 3)
 
     def _request_core(self, bookie):
         trace = self.trace
@@ -186,14 +188,34 @@ class Harness:
 
     # the script's steps
     def add(self, rng):
-        data = rng.choice([b"", b"x", b"y" * 10, bytearray(b"ba"), memoryview(b"mv"), b"z" * 65, "str"])
+        payloads = [b"", b"x", b"y" * 10, bytearray(b"ba"), memoryview(b"mv"), b"z" * 65, "str"]
+        data = rng.choice(payloads)
+        how = rng.random()
         try:
-            if rng.random() < 0.5:
+            if how < 0.3:
                 result = self.core.async_add_entry(data, self.done)
-            else:
-                result = self.core.async_add_entry(data)
-                self.futures.append(result)
+            elif how < 0.45:
+                self.futures.append(self.core.async_add_entry(data))
                 result = "future"
+            elif how < 0.6:  # never raises: a refused add is a failed future
+                self.futures.append(self.core.add_entry(data))
+                result = "future"
+            elif how < 0.7:
+                batch = [rng.choice(payloads[:5]) for _ in range(rng.randrange(4))]
+                if rng.random() < 0.1:
+                    batch.append(rng.choice(payloads[5:]))  # bad input: nothing of the batch is added
+                self.futures.append(self.core.add_entries(iter(batch)))
+                result = "batch"
+            else:
+                awaitable = self.window.add(data)
+                if isinstance(awaitable, Future):
+                    self.futures.append(awaitable)
+                    result = "waits"
+                else:
+                    try:
+                        awaitable.__await__().__next__()
+                    except StopIteration as stop:
+                        result = ("ready", stop.value)
             self.trace.append(("added", result))
         except Exception as e:  # noqa: BLE001 - the error is part of the trace
             self.trace.append(("add raised", type(e).__name__))
@@ -230,6 +252,8 @@ class Harness:
                                                         "write_sets", "pending"})
         state = {n: getattr(core, n) for n in names}
         state["pending"] = [(op.entry_id, op.length, op.ack_count, op.acked, op.sent) for op in core.pending]
+        w = self.window
+        state["window"] = (w.in_flight, w.acknowledged, w.last_acknowledged_entry_id, len(w.waiters), repr(w.error))
         for b, rc in self.requests.items():
             state[b] = (sorted(rc.pending), rc.pending_count, rc.out_bytes, rc.flush_scheduled)
         return state
