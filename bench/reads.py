@@ -47,7 +47,7 @@ import time
 import numpy as np
 
 from . import bench_base_dir, scratch_dir
-from .load import local_cluster
+from .load import bookie_setting, local_cluster
 from .stats import MB, human_size, latency_summary_ms, parse_size, positive_int
 
 RAW_SEQ_READ_BYTES = 1024 * 1024
@@ -223,11 +223,13 @@ def main(argv=None) -> int:
     p.add_argument("--range-entries", type=positive_int, default=16, help="entries per sequential range read")
     p.add_argument("--random-reads", type=positive_int, default=2000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--bookie-set", type=bookie_setting, action="append", default=[], metavar="KEY=VALUE",
+                   help="a bookie setting (repeatable)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     from bk import eventloop
     print(f"starting a LocalCluster with 1 bookie under {bench_base_dir()}", file=sys.stderr)
-    with local_cluster(1, prefix="reads", flush_interval_ms=600_000) as cluster:
+    with local_cluster(1, prefix="reads", **{"flush_interval_ms": 600_000, **dict(args.bookie_set)}) as cluster:
         rows = eventloop.run(run(cluster, args))
     raw_dir = scratch_dir("rawread")
     try:
@@ -240,6 +242,7 @@ def main(argv=None) -> int:
     by["entry-log rand"]["cold_over_raw"] = by["entry-log rand"]["mb_per_s"] / raw_rand["mb_per_s"]
     summary = {"spec": {k: getattr(args, k) for k in ("entry_size", "cold_bytes", "in_flight", "range_entries",
                                                       "random_reads")},
+               "bookie_settings": dict(args.bookie_set),
                "rows": rows + [raw_seq, raw_rand]}
     print(format_table(summary))
     if args.json:
