@@ -14,7 +14,12 @@ each frame and encoding responses - is included and is small).
 extra_info: `adds_per_s` and `us_per_add` from the median add window (a round
 also creates and closes its ledger: that is in the round time, not here), for
 E/WQ/AQ 1/1/1 and 3/2/2 (two sends and two answers per add), callback adds
-(async_add_entry(data, callback)) and future adds.
+(async_add_entry(data, callback)) and future adds (a sliding window of
+async_add_entry futures), and for E1 the other forms of bench/forms.py, each
+for FORM_ROUND_S per round: `gather` over add_entry, one `task` per add,
+`batch` (add_entries), `writer` (lh.writer), and `gather-coroutine` (gather
+over a coroutine around add_entry: what add_entry cost when it was a
+coroutine).
 """
 from __future__ import annotations
 
@@ -33,7 +38,10 @@ from bk.meta.registration import RegistrationManager
 from bk.meta import open_store
 from bk.proto import encode_add_responses
 
+from bench.forms import ADDERS
+
 ADDS = 20_000
+FORM_ROUND_S = 0.3
 DEPTH = 1000
 ENTRY = 1024
 _ids = struct.Struct(">qq")
@@ -77,10 +85,10 @@ def connect_instantly(bkc: BookKeeper, bookie_ids) -> None:
         client = bkc.pool.get(bookie_id)
         protocol = _BookieProtocol(client)
         protocol.connection_made(InstantBookieTransport(protocol))
-        client._protocol = protocol
+        client._core.protocol = protocol
 
 
-async def write_round(ensemble: int, wq: int, aq: int, use_callback: bool) -> float:
+async def write_round(ensemble: int, wq: int, aq: int, mode: str) -> tuple[int, float]:
     _ROUND[0] += 1
     uri = f"mem://bench-client-{_ROUND[0]}/ledgers"
     store = await open_store(uri)
@@ -113,6 +121,13 @@ async def write_round(ensemble: int, wq: int, aq: int, use_callback: bool) -> fl
 
             eventloop.tune_gc()  # as bench.load does after its set-up
             t0 = time.perf_counter()
+            if mode in ADDERS:
+                adds = await ADDERS[mode](lh, payload, DEPTH, t0 + FORM_ROUND_S)
+                elapsed = time.perf_counter() - t0
+                await lh.close()
+                assert lh.last_add_confirmed == adds - 1
+                return adds, elapsed
+            use_callback = mode == "callback-window"
             issued = 0
             while issued < ADDS:
                 if state["in_flight"] >= DEPTH:
@@ -131,7 +146,7 @@ async def write_round(ensemble: int, wq: int, aq: int, use_callback: bool) -> fl
             elapsed = time.perf_counter() - t0
             await lh.close()
             assert lh.last_add_confirmed == ADDS - 1
-            return elapsed
+            return ADDS, elapsed
     finally:
         for rm in registrations:
             await rm.close()
@@ -142,12 +157,21 @@ async def write_round(ensemble: int, wq: int, aq: int, use_callback: bool) -> fl
 @pytest.mark.parametrize("quorum", [(1, 1, 1), (3, 2, 2)], ids=["E1", "E3-WQ2-AQ2"])
 @pytest.mark.parametrize("mode", ["callback", "future"])
 def test_client_add_path(benchmark, quorum, mode):
-    windows: list[float] = []  # the add window of each round (the round also sets up and closes a ledger)
+    run_mode(benchmark, quorum, {"callback": "callback-window", "future": "future-window"}[mode])
+
+
+@pytest.mark.parametrize("mode", ["gather", "gather-coroutine", "task", "batch", "writer"])
+def test_client_add_forms(benchmark, mode):
+    run_mode(benchmark, (1, 1, 1), mode)
+
+
+def run_mode(benchmark, quorum, mode: str) -> None:
+    rounds: list[tuple[int, float]] = []  # the add window of each round (the round also sets up and closes a ledger)
 
     def one_round() -> None:
-        windows.append(eventloop.run(write_round(*quorum, mode == "callback")))
+        rounds.append(eventloop.run(write_round(*quorum, mode)))
 
     benchmark.pedantic(one_round, rounds=5, iterations=1, warmup_rounds=1)
-    median_s = statistics.median(windows[1:])  # without the warm-up round
-    benchmark.extra_info.update(adds=ADDS, entry_bytes=ENTRY, in_flight=DEPTH,
-                                adds_per_s=round(ADDS / median_s), us_per_add=round(median_s / ADDS * 1e6, 2))
+    us = statistics.median(elapsed / adds * 1e6 for adds, elapsed in rounds[1:])  # without the warm-up round
+    benchmark.extra_info.update(adds=rounds[-1][0], entry_bytes=ENTRY, in_flight=DEPTH,
+                                adds_per_s=round(1e6 / us), us_per_add=round(us, 2))

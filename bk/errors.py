@@ -185,6 +185,45 @@ class IncorrectParameterError(ClientError, ValueError):
     """A client call with bad arguments: quorum sizes, an entry range past the LAC, an entry too large."""
 
 
+class AddBatchError(ClientError):
+    """A batch of adds (`LedgerHandle.add_entries`) that did not all succeed.
+
+    Completions are in entry-id order, so what succeeded is a prefix:
+    `acknowledged` (entry ids stored on AQ bookies), then `failed` (entry ids
+    that were given out but did not succeed: each may or may not be in the
+    ledger when `outcome_unknown`, see the cause), then `not_added` payloads at
+    the end of the batch that were never given an id (certainly not written).
+    `__cause__` is the first error (its class says why)."""
+
+    def __init__(self, message: str, *, acknowledged: list, failed: list, not_added: int,
+                 outcome_unknown: bool):
+        super().__init__(message)
+        self.acknowledged = acknowledged
+        self.failed = failed
+        self.not_added = not_added
+        self.outcome_unknown = outcome_unknown
+
+    @classmethod
+    def of_batch(cls, first_entry_id: int, acked: int, count: int, total: int, err: BaseException,
+                 unknown: bool) -> "AddBatchError":
+        """The error of a batch of `total` payloads whose first `count` got the ids from
+        `first_entry_id` on, the first `acked` of them succeeding; `err` is the first failure and
+        `unknown` tells whether any failed add may have been stored (its error's outcome_unknown)."""
+        acknowledged = list(range(first_entry_id, first_entry_id + acked))
+        failed = list(range(first_entry_id + acked, first_entry_id + count))
+        unknown = bool(failed) and unknown
+        what = f"{acked} acknowledged"
+        if failed:
+            what += f", entries {failed[0]}..{failed[-1]} failed" + (" (outcome unknown)" if unknown else
+                                                                     " (not written)")
+        if total > count:
+            what += f", {total - count} never added"
+        e = cls(f"batch of adds: {what}: {err}", acknowledged=acknowledged, failed=failed, not_added=total - count,
+                outcome_unknown=unknown)
+        e.__cause__ = err
+        return e
+
+
 class BookieConnectionError(BookieIOError):
     """Client side, never on the wire: a bookie could not be reached or its connection was lost."""
 

@@ -1,9 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The client's add path, compiled: the twin of `bk/client/core_py.py`.
 
-Same names, same behaviour, same attributes (core_py's docstring is the
-contract). What compiling buys: the hot state is typed fields of extension
-types instead of instance dictionaries, PendingAdd is a small struct-like
+Same names, same behaviour, same fields (declared in `_core.pxd`; core_py's
+docstring is the contract). What compiling buys: the hot state is typed
+fields of extension types instead of instance dictionaries, PendingAdd is a small struct-like
 object from a free list, an ADD answer goes from the BookieClient's response
 table straight into its ledger's core (an AddResponder is recognised, no bound
 method or partial in between), and a send to a BookieClient is a C call.
@@ -12,7 +12,7 @@ Invariants kept from the Python version (tests run both):
 - an entry is acknowledged once AQ bookies of its write set under the current
   ensemble answered EOK; completions run in entry-id order and never while an
   ensemble change is in progress (`_changing`);
-- any answer other than EOK, and any error, goes to LedgerHandle._add_failure;
+- any answer other than EOK, and any error, goes to the `add_failure` hook;
 - a caller's callback that raises is logged and does not stop the others.
 """
 cimport cython
@@ -20,7 +20,9 @@ from libc.stdint cimport int64_t
 
 import logging
 
-from bk.errors import IncorrectParameterError
+from collections import deque
+
+from bk.errors import AddBatchError, IncorrectParameterError, LedgerClosedError
 from bk.proto.constants import OpCode
 from bk.proto.messages import AddResponse
 
@@ -38,15 +40,6 @@ cdef object _AddResponse = AddResponse
 @cython.freelist(512)
 cdef class PendingAdd:
     """One entry between add_entry and its completion (see core_py.PendingAdd)."""
-
-    cdef public int64_t entry_id
-    cdef public object frame
-    cdef public object future
-    cdef public object callback
-    cdef public int64_t length
-    cdef public object acked
-    cdef public int ack_count
-    cdef public bint sent
 
     def __init__(self, int64_t entry_id, frame, future, int64_t length, callback=None):
         self.entry_id = entry_id
@@ -94,10 +87,7 @@ cdef class PendingAdd:
 
 @cython.final
 cdef class AddResponder:
-    """`responder(response, err)` is `core._add_response(bookie, response, err)`."""
-
-    cdef readonly AddCore core
-    cdef readonly object bookie
+    """`responder(response, err)` is `core.add_response(bookie, response, err)`."""
 
     def __init__(self, AddCore core, bookie):
         self.core = core
@@ -107,67 +97,234 @@ cdef class AddResponder:
         self.core._add_response_c(self.bookie, response, err)
 
 
-cdef class AddCore:
-    """The add path of LedgerHandle (see core_py.AddCore)."""
+@cython.final
+cdef class AddBatch:
+    """The adds of one add_entries call: its future, completed once every add did (core_py.AddBatch)."""
 
-    cdef public object _bk, _loop, _framer, _pending, _failed_bookies, _index, _write_sets, _write_set_indexes
-    cdef public object _refuse, _fixed_lac, _frame_small, _add_header, _master_key, ledger_id
-    cdef public int _E, _WQ, _AQ
-    cdef public int64_t _lac, _last_add_pushed, _length_pushed, _length_confirmed
-    cdef public bint _changing
-    cdef public Py_ssize_t _max_payload_bytes, _frame_small_max
+    def __call__(self, entry_id, err):
+        self._completed(entry_id, err)
+
+    cdef _completed(self, int64_t entry_id, err):
+        self.done += 1
+        if err is None:
+            self.acked += 1
+        else:
+            if self.error is None:
+                self.error = err
+            if getattr(err, "outcome_unknown", True):
+                self.unknown = True
+        if self.added and self.done == self.count:
+            self._finish()
+
+    cdef _finish(self):
+        future = self.future
+        if future.done():  # cancelled by its awaiter: the adds went on regardless
+            return
+        if self.error is None:
+            future.set_result(list(range(self.first_entry_id, self.first_entry_id + self.count)))
+        else:
+            future.set_exception(AddBatchError.of_batch(self.first_entry_id, self.acked, self.count, self.total,
+                                                        self.error, self.unknown))
+
+
+@cython.final
+cdef class AddWindow:
+    """The hot half of a LedgerWriter: adds through a window of `max_in_flight` (see core_py.AddWindow)."""
+
+    def __init__(self, AddCore core, Py_ssize_t max_in_flight):
+        self.core = core
+        self.loop = core.loop
+        self.max_in_flight = max_in_flight
+        self.waiters = deque()
+
+    def add(self, data):
+        """Send `data` now if the window has room (an awaitable already done: the entry id), else
+        queue it (a future of the entry id, set when it is sent)."""
+        if self.error is not None:
+            self.reported = True
+            raise self.error
+        if self.closed:
+            raise LedgerClosedError(f"ledger {self.core.ledger_id}: this writer is closed")
+        if self.in_flight < self.max_in_flight and not self.waiters:
+            entry_id = self.core._add(data, self)
+            self.in_flight += 1
+            return Ready(entry_id)
+        future = self.loop.create_future()
+        self.waiters.append((future, data))
+        return future
+
+    def __call__(self, entry_id, err):
+        self._completed(entry_id, err)
+
+    cdef _completed(self, int64_t entry_id, err):
+        self.in_flight -= 1
+        if err is None:
+            self.acknowledged += 1
+            self.last_acknowledged_entry_id = entry_id
+        elif self.error is None:
+            self.error = err
+        if self.waiters:
+            self.admit()
+        if self.in_flight == 0:
+            drained = self.drained
+            if drained is not None and not drained.done():
+                drained.set_result(None)
+
+    def admit(self):
+        """Send waiting adds while there is room; after a failure fail them all (they were not sent)."""
+        waiters = self.waiters
+        while waiters and (self.in_flight < self.max_in_flight or self.error is not None):
+            future, data = waiters.popleft()
+            if future.done():  # cancelled while waiting: not sent
+                continue
+            if self.error is not None:
+                self.reported = True
+                future.set_exception(self.error)
+                continue
+            try:
+                entry_id = self.core._add(data, self)
+            except Exception as e:  # refused (e.g. the ledger was closed): this add was not written
+                future.set_exception(e)
+                continue
+            self.in_flight += 1
+            future.set_result(entry_id)
+
+
+@cython.freelist(256)
+@cython.final
+cdef class Ready:
+    """An awaitable that is already done: `await Ready(v)` is v, with no future and no loop step."""
+
+    cdef object value
+
+    def __init__(self, value):
+        self.value = value
+
+    def __await__(self):
+        return self
+
+    def __next__(self):
+        raise StopIteration(self.value)
+
+
+cdef class AddCore:
+    """The add path of one ledger, held by its LedgerHandle (see core_py.AddCore)."""
+
+    def __init__(self, ledger_id, bk, loop, *, raise_refused, raise_too_large, send_again, add_failure,
+                 wake_drain):
+        self.ledger_id = ledger_id
+        self.bk = bk
+        self.loop = loop
+        self.raise_refused = raise_refused
+        self.raise_too_large = raise_too_large
+        self.send_again = send_again
+        self.add_failure = add_failure
+        self.wake_drain = wake_drain
+        self.lac = self.last_add_pushed = -1
 
     def async_add_entry(self, data, callback=None):
         """Start an add without waiting (see core_py.AddCore.async_add_entry)."""
+        return self._add(data, callback)
+
+    def add_entry(self, data):
+        """The future of the entry id (see core_py.AddCore.add_entry)."""
+        try:
+            return self._add(data, None)
+        except Exception as e:  # what awaiting a coroutine would raise, raised by the await
+            future = self.loop.create_future()
+            future.set_exception(e)
+            return future
+
+    def add_entries(self, payloads):
+        """One future for a batch of adds (see core_py.AddCore.add_entries)."""
+        cdef AddBatch batch = AddBatch.__new__(AddBatch)
+        cdef list items
+        future = batch.future = self.loop.create_future()
+        try:
+            items = payloads if type(payloads) is list else list(payloads)
+            for data in items:
+                self._check(data)
+        except Exception as e:  # bad input: nothing was added
+            future.set_exception(e)
+            return future
+        batch.first_entry_id = self.last_add_pushed + 1
+        batch.total = len(items)
+        try:
+            for data in items:
+                self._add(data, batch)
+                batch.count += 1
+        except Exception as e:  # refused: at once (as add_entry would be), or part way
+            if batch.count == 0:
+                future.set_exception(e)
+                return future
+            if batch.error is None:
+                batch.error = e
+        batch.added = True
+        if batch.done == batch.count:
+            batch._finish()
+        return future
+
+    cdef _check(self, data):
+        """Raise what _add would for `data` as a payload, without adding it."""
+        cdef Py_ssize_t n
+        if type(data) is bytes:
+            n = len(<bytes>data)
+        elif isinstance(data, (bytearray, memoryview)):
+            n = memoryview(data).nbytes
+        else:
+            raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
+        if n > self.max_payload_bytes:
+            self.raise_too_large(n)
+
+    cdef _add(self, data, callback):
         cdef PendingAdd op
         cdef int64_t entry_id, lac, length
         cdef Py_ssize_t n
         cdef tuple pair
-        if self._refuse is not None or self._bk.closed:
-            self._raise_refused()
+        if self.refuse is not None or self.bk.closed:
+            self.raise_refused()
         if type(data) is not bytes:
             if not isinstance(data, (bytearray, memoryview)):
                 raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
             data = bytes(data)
         n = len(<bytes>data)
-        if n > self._max_payload_bytes:
-            self._too_large(n)
-        entry_id = self._last_add_pushed + 1
-        self._last_add_pushed = entry_id
-        self._length_pushed += n
-        length = self._length_pushed
-        lac = self._lac if self._fixed_lac is None else self._fixed_lac
-        if self._frame_small is not None and n <= self._frame_small_max:  # AddFramer.frame's own test
-            frame = self._frame_small(self._add_header, self._master_key, self.ledger_id, entry_id, lac, length,
-                                      data)
+        if n > self.max_payload_bytes:
+            self.raise_too_large(n)
+        entry_id = self.last_add_pushed + 1
+        self.last_add_pushed = entry_id
+        self.length_pushed += n
+        length = self.length_pushed
+        lac = self.lac if self.fixed_lac is None else self.fixed_lac
+        if self.frame_small is not None and n <= self.frame_small_max:  # AddFramer.frame's own test
+            frame = self.frame_small(self.add_header, self.master_key, self.ledger_id, entry_id, lac, length, data)
         else:
-            frame = self._framer.frame(entry_id, lac, length, data)
+            frame = self.framer.frame(entry_id, lac, length, data)
         op = PendingAdd.__new__(PendingAdd)
         op.entry_id = entry_id
         op.frame = frame
         op.length = length
         op.acked = 0
         if callback is None:
-            result = self._loop.create_future()
+            result = self.loop.create_future()
             op.future = result
         else:
             op.callback = callback
             result = entry_id
-        self._pending.append(op)
-        if not self._failed_bookies:  # the common case: every bookie of the write set is up
+        self.pending.append(op)
+        if not self.failed_bookies:  # the common case: every bookie of the write set is up
             op.sent = True
-            for pair in <tuple>self._write_sets[entry_id % self._E]:
+            for pair in <tuple>self.write_sets[entry_id % self.ensemble_size]:
                 client = pair[0]
-                if isinstance(client, RequestCore):
-                    (<RequestCore>client)._send_c((_ADD, self.ledger_id, entry_id), frame, pair[1],
-                                                  (<RequestCore>client).add_timeout_s)
+                if type(client) is RequestCore:
+                    (<RequestCore>client).send_c((_ADD, self.ledger_id, entry_id), frame, pair[1],
+                                                 (<RequestCore>client).add_timeout_s)
                 else:
                     client.send_add(frame, self.ledger_id, entry_id, pair[1])
         else:
-            self._send(op, self._write_set_indexes[entry_id % self._E])
+            self.send_again(op, self.write_set_indexes[entry_id % self.ensemble_size])
         return result
 
-    def _add_response(self, bookie, response, err):
+    def add_response(self, bookie, response, err):
         """A bookie's answer to an ADD."""
         self._add_response_c(bookie, response, err)
 
@@ -177,19 +334,19 @@ cdef class AddCore:
         cdef Py_ssize_t n
         cdef int i
         if err is not None:
-            self._add_failure(bookie, response, err)
+            self.add_failure(bookie, response, err)
             return
         if type(response) is _AddResponse:
             if (<tuple>response)[0] != 0:
-                self._add_failure(bookie, response, err)
+                self.add_failure(bookie, response, err)
                 return
             entry_id = (<tuple>response)[2]
         else:
             if response.rc != 0:
-                self._add_failure(bookie, response, err)
+                self.add_failure(bookie, response, err)
                 return
             entry_id = response.entry_id
-        pending = self._pending
+        pending = self.pending
         n = len(pending)
         if n == 0:
             return  # already completed or failed
@@ -199,37 +356,37 @@ cdef class AddCore:
             return  # already completed or failed
         if k:
             op = <PendingAdd>pending[k]
-        index = (<dict>self._index).get(bookie)
-        if index is None or bookie in self._failed_bookies:
+        index = (<dict>self.index).get(bookie)
+        if index is None or bookie in self.failed_bookies:
             return  # an answer from a bookie that is (being) replaced
         i = index
-        if (i - op.entry_id) % self._E >= self._WQ:
+        if (i - op.entry_id) % self.ensemble_size >= self.write_quorum_size:
             return
         bit = (<object>1) << i
         if not op.acked & bit:
             op.acked |= bit
             op.ack_count += 1
-        if k == 0 and op.ack_count >= self._AQ:
+        if k == 0 and op.ack_count >= self.ack_quorum_size:
             self._deliver_c()
 
-    def _deliver(self):
+    def deliver(self):
         """Complete the acknowledged prefix of the pending adds, in entry-id order."""
         self._deliver_c()
 
     cdef _deliver_c(self):
         cdef PendingAdd op
-        cdef int aq = self._AQ
-        if self._changing:
+        cdef int aq = self.ack_quorum_size
+        if self.changing:
             return
-        pending = self._pending
+        pending = self.pending
         popleft = pending.popleft
         while pending:
             op = <PendingAdd>pending[0]
             if op.ack_count < aq:
                 break
             popleft()
-            self._lac = op.entry_id
-            self._length_confirmed = op.length
+            self.lac = op.entry_id
+            self.length_confirmed = op.length
             op.frame = None
             callback = op.callback
             if callback is None:
@@ -237,81 +394,99 @@ cdef class AddCore:
                 continue
             op.callback = None
             try:
-                callback(op.entry_id, None)
+                if type(callback) is AddWindow:
+                    (<AddWindow>callback)._completed(op.entry_id, None)
+                elif type(callback) is AddBatch:
+                    (<AddBatch>callback)._completed(op.entry_id, None)
+                else:
+                    callback(op.entry_id, None)
             except Exception:  # a caller's bug must not stop the other completions
                 log.exception("add callback of entry %d failed", op.entry_id)
         if not pending:
-            self._wake_drain()
+            self.wake_drain()
 
 
 cdef class RequestCore:
-    """The request path of BookieClient (see core_py.RequestCore)."""
+    """The request path of one BookieClient, held by it (see core_py.RequestCore)."""
 
-    cdef public object bookie_id, _loop, _protocol, _connect_task, _sweep_handle
-    cdef public dict _pending, _queued
-    cdef public list _out
-    cdef public Py_ssize_t _out_bytes, _pending_count
-    cdef public bint _flush_scheduled, _closed
-    cdef public double add_timeout_s, read_timeout_s, _shortest_timeout_s
+    def __init__(self, bookie_id, loop, double add_timeout_s, double read_timeout_s, *, refuse_closed, queue,
+                 arm_sweep, start_connect, key_for, promote):
+        self.bookie_id = bookie_id
+        self.loop = loop
+        self.add_timeout_s = add_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.shortest_timeout_s = min(add_timeout_s, read_timeout_s)
+        self.pending = {}
+        self.queued = {}
+        self.out = []
+        self.refuse_closed = refuse_closed
+        self.queue = queue
+        self.arm_sweep = arm_sweep
+        self.start_connect = start_connect
+        self.key_for = key_for
+        self.promote = promote
 
     def send_add(self, frame, ledger_id, entry_id, callback, timeout_s=None):
         """Send a complete ADD request frame (see ledger_handle's framing)."""
-        self._send_c((_ADD, ledger_id, entry_id), frame, callback,
-                     self.add_timeout_s if timeout_s is None else timeout_s)
+        self.send_c((_ADD, ledger_id, entry_id), frame, callback,
+                    self.add_timeout_s if timeout_s is None else timeout_s)
 
-    def _send(self, tuple key, frame, callback, double timeout_s):
-        self._send_c(key, frame, callback, timeout_s)
+    def send(self, tuple key, frame, callback, double timeout_s):
+        """Queue `frame`, answered under `key` by `callback(response, err)` within `timeout_s`."""
+        self.send_c(key, frame, callback, timeout_s)
 
-    cdef _send_c(self, tuple key, frame, callback, double timeout_s):
-        if self._closed:
-            self._refuse_closed(callback)
+    cdef send_c(self, tuple key, frame, callback, double timeout_s):
+        if self.closed:
+            self.refuse_closed(callback)
             return
-        request = (callback, self._loop.time() + timeout_s)
-        if self._pending.setdefault(key, request) is not request:  # rare: the same question again
-            self._queue(key, request)
-        self._pending_count += 1
-        if timeout_s < self._shortest_timeout_s:
-            self._shortest_timeout_s = timeout_s
-            if self._sweep_handle is not None:
-                self._sweep_handle.cancel()
-                self._sweep_handle = None
-        if self._sweep_handle is None:
-            self._arm_sweep()
-        self._out.append(frame)
-        if self._protocol is not None:
-            self._out_bytes += len(frame)
-            if self._out_bytes >= _EAGER:
-                self._flush_c()  # let the bookie start on this while we go on producing
-            elif not self._flush_scheduled:
-                self._flush_scheduled = True
-                self._loop.call_soon(self._flush)
-        elif self._connect_task is None:
-            self._start_connect()
+        request = (callback, self.loop.time() + timeout_s)
+        if self.pending.setdefault(key, request) is not request:  # rare: the same question again
+            self.queue(key, request)
+        self.pending_count += 1
+        if timeout_s < self.shortest_timeout_s:
+            self.shortest_timeout_s = timeout_s
+            if self.sweep_handle is not None:
+                self.sweep_handle.cancel()
+                self.sweep_handle = None
+        if self.sweep_handle is None:
+            self.arm_sweep()
+        self.out.append(frame)
+        if self.protocol is not None:
+            self.out_bytes += len(frame)
+            if self.out_bytes >= _EAGER:
+                self.flush_c()  # let the bookie start on this while we go on producing
+            elif not self.flush_scheduled:
+                self.flush_scheduled = True
+                self.loop.call_soon(self.flush)
+        elif self.connect_task is None:
+            self.start_connect()
 
-    def _flush(self):
-        self._flush_c()
+    def flush(self):
+        """Write every queued frame now (one writelines)."""
+        self.flush_c()
 
-    cdef _flush_c(self):
-        self._flush_scheduled = False
-        protocol = self._protocol
-        if protocol is None or not self._out:
+    cdef flush_c(self):
+        self.flush_scheduled = False
+        protocol = self.protocol
+        if protocol is None or not self.out:
             return
-        out = self._out
-        self._out = []
-        self._out_bytes = 0
+        out = self.out
+        self.out = []
+        self.out_bytes = 0
         protocol.transport.writelines(out)
 
-    def _dispatch_all(self, protocol, items):
+    def dispatch_all(self, protocol, items):
+        """Answer the pending requests that the decoded messages `items` (from `protocol`) match."""
         cdef AddResponder responder
         cdef dict pending
-        if protocol is not self._protocol:
+        if protocol is not self.protocol:
             return
-        pending = self._pending
+        pending = self.pending
         for msg in items:
             if type(msg) is _AddResponse:
                 key = (_ADD, (<tuple>msg)[1], (<tuple>msg)[2])
             else:
-                key = self._key_for(protocol, msg)
+                key = self.key_for(protocol, msg)
                 if key is None:
                     continue
                 if key is False:  # malformed: the connection is gone
@@ -320,9 +495,9 @@ cdef class RequestCore:
             if request is None:
                 req_log.debug("bookie %s: no pending request for %r (late answer?)", self.bookie_id, msg)
                 continue
-            if self._queued:
-                self._promote(key)
-            self._pending_count -= 1
+            if self.queued:
+                self.promote(key)
+            self.pending_count -= 1
             callback = (<tuple>request)[0]
             try:
                 if type(callback) is AddResponder:

@@ -70,10 +70,11 @@ EAGER_FLUSH_BYTES = _core.EAGER_FLUSH_BYTES  # the core's flush bound (core_py e
 class _BookieProtocol(asyncio.Protocol):
     """The transport adapter of one connection; forwards to its BookieClient."""
 
-    __slots__ = ("client", "decoder", "transport")
+    __slots__ = ("client", "core", "decoder", "transport")
 
     def __init__(self, client: "BookieClient"):
         self.client = client
+        self.core = client._core
         self.decoder = FrameDecoder(client.max_frame_size_bytes)
         self.transport = None
 
@@ -84,56 +85,62 @@ class _BookieProtocol(asyncio.Protocol):
         try:
             items = self.decoder.feed_responses(data)
         except BadFrameLengthError as e:
-            self.client._dispatch_all(self, e.frames)
+            self.core.dispatch_all(self, e.frames)
             self.client._protocol_error(self, e)
             return
-        self.client._dispatch_all(self, items)
+        self.core.dispatch_all(self, items)
 
     def connection_lost(self, exc) -> None:
         self.client._connection_lost(self, exc)
 
 
-class BookieClient(RequestCore):
-    """The connection to one bookie and its pending requests."""
+class BookieClient:
+    """The connection to one bookie and its pending requests.
+
+    The request path is a core object (`self._core`, a RequestCore of bk/client/_core.pyx or its
+    twin core_py.py): it holds the connection state and the pending table in declared fields, and
+    calls this class back only through the hooks given to it here."""
 
     def __init__(self, bookie_id: str, *, add_timeout_s: float = 10.0, read_timeout_s: float = 10.0,
                  connect_timeout_s: float = 10.0, max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
                  address: tuple[str, int] | None = None):
         self.bookie_id = bookie_id
         self.host, self.port = address or split_bookie_id(bookie_id)
-        self.add_timeout_s = float(add_timeout_s)
-        self.read_timeout_s = float(read_timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.max_frame_size_bytes = max_frame_size_bytes
         self._loop = asyncio.get_running_loop()
-        self._protocol: _BookieProtocol | None = None
-        self._connect_task: asyncio.Task | None = None
-        self._out: list[bytes] = []
-        self._out_bytes = 0  # bytes in _out while connected
-        self._flush_scheduled = False
-        # key -> (callback, deadline) of the oldest pending request with that key;
-        # later requests with a key already pending (rare) wait in _queued, in send order
-        self._pending: dict[tuple, tuple] = {}
-        self._queued: dict[tuple, deque] = {}
-        self._pending_count = 0
-        self._shortest_timeout_s = min(self.add_timeout_s, self.read_timeout_s)
-        self._sweep_handle: asyncio.TimerHandle | None = None
+        # core.pending: key -> (callback, deadline) of the oldest pending request with that key;
+        # later requests with a key already pending (rare) wait in core.queued, in send order
+        core = self._core = RequestCore(
+            bookie_id, self._loop, float(add_timeout_s), float(read_timeout_s), refuse_closed=self._refuse_closed,
+            queue=self._queue, arm_sweep=self._arm_sweep, start_connect=self._start_connect, key_for=self._key_for,
+            promote=self._promote)
+        self.send_add = core.send_add  # the core's own methods: no Python frame in between
+        self._send = core.send
         self._request_ids = itertools.count(1)
-        self._closed = False
         self.last_failure_at: float | None = None  # loop time of the last timeout / connection failure
         self.connects = 0  # connections made (tests and stats)
 
+    @property
+    def add_timeout_s(self) -> float:
+        return self._core.add_timeout_s
+
+    @property
+    def read_timeout_s(self) -> float:
+        return self._core.read_timeout_s
+
     def __repr__(self) -> str:
-        state = "connected" if self._protocol else ("connecting" if self._connect_task else "idle")
-        return f"BookieClient({self.bookie_id}, {state}, {self._pending_count} pending)"
+        core = self._core
+        state = "connected" if core.protocol else ("connecting" if core.connect_task else "idle")
+        return f"BookieClient({self.bookie_id}, {state}, {core.pending_count} pending)"
 
     @property
     def connected(self) -> bool:
-        return self._protocol is not None
+        return self._core.protocol is not None
 
     @property
     def pending_count(self) -> int:
-        return self._pending_count
+        return self._core.pending_count
 
     def suspect(self) -> bool:
         """True if this bookie failed recently (readers try it last)."""
@@ -191,36 +198,37 @@ class BookieClient(RequestCore):
         send(*args, done, **kwargs)
         return fut
 
-    # called by RequestCore._send (bk/client/_core.pyx, twin core_py.py) on its rare paths
+    # the hooks of the request core (bk/client/_core.pyx, twin core_py.py): its rare paths
     def _refuse_closed(self, callback: Callback) -> None:
         callback(None, BookieConnectionError(f"bookie {self.bookie_id}: client is closed"))
 
     def _queue(self, key: tuple, request: tuple) -> None:
         """A second request with a key already pending waits behind it, in send order."""
-        queued = self._queued.get(key)
+        queued = self._core.queued.get(key)
         if queued is None:
-            queued = self._queued[key] = deque()
+            queued = self._core.queued[key] = deque()
         queued.append(request)
 
     def _start_connect(self) -> None:
-        self._connect_task = self._loop.create_task(self._connect(), name=f"connect-{self.bookie_id}")
+        self._core.connect_task = self._loop.create_task(self._connect(), name=f"connect-{self.bookie_id}")
 
     # ------------------------------------------------------------ connection
     async def _connect(self) -> None:
+        core = self._core
         try:
             _, protocol = await asyncio.wait_for(
                 self._loop.create_connection(lambda: _BookieProtocol(self), self.host, self.port),
                 self.connect_timeout_s)
         except (OSError, asyncio.TimeoutError) as e:
-            self._connect_task = None
+            core.connect_task = None
             why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
             self._fail_all(BookieConnectionError(f"cannot connect to bookie {self.bookie_id}: {why}"))
             return
         except asyncio.CancelledError:
-            self._connect_task = None
+            core.connect_task = None
             raise
-        self._connect_task = None
-        if self._closed:
+        core.connect_task = None
+        if core.closed:
             protocol.transport.close()
             return
         sock = protocol.transport.get_extra_info("socket")
@@ -229,32 +237,33 @@ class BookieClient(RequestCore):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        self._protocol = protocol
+        core.protocol = protocol
         self.connects += 1
-        self._flush()
+        core.flush()
 
     def _connection_lost(self, protocol: _BookieProtocol, exc) -> None:
-        if protocol is not self._protocol:
+        if protocol is not self._core.protocol:
             return
-        self._protocol = None
+        self._core.protocol = None
         why = f": {exc}" if exc else ""
         self._fail_all(BookieConnectionError(f"connection to bookie {self.bookie_id} lost{why}"))
 
     def _protocol_error(self, protocol: _BookieProtocol, err: ProtocolError) -> None:
         log.warning("bookie %s sent malformed data, dropping the connection: %s", self.bookie_id, err)
-        if protocol is self._protocol:
-            self._protocol = None
+        if protocol is self._core.protocol:
+            self._core.protocol = None
             self._fail_all(BookieConnectionError(f"bookie {self.bookie_id} sent a malformed response: {err}"))
         protocol.transport.abort()
 
     def _fail_all(self, err: BaseException) -> None:
         """Fail every pending request (they were all sent on the connection that is gone)."""
+        core = self._core
         self.last_failure_at = self._loop.time()
-        pending, self._pending = self._pending, {}
-        queued, self._queued = self._queued, {}
-        self._pending_count = 0
-        self._out = []
-        self._out_bytes = 0
+        pending, core.pending = core.pending, {}
+        queued, core.queued = core.queued, {}
+        core.pending_count = 0
+        core.out = []
+        core.out_bytes = 0
         for key, (callback, _) in pending.items():
             _call(callback, None, err)
             for callback, _ in queued.get(key, ()):
@@ -262,26 +271,27 @@ class BookieClient(RequestCore):
 
     def close(self) -> None:
         """Fail everything pending and drop the connection; the client cannot be reused."""
-        self._closed = True
-        if self._connect_task is not None:
-            self._connect_task.cancel()
-            self._connect_task = None
-        if self._sweep_handle is not None:
-            self._sweep_handle.cancel()
-            self._sweep_handle = None
-        protocol, self._protocol = self._protocol, None
+        core = self._core
+        core.closed = True
+        if core.connect_task is not None:
+            core.connect_task.cancel()
+            core.connect_task = None
+        if core.sweep_handle is not None:
+            core.sweep_handle.cancel()
+            core.sweep_handle = None
+        protocol, core.protocol = core.protocol, None
         self._fail_all(BookieConnectionError(f"bookie {self.bookie_id}: client closed"))
         if protocol is not None:
             protocol.transport.close()
 
     # ------------------------------------------------------------ responses
-    # RequestCore._dispatch_all matches ADD answers itself and asks this for the rest.
+    # RequestCore.dispatch_all matches ADD answers itself and asks this for the rest.
     def _key_for(self, protocol: _BookieProtocol, msg):
         """The pending-table key `msg` answers; None to skip it, False after a protocol error."""
         t = type(msg)
         if t is ReadResponse:
             key = (READ, msg.ledger_id, msg.entry_id)
-            return key if key in self._pending else (READ, msg.ledger_id, -1)
+            return key if key in self._core.pending else (READ, msg.ledger_id, -1)
         if t is BatchReadResponse:
             return (BATCH, msg.request_id)
         if t is ReadLacResponse:
@@ -298,37 +308,38 @@ class BookieClient(RequestCore):
 
     def _promote(self, key: tuple) -> None:
         """The oldest queued request with `key` (if any) becomes the pending one."""
-        queued = self._queued.get(key)
+        queued = self._core.queued.get(key)
         if queued:
-            self._pending[key] = queued.popleft()
+            self._core.pending[key] = queued.popleft()
             if not queued:
-                del self._queued[key]
+                del self._core.queued[key]
 
     # ------------------------------------------------------------ timeouts
     def _arm_sweep(self) -> None:
-        tick = self._shortest_timeout_s / 8
-        self._sweep_handle = self._loop.call_later(min(max(tick, 0.005), 0.5), self._sweep)
+        tick = self._core.shortest_timeout_s / 8
+        self._core.sweep_handle = self._loop.call_later(min(max(tick, 0.005), 0.5), self._sweep)
 
     def _sweep(self) -> None:
         """Expire every request whose deadline passed (the oldest of a key first)."""
-        self._sweep_handle = None
+        core = self._core
+        core.sweep_handle = None
         now = self._loop.time()
-        expired = [(key, request) for key, request in self._pending.items() if request[1] <= now]
-        for key, queued in self._queued.items():
+        expired = [(key, request) for key, request in core.pending.items() if request[1] <= now]
+        for key, queued in core.queued.items():
             for request in [r for r in queued if r[1] <= now]:
                 queued.remove(request)
                 expired.append((key, request))
-        for key in [k for k, q in self._queued.items() if not q]:
-            del self._queued[key]
+        for key in [k for k, q in core.queued.items() if not q]:
+            del core.queued[key]
         for key, request in expired:
-            if self._pending.get(key) is request:
-                del self._pending[key]
+            if core.pending.get(key) is request:
+                del core.pending[key]
                 self._promote(key)
-            self._pending_count -= 1
+            core.pending_count -= 1
             self.last_failure_at = now
             _call(request[0], None, BookieTimeoutError(
                 f"bookie {self.bookie_id} did not answer {_describe(key)} in time"))
-        if self._pending:
+        if core.pending:
             self._arm_sweep()
 
 

@@ -62,6 +62,7 @@ from bk.proto import DigestManager, StatusCode
 
 from .quorum import AddFramer, in_write_set
 from .read_handle import ReadHandle
+from .writer import LedgerWriter
 
 log = logging.getLogger(__name__)
 _core = _native.load("core", "bk.client")
@@ -84,47 +85,66 @@ def _error(cls: type, message: str, ledger_id: int, entry_id: int | None, outcom
     return err
 
 
-class LedgerHandle(AddCore, ReadHandle):
+class LedgerHandle(ReadHandle):
+    """The writer of one ledger. Its add path is a core object (`self._core`, an AddCore of
+    bk/client/_core.pyx or its twin core_py.py) that holds the hot state in declared fields and
+    calls this class back only through the hooks given to it here."""
+
     def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
                  master_key: bytes, *, add_flags: int = 0):
-        super().__init__(bk, ledger_id, metadata, version, digest, master_key)
         self._loop = asyncio.get_running_loop()
-        self._framer = AddFramer(digest, master_key, bk.max_frame_size_bytes, add_flags)
+        core = self._core = AddCore(ledger_id, bk, self._loop, raise_refused=self._raise_refused,
+                                    raise_too_large=self._too_large, send_again=self._send,
+                                    add_failure=self._add_failure, wake_drain=self._wake_drain)
+        super().__init__(bk, ledger_id, metadata, version, digest, master_key)
+        self._framer = core.framer = AddFramer(digest, master_key, bk.max_frame_size_bytes, add_flags)
         # the core frames small CRC32C entries with the codec kernel directly (None: ask the framer)
-        self._frame_small, self._add_header, self._frame_small_max = self._framer.small_frame_kernel()
-        self._fixed_lac: int | None = None  # recovery stamps every entry with the LAC it started from
-        self._max_payload_bytes = self._framer.max_payload_bytes()
-        self._E = metadata.ensemble_size
-        self._WQ = metadata.write_quorum_size
-        self._AQ = metadata.ack_quorum_size
+        core.frame_small, core.add_header, core.frame_small_max = self._framer.small_frame_kernel()
+        core.master_key = master_key
+        core.max_payload_bytes = self._framer.max_payload_bytes()
+        self._E = core.ensemble_size = metadata.ensemble_size
+        self._WQ = core.write_quorum_size = metadata.write_quorum_size
+        self._AQ = core.ack_quorum_size = metadata.ack_quorum_size
         self._set_ensemble(metadata.last_segment[1])
-        self._lac = metadata.last_entry_id
-        self._length_confirmed = metadata.length
-        self._last_add_pushed = self._lac
-        self._length_pushed = self._length_confirmed
-        self._pending: deque[PendingAdd] = deque()
-        self._failed_bookies: set[str] = set()  # in the ensemble, waiting to be replaced
+        core.lac = metadata.last_entry_id
+        core.length_confirmed = metadata.length
+        core.last_add_pushed = core.lac
+        core.length_pushed = core.length_confirmed
+        core.pending = deque()  # of PendingAdd, in entry-id order
+        core.failed_bookies = set()  # in the ensemble, waiting to be replaced
+        core.changing = False  # completions frozen until the metadata has the new ensemble
+        core.refuse = None  # see _update_refuse
         self._avoid: set[str] = set()  # every bookie that failed for this handle
         self._delay_ensemble_change = bool(getattr(bk, "delay_ensemble_change", False))
         self.delayed_failures = 0  # bookie failures kept in the ensemble (delayed ensemble change)
-        self._changing = False  # completions frozen until the metadata has the new ensemble
         self._change_task: asyncio.Task | None = None
         self._fatal: tuple[type, str] | None = None
         self._state = OPEN
-        self._refuse = None  # see _update_refuse
         self._close_task: asyncio.Task | None = None
         self._drain_waiter: asyncio.Future | None = None
         self.ensemble_changes = 0
+        # the add path is the core's own methods (no Python frame in between)
+        self.async_add_entry = core.async_add_entry
+        self.add_entry = core.add_entry
+        self.add_entries = core.add_entries
+
+    @property
+    def _lac(self) -> int:  # ReadHandle's name for the LAC; the writer's lives in its core
+        return self._core.lac
+
+    @_lac.setter
+    def _lac(self, value: int) -> None:
+        self._core.lac = value
 
     # ------------------------------------------------------------ state
     @property
     def last_add_pushed(self) -> int:
-        return self._last_add_pushed
+        return self._core.last_add_pushed
 
     @property
     def length(self) -> int:
         """Payload bytes of entries 0..LAC."""
-        return self._length_confirmed
+        return self._core.length_confirmed
 
     @property
     def ensemble(self) -> tuple[str, ...]:
@@ -133,29 +153,51 @@ class LedgerHandle(AddCore, ReadHandle):
 
     @property
     def pending_adds(self) -> int:
-        return len(self._pending)
+        return len(self._core.pending)
 
     def _last_readable(self) -> int:
-        return self._lac
+        return self._core.lac
 
     def _set_ensemble(self, ensemble) -> None:
+        core = self._core
         self._ensemble = tuple(ensemble)
-        self._index = {b: i for i, b in enumerate(self._ensemble)}
+        core.index = self._index = {b: i for i, b in enumerate(self._ensemble)}
         pool = self._bk.pool
         self._clients = [pool.get(b) for b in self._ensemble]
-        # per ensemble index: (client, response callback bound to the bookie), and
-        # per entry id mod E: the write set's indexes and those pairs (no per-add work)
+        # per ensemble index: (the client's request core, response callback bound to the bookie),
+        # and per entry id mod E: the write set's indexes and those pairs (no per-add work)
         E, WQ = self._E, self._WQ
-        self._write_sets_by_index = [(c, AddResponder(self, b)) for c, b in zip(self._clients, self._ensemble)]
-        self._write_set_indexes = [tuple((r + i) % E for i in range(WQ)) for r in range(E)]
-        self._write_sets = [tuple(self._write_sets_by_index[i] for i in idx) for idx in self._write_set_indexes]
+        self._write_sets_by_index = [(c._core, AddResponder(core, b)) for c, b in zip(self._clients, self._ensemble)]
+        core.write_set_indexes = [tuple((r + i) % E for i in range(WQ)) for r in range(E)]
+        core.write_sets = [tuple(self._write_sets_by_index[i] for i in idx) for idx in core.write_set_indexes]
 
     # ------------------------------------------------------------ adds
-    # async_add_entry, _add_response (an EOK answer) and _deliver are AddCore's
-    # (bk/client/_core.pyx, twin core_py.py); the rare paths below are called by name.
-    async def add_entry(self, data) -> int:
-        """Append `data`; returns its entry id once AQ bookies stored it."""
-        return await self.async_add_entry(data)
+    # async_add_entry is the core's (bk/client/_core.pyx, twin core_py.py), as are the answers and
+    # in-order completion; the rare paths below are the hooks the core was given.
+    # The four ways to add are the core's own methods, bound in __init__ (these definitions document
+    # them and serve a subclass that calls them through the class).
+    def async_add_entry(self, data, callback=None):
+        """Start an add; `callback(entry_id, err)` later, in entry-id order (or the future of the
+        entry id without a callback). An add that cannot start raises here."""
+        return self._core.async_add_entry(data, callback)
+
+    def add_entry(self, data) -> asyncio.Future:
+        """Append `data`: `await lh.add_entry(data)` is its entry id once AQ bookies stored it.
+
+        The add starts at the call and the result is a plain future (no coroutine, so `gather`
+        over many wraps none in a task); an add that cannot start raises when awaited."""
+        return self._core.add_entry(data)
+
+    def add_entries(self, payloads) -> asyncio.Future:
+        """Append every payload (any iterable of bytes-like) now: `await lh.add_entries(batch)` is
+        their entry ids, in order. A failure part way raises AddBatchError (acknowledged ids,
+        failed ids, payloads never added: each add reported once). Bad input adds nothing."""
+        return self._core.add_entries(payloads)
+
+    def writer(self, max_in_flight: int = 1000) -> "LedgerWriter":
+        """`async with lh.writer(max_in_flight=D) as w: await w.add(data)` - adds with a bounded
+        window; see bk/client/writer.py."""
+        return LedgerWriter(self, max_in_flight)
 
     def _raise_refused(self):
         if self._state is not OPEN:
@@ -170,16 +212,16 @@ class LedgerHandle(AddCore, ReadHandle):
 
     def _too_large(self, n: int):
         raise IncorrectParameterError(
-            f"entry of {n} bytes is larger than {self._max_payload_bytes} bytes"
+            f"entry of {n} bytes is larger than {self._core.max_payload_bytes} bytes"
             f" (max_frame_size_bytes {self._framer.max_frame_size_bytes} less the ADD headers)")
 
     def _update_refuse(self) -> None:
         """`_refuse` is set whenever the handle's state or a fatal error refuses adds (the
         client's own closing is checked beside it): one check on the hot path."""
-        self._refuse = True if (self._state is not OPEN or self._fatal is not None) else None
+        self._core.refuse = True if (self._state is not OPEN or self._fatal is not None) else None
 
     def _send(self, op: PendingAdd, indexes) -> None:
-        ensemble, failed, responders = self._ensemble, self._failed_bookies, self._write_sets_by_index
+        ensemble, failed, responders = self._ensemble, self._core.failed_bookies, self._write_sets_by_index
         frame, ledger_id, entry_id = op.frame, self.ledger_id, op.entry_id
         op.sent = True
         for i in indexes:
@@ -210,8 +252,8 @@ class LedgerHandle(AddCore, ReadHandle):
         log.warning("ledger %d: writer stops: %s", self.ledger_id, why)
         self._fatal = (cls, why)
         self._update_refuse()
-        pending = list(self._pending)
-        self._pending.clear()
+        pending = list(self._core.pending)
+        self._core.pending.clear()
         for op in pending:
             op.frame = None
             if op.finished():
@@ -226,20 +268,21 @@ class LedgerHandle(AddCore, ReadHandle):
 
     # ------------------------------------------------------------ ensemble change
     def _bookie_failed(self, bookie: str, err: BaseException) -> None:
-        if bookie not in self._index or bookie in self._failed_bookies:
+        core = self._core
+        if bookie not in self._index or bookie in core.failed_bookies:
             return  # replaced already, or already being replaced
         if self._bk.closed:
             self._fail(LedgerClosedError, f"ledger {self.ledger_id}: its BookKeeper client was closed")
             return
-        self._failed_bookies.add(bookie)
+        core.failed_bookies.add(bookie)
         self._avoid.add(bookie)
-        if self._delay_ensemble_change and not self._changing and self._ack_quorum_reachable():
+        if self._delay_ensemble_change and not core.changing and self._ack_quorum_reachable():
             self.delayed_failures += 1
             log.info("ledger %d: bookie %s failed (%s); every write set still has %d bookies up: ensemble"
                      " change delayed", self.ledger_id, bookie, err, self._AQ)
             return
         log.info("ledger %d: bookie %s failed (%s); changing the ensemble", self.ledger_id, bookie, err)
-        self._changing = True
+        core.changing = True
         if self._change_task is None:
             self._change_task = self._loop.create_task(self._ensemble_change(),
                                                        name=f"ensemble-change-{self.ledger_id}")
@@ -247,16 +290,16 @@ class LedgerHandle(AddCore, ReadHandle):
     def _ack_quorum_reachable(self) -> bool:
         """True while every write set of the ensemble has AQ bookies that have not failed (so every
         pending entry - its acks from now-failed bookies still count - and every new one can complete)."""
-        ensemble, failed, aq = self._ensemble, self._failed_bookies, self._AQ
+        ensemble, failed, aq = self._ensemble, self._core.failed_bookies, self._AQ
         return all(sum(1 for i in indexes if ensemble[i] not in failed) >= aq
-                   for indexes in self._write_set_indexes)
+                   for indexes in self._core.write_set_indexes)
 
     async def _ensemble_change(self) -> None:
         retries = 0
         try:
-            while self._fatal is None and self._failed_bookies:
-                failed = set(self._failed_bookies)
-                start = self._lac + 1  # frozen while _changing
+            while self._fatal is None and self._core.failed_bookies:
+                failed = set(self._core.failed_bookies)
+                start = self._core.lac + 1  # frozen while the core is changing
                 old = self._ensemble
                 try:
                     writable = await self._bk.registration.writable_bookies()
@@ -287,10 +330,10 @@ class LedgerHandle(AddCore, ReadHandle):
                 log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, start, list(new))
         finally:
             self._change_task = None
-            if self._fatal is not None or not self._failed_bookies:
-                self._changing = False
+            if self._fatal is not None or not self._core.failed_bookies:
+                self._core.changing = False
                 if self._fatal is None:
-                    self._deliver()
+                    self._core.deliver()
             self._wake_drain()
 
     async def _store_ensemble_change(self, start: int, old: tuple, new: tuple) -> tuple[LedgerMetadata, int]:
@@ -312,11 +355,11 @@ class LedgerHandle(AddCore, ReadHandle):
 
     def _apply_ensemble(self, old: tuple, new: tuple, replaced: set) -> None:
         self._set_ensemble(new)
-        self._failed_bookies -= replaced
+        self._core.failed_bookies -= replaced
         self.ensemble_changes += 1
         changed = [i for i in range(self._E) if old[i] != new[i]]
         E, WQ = self._E, self._WQ
-        for op in list(self._pending):
+        for op in list(self._core.pending):
             indexes = [i for i in changed if in_write_set(i, op.entry_id, E, WQ)]
             if indexes:
                 for i in indexes:
@@ -330,7 +373,7 @@ class LedgerHandle(AddCore, ReadHandle):
             waiter.set_result(None)
 
     async def _drain(self) -> None:
-        while self._pending or self._change_task is not None:
+        while self._core.pending or self._change_task is not None:
             self._drain_waiter = self._loop.create_future()
             await self._drain_waiter
         self._drain_waiter = None
@@ -364,7 +407,7 @@ class LedgerHandle(AddCore, ReadHandle):
 
     async def _close(self) -> None:
         await self._drain()
-        update = functools.partial(self._close_metadata, self._lac, self._length_confirmed)
+        update = functools.partial(self._close_metadata, self._core.lac, self._core.length_confirmed)
         try:
             metadata, version = await self._bk.ledger_manager.update_ledger_metadata(self.ledger_id, update)
         except (LedgerFencedError, NoSuchLedgerMetadataError):
@@ -383,4 +426,4 @@ class LedgerHandle(AddCore, ReadHandle):
 
     async def read_last_add_confirmed(self) -> int:
         """The writer knows its LAC."""
-        return self._lac
+        return self._core.lac

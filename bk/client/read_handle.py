@@ -21,6 +21,7 @@ from bk.errors import BookieIOError, IncorrectParameterError
 from bk.meta.ledger_metadata import LedgerMetadata
 from bk.proto import DigestManager
 
+from .read_iter import DEFAULT_POLL_INTERVAL_S, DEFAULT_READ_AHEAD_CHUNKS, EntryIterator
 from .read_ops import LedgerEntry, ReadRangeOp, read_lac_from
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,17 @@ class ReadHandle:
                          batch_end=self._batch_end, batch_entries=bk.batch_read_entries,
                          max_frame_size_bytes=bk.max_frame_size_bytes)
         return await op.start()
+
+    def read_entries_iter(self, first_entry_id: int = 0, last_entry_id: int | None = None, *,
+                          chunk_entries: int | None = None, read_ahead: int = DEFAULT_READ_AHEAD_CHUNKS,
+                          poll_interval_s: float = DEFAULT_POLL_INTERVAL_S) -> EntryIterator:
+        """`async for entry in rh.read_entries_iter(first, last)`: the entries in order, read ahead
+        in chunks; `last=None` is the last readable entry now, a `last` past the LAC of an open
+        ledger tails it (bk/client/read_iter.py)."""
+        first = check_entry_id("first_entry_id", first_entry_id)
+        last = None if last_entry_id is None else check_entry_id("last_entry_id", last_entry_id)
+        return EntryIterator(self, first, last, chunk_entries=chunk_entries, read_ahead=read_ahead,
+                             poll_interval_s=poll_interval_s)
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:
         return (await self.read_entries(entry_id, entry_id))[0]

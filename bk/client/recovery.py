@@ -77,8 +77,9 @@ class RecoveryWriter(LedgerHandle):
         # A bookie of the last segment may be down with no spare to replace it (#3905, #2281): write
         # back to the others as long as AQ of every write set are up (LedgerHandle's docstring).
         self._delay_ensemble_change = True
-        self._lac = self._last_add_pushed = self._fixed_lac = start - 1
-        self._length_confirmed = self._length_pushed = length_before
+        core = self._core
+        core.lac = core.last_add_pushed = core.fixed_lac = start - 1
+        core.length_confirmed = core.length_pushed = length_before
         self._segments_kept = len(metadata.segments) - 1  # recovery owns the last segment and any after it
 
     async def _store_ensemble_change(self, start: int, old: tuple, new: tuple):

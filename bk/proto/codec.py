@@ -316,13 +316,15 @@ def _encode_read_response(m: ReadResponse, h: int) -> bytes:
 def _encode_batch_read_response(m: BatchReadResponse, h: int) -> bytes:
     if m.rc != EOK and m.entries:
         raise MessageEncodeError("a BATCH_READ error response carries no entries")
-    parts = []
+    parts = [b""]  # the header goes first once the length is known: one copy of the entries, not two
+    size = 0
     for entry in m.entries:
         parts.append(_i32.pack(len(entry)))
         parts.append(entry)
-    rest = b"".join(parts)
-    return _batch_resp.pack(BATCH_READ_RESPONSE_HEADER_BYTES + len(rest), h, m.rc, m.ledger_id,
-                            m.start_entry_id, m.request_id) + rest
+        size += 4 + len(entry)
+    parts[0] = _batch_resp.pack(BATCH_READ_RESPONSE_HEADER_BYTES + size, h, m.rc, m.ledger_id, m.start_entry_id,
+                                m.request_id)
+    return b"".join(parts)
 
 
 def _encode_auth_response(m: AuthResponse, h: int) -> bytes:

@@ -212,7 +212,7 @@ class BookieConnection(asyncio.Protocol):
             self._add_rows = []
         if self._out:
             out, self._out = self._out, []
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self.transport.writelines(out)  # a writev: big read responses are not copied into one buffer
 
     def close(self) -> None:
         self._flush()

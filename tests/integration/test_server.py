@@ -295,6 +295,9 @@ class FakeTransport:
     def write(self, data):
         self.out.append(bytes(data))
 
+    def writelines(self, parts):
+        self.out.append(b"".join(parts))
+
     def pause_reading(self):
         self.paused = True
 

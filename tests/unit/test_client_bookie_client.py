@@ -120,7 +120,7 @@ async def test_writes_of_one_loop_iteration_are_coalesced():
     try:
         await client.call(client.send_read, 1, 0)  # connect
         calls = []
-        protocol = client._protocol
+        protocol = client._core.protocol
         real = protocol.transport
 
         class Spy:

@@ -1,0 +1,255 @@
+"""Reads: sequential and random, from the write cache, the read cache and the entry logs, beside the
+raw disk's read rate in the same run.
+
+    python -m bench.reads                                # 64 KiB entries, 384 MiB cold ledger, 1 bookie
+    python -m bench.reads --entry-size 1KiB --cold-bytes 128MiB --json reads.json
+
+One bookie (LocalCluster, default caches: 64 MiB write cache, 64 MiB read
+cache; `flush_interval_ms` raised so that only a full write cache flushes,
+which keeps what was written last in the write cache). Steps:
+
+1. write the cold ledger (`--cold-bytes`), then a filler ledger of twice the
+   write cache: the cold ledger is then entirely in the entry logs and the
+   filler's last entries are still in the write cache;
+2. drop the page cache of the bookie's entry logs (posix_fadvise DONTNEED on
+   its files; they were fsynced by the checkpoint, so the pages are clean);
+3. `entry-log seq`: read the cold ledger from entry 0 in ranges of
+   `--range-entries`, `--in-flight` entries outstanding (each range is a
+   BATCH_READ; a miss reads `read_ahead_batch_size` entries on from the entry
+   log into the read cache);
+4. `read-cache seq`: read again the last quarter of the read cache's size of
+   the cold ledger (the last entries step 3 read ahead);
+5. `entry-log rand`: drop the page cache again, read `--random-reads` entries
+   of the cold ledger at random ids, one READ each, `--in-flight` outstanding;
+6. `write-cache seq` / `write-cache rand`: the last quarter of the write
+   cache's size of the filler ledger;
+7. `raw-disk seq` / `raw-disk rand`: a file of `--cold-bytes` written and
+   fsynced in the same directory, its pages dropped, read sequentially in
+   1 MiB reads and at random offsets in entry-size reads, `--in-flight`
+   threads (queue depth) - the disk's own read rate for the same pattern.
+
+Per row: entries/s, MB/s (payload; MB = 10^6 bytes) and the p50/p99 of one
+request (a range read for seq, one entry for rand; raw-disk: one read call).
+`cold/raw` is the entry-log row's MB/s over the raw-disk row's of the same
+pattern.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import random
+import sys
+import time
+
+import numpy as np
+
+from . import bench_base_dir, scratch_dir
+from .load import bookie_setting, local_cluster
+from .stats import MB, human_size, latency_summary_ms, parse_size, positive_int
+
+RAW_SEQ_READ_BYTES = 1024 * 1024
+
+
+def drop_page_cache(path: str) -> int:
+    """posix_fadvise(DONTNEED) every file under `path` (clean pages only go); returns files touched."""
+    n = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                n += 1
+            finally:
+                os.close(fd)
+    return n
+
+
+def row(name: str, entries: int, entry_size: int, elapsed_s: float, latencies_s: list) -> dict:
+    return {"name": name, "entries": entries, "elapsed_s": elapsed_s, "entries_per_s": entries / elapsed_s,
+            "mb_per_s": entries * entry_size / elapsed_s / MB,
+            "latency_ms": latency_summary_ms(np.asarray(latencies_s, dtype=np.float64))}
+
+
+async def write_ledger(bkc, payload: bytes, count: int, in_flight: int):
+    lh = await bkc.create_ledger(1, 1, 1, password=b"")
+    async with lh.writer(max_in_flight=in_flight) as w:
+        for _ in range(count):
+            await w.add(payload)
+    await lh.close()
+    return lh.ledger_id
+
+
+async def read_seq(rh, first: int, last: int, range_entries: int, in_flight: int, payload: bytes):
+    ranges = iter(range(first, last + 1, range_entries))
+    latencies: list[float] = []
+    got = [0]
+
+    async def reader() -> None:
+        for a in ranges:
+            t = time.perf_counter()
+            entries = await rh.read_entries(a, min(a + range_entries - 1, last))
+            latencies.append(time.perf_counter() - t)
+            if any(e.data != payload for e in entries):
+                raise AssertionError(f"payload mismatch in entries {a}..")
+            got[0] += len(entries)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(reader() for _ in range(max(1, in_flight // range_entries))))
+    return got[0], time.perf_counter() - t0, latencies
+
+
+async def read_random(rh, first: int, last: int, count: int, in_flight: int, payload: bytes, seed: int):
+    rng = random.Random(seed)
+    ids = iter([rng.randint(first, last) for _ in range(count)])
+    latencies: list[float] = []
+
+    async def reader() -> None:
+        for entry_id in ids:
+            t = time.perf_counter()
+            entry = await rh.read_entry(entry_id)
+            latencies.append(time.perf_counter() - t)
+            if entry.data != payload:
+                raise AssertionError(f"payload mismatch in entry {entry_id}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(reader() for _ in range(in_flight)))
+    return count, time.perf_counter() - t0, latencies
+
+
+def raw_disk_reads(directory: str, total_bytes: int, entry_size: int, random_reads: int, depth: int, seed: int):
+    """The disk's own read rate: sequential 1 MiB reads and random entry-size preads of a cold file."""
+    path = os.path.join(directory, "raw-read")
+    block = os.urandom(RAW_SEQ_READ_BYTES)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        while written < total_bytes:
+            written += os.write(fd, block)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        latencies, n = [], 0
+        t0 = time.perf_counter()
+        while True:
+            t = time.perf_counter()
+            data = os.pread(fd, RAW_SEQ_READ_BYTES, n)
+            latencies.append(time.perf_counter() - t)
+            if not data:
+                break
+            n += len(data)
+        seq = row("raw-disk seq", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        rng = random.Random(seed)
+        slots = written // entry_size
+        offsets = [rng.randrange(slots) * entry_size for _ in range(random_reads)]
+        rand_lat: list[float] = []
+
+        def one(offset: int) -> None:
+            t = time.perf_counter()
+            os.pread(fd, entry_size, offset)
+            rand_lat.append(time.perf_counter() - t)
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(depth) as pool:
+            list(pool.map(one, offsets))
+        rand = row("raw-disk rand", random_reads, entry_size, time.perf_counter() - t0, rand_lat)
+        return seq, rand
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+async def run(cluster, args) -> list[dict]:
+    from bk.client import BookKeeper
+
+    size = args.entry_size
+    payload = os.urandom(size)
+    cache_bytes = 64 * 1024 * 1024  # the bookie defaults bench.load's clusters run with
+    cold_count = max(1, args.cold_bytes // size)
+    filler_count = 2 * cache_bytes // size
+    tail = max(1, cache_bytes // 4 // size)
+    data_dir = os.path.join(cluster.data_dir, "bookie-0")
+    rows = []
+    async with BookKeeper(cluster.metadata_uri) as bkc:
+        print(f"writing {cold_count} + {filler_count} entries of {human_size(size)}", file=sys.stderr)
+        cold = await write_ledger(bkc, payload, cold_count, args.in_flight)
+        filler = await write_ledger(bkc, payload, filler_count, args.in_flight)
+        await asyncio.sleep(1.0)  # the checkpoint that moved the cold ledger out has synced its entry logs
+        rh = await bkc.open_ledger(cold, password=b"", recovery=False)
+        last = rh.last_add_confirmed
+        drop_page_cache(data_dir)
+        n, s, lat = await read_seq(rh, 0, last, args.range_entries, args.in_flight, payload)
+        rows.append(row("entry-log seq", n, size, s, lat))
+        first = max(0, last - tail + 1)
+        n, s, lat = await read_seq(rh, first, last, args.range_entries, args.in_flight, payload)
+        rows.append(row("read-cache seq", n, size, s, lat))
+        drop_page_cache(data_dir)
+        n, s, lat = await read_random(rh, 0, last, args.random_reads, args.in_flight, payload, args.seed)
+        rows.append(row("entry-log rand", n, size, s, lat))
+        fh = await bkc.open_ledger(filler, password=b"", recovery=False)
+        flast = fh.last_add_confirmed
+        n, s, lat = await read_seq(fh, flast - tail + 1, flast, args.range_entries, args.in_flight, payload)
+        rows.append(row("write-cache seq", n, size, s, lat))
+        n, s, lat = await read_random(fh, flast - tail + 1, flast, min(args.random_reads, 4 * tail), args.in_flight,
+                                      payload, args.seed)
+        rows.append(row("write-cache rand", n, size, s, lat))
+    return rows
+
+
+def format_table(summary: dict) -> str:
+    s = summary["spec"]
+    lines = [f"bk reads: {human_size(s['entry_size'])} entries, cold ledger {human_size(s['cold_bytes'])},"
+             f" {s['in_flight']} in flight, ranges of {s['range_entries']}",
+             f"{'source':18} {'entries/s':>10} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'cold/raw':>8}"]
+    for r in summary["rows"]:
+        lat = r["latency_ms"] or {}
+        ratio = f"{r['cold_over_raw']:.2f}" if r.get("cold_over_raw") is not None else ""
+        lines.append(f"{r['name']:18} {r['entries_per_s']:10,.0f} {r['mb_per_s']:8.1f} {lat.get('p50', 0):8.2f}"
+                     f" {lat.get('p99', 0):8.2f} {ratio:>8}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.reads", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--entry-size", type=parse_size, default=64 * 1024)
+    p.add_argument("--cold-bytes", type=parse_size, default=384 * 1024 * 1024)
+    p.add_argument("--in-flight", type=positive_int, default=64, help="entries outstanding (reads and writes)")
+    p.add_argument("--range-entries", type=positive_int, default=16, help="entries per sequential range read")
+    p.add_argument("--random-reads", type=positive_int, default=2000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--bookie-set", type=bookie_setting, action="append", default=[], metavar="KEY=VALUE",
+                   help="a bookie setting (repeatable)")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    from bk import eventloop
+    print(f"starting a LocalCluster with 1 bookie under {bench_base_dir()}", file=sys.stderr)
+    with local_cluster(1, prefix="reads", **{"flush_interval_ms": 600_000, **dict(args.bookie_set)}) as cluster:
+        rows = eventloop.run(run(cluster, args))
+    raw_dir = scratch_dir("rawread")
+    try:
+        raw_seq, raw_rand = raw_disk_reads(raw_dir, args.cold_bytes, args.entry_size, args.random_reads,
+                                           args.in_flight, args.seed)
+    finally:
+        os.rmdir(raw_dir)
+    by = {r["name"]: r for r in rows}
+    by["entry-log seq"]["cold_over_raw"] = by["entry-log seq"]["mb_per_s"] / raw_seq["mb_per_s"]
+    by["entry-log rand"]["cold_over_raw"] = by["entry-log rand"]["mb_per_s"] / raw_rand["mb_per_s"]
+    summary = {"spec": {k: getattr(args, k) for k in ("entry_size", "cold_bytes", "in_flight", "range_entries",
+                                                      "random_reads")},
+               "bookie_settings": dict(args.bookie_set),
+               "rows": rows + [raw_seq, raw_rand]}
+    print(format_table(summary))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(summary, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
