@@ -82,14 +82,11 @@ ERR_OK = 0
 ERR_NEGATIVE_LENGTH = 1
 ERR_FRAME_TOO_LARGE = 2
 
-cdef enum:
-    _OP_ADD = 1
-    _KEY_LEN = 20
-    _ADD_MIN = 56       # header 4 + master key 20 + entry header 32
-    _ADD_RESPONSE = 24  # header 4 + rc 4 + ledger 8 + entry 8
-    _MAX_VERSION = 2
+# Every size, offset, op code and flag below is a WL_ name of bk/proto/layout.py (generated pxi).
+include "wire_layout.pxi"
 
 cdef Py_ssize_t _NOGIL_MIN_BYTES = 64 * 1024
+
 cdef uint64_t _MAX_U32 = 0xFFFFFFFF
 
 
@@ -204,26 +201,29 @@ def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple)
             if st != 0:
                 break
             f = b + pos + 4
-            if length >= _ADD_MIN:
+            if length >= WL_ADD_REQUEST_MIN_BYTES:
                 h = _u32(f)
-                version = h >> 24
+                version = h >> 24  # layout.split_header
                 if version == 0:
                     op, flags = h, 0
                 else:
                     op, flags = (h >> 16) & 0xff, h & 0xffff
-                ledger_id = _i64(f + 4 + _KEY_LEN)
-                entry_id = _i64(f + 4 + _KEY_LEN + 8)
-                if version <= _MAX_VERSION and op == _OP_ADD and ledger_id >= 0 and entry_id >= 0:
+                ledger_id = _i64(f + WL_ADD_ENTRY_OFFSET)
+                entry_id = _i64(f + WL_ADD_ENTRY_OFFSET + WL_ID_BYTES)
+                if (version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_ADD_ENTRY
+                        and ledger_id >= 0 and entry_id >= 0):
                     # Adds of one connection nearly always carry one ledger's key.
-                    if key is None or memcmp(PyBytes_AS_STRING(key), f + 4, _KEY_LEN) != 0:
-                        key = PyBytes_FromStringAndSize(<const char *>(f + 4), _KEY_LEN)
+                    if key is None or memcmp(PyBytes_AS_STRING(key), f + WL_ADD_KEY_OFFSET,
+                                             WL_MASTER_KEY_LENGTH) != 0:
+                        key = PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_KEY_OFFSET),
+                                                        WL_MASTER_KEY_LENGTH)
                     rec = bk_codec_new_record(record, 6)
                     _put(rec, 0, flags)
                     _put(rec, 1, key)
                     _put(rec, 2, ledger_id)
                     _put(rec, 3, entry_id)
-                    _put(rec, 4, PyBytes_FromStringAndSize(<const char *>(f + 4 + _KEY_LEN),
-                                                           length - 4 - _KEY_LEN))
+                    _put(rec, 4, PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_ENTRY_OFFSET),
+                                                           length - WL_ADD_ENTRY_OFFSET))
                     _put(rec, 5, version)
                     out.append(rec)
                     pos += 4 + length
@@ -258,15 +258,15 @@ def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple
             if st != 0:
                 break
             f = b + pos + 4
-            if length == _ADD_RESPONSE:
+            if length == WL_ADD_RESPONSE_BYTES:
                 h = _u32(f)
                 version = h >> 24
                 op = h if version == 0 else (h >> 16) & 0xff
-                if version <= _MAX_VERSION and op == _OP_ADD:
+                if version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_ADD_ENTRY:
                     rec = bk_codec_new_record(record, 3)
-                    _put(rec, 0, <int32_t>_u32(f + 4))
-                    _put(rec, 1, _i64(f + 8))
-                    _put(rec, 2, _i64(f + 16))
+                    _put(rec, 0, <int32_t>_u32(f + WL_RESPONSE_RC_OFFSET))
+                    _put(rec, 1, _i64(f + WL_RESPONSE_IDS_OFFSET))
+                    _put(rec, 2, _i64(f + WL_RESPONSE_IDS_OFFSET + WL_ID_BYTES))
                     out.append(rec)
                     pos += 4 + length
                     continue
@@ -279,8 +279,7 @@ def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple
 
 
 cdef enum:
-    _FLAG_RECOVERY_ADD = 0x2
-    _ENTRY_HEADER = 24  # ledger id, entry id, LAC
+    _ENTRY_IDS_LAC = WL_ENTRY_LAC_OFFSET + WL_ID_BYTES  # the entry header's ledger id, entry id, LAC
 
 
 cdef inline bint _as_i64(object o, int64_t *out) except -1:
@@ -304,7 +303,7 @@ cdef bint _plain_add(object req, int64_t *v, PyObject **key) except -1:
     if not isinstance(req, tuple) or PyTuple_GET_SIZE(req) < 5:
         return False
     body = <object>PyTuple_GET_ITEM(req, 4)
-    if not PyBytes_CheckExact(body) or PyBytes_GET_SIZE(body) < _ENTRY_HEADER:
+    if not PyBytes_CheckExact(body) or PyBytes_GET_SIZE(body) < _ENTRY_IDS_LAC:
         return False
     if not PyBytes_CheckExact(<object>PyTuple_GET_ITEM(req, 1)):
         return False
@@ -312,10 +311,10 @@ cdef bint _plain_add(object req, int64_t *v, PyObject **key) except -1:
             and _as_i64(<object>PyTuple_GET_ITEM(req, 3), &entry_id)):
         return False
     p = <const unsigned char *>PyBytes_AS_STRING(body)
-    if entry_id < 0 or _i64(p) != v[1] or _i64(p + 8) != entry_id:
+    if entry_id < 0 or _i64(p) != v[1] or _i64(p + WL_ID_BYTES) != entry_id:
         return False
-    v[0] = flags & _FLAG_RECOVERY_ADD
-    v[2] = _i64(p + 16)
+    v[0] = flags & WL_FLAG_RECOVERY_ADD
+    v[2] = _i64(p + WL_ENTRY_LAC_OFFSET)
     key[0] = PyTuple_GET_ITEM(req, 1)
     return True
 
@@ -347,22 +346,28 @@ def scan_add_run(reqs):
     return out
 
 
+cdef inline uint32_t _header_word(uint32_t version, uint32_t op, uint32_t flags) noexcept nogil:
+    """layout.pack_header for a version already checked to be 0..2."""
+    return op if version == 0 else ((version << 24) | (op << 16) | flags)
+
+
 cdef uint32_t _add_header(int version) except? 0:
     """The v0..v2 ADD response header word."""
-    if version < 0 or version > _MAX_VERSION:
-        raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
-    return _OP_ADD if version == 0 else ((<uint32_t>version << 24) | (_OP_ADD << 16))
+    if version < 0 or version > WL_MAX_ACCEPTED_VERSION:
+        raise ValueError(f"protocol version {version} is not 0..{WL_MAX_ACCEPTED_VERSION}")
+    return _header_word(version, WL_OP_ADD_ENTRY, 0)
 
 
 cdef inline unsigned char *_put_ack(unsigned char *p, uint32_t header, int32_t rc, int64_t ledger_id,
                                     int64_t entry_id) noexcept nogil:
     """One complete ADD response frame at p; returns the end."""
-    _put_u32(p, _ADD_RESPONSE)
-    _put_u32(p + 4, header)
-    _put_u32(p + 8, <uint32_t>rc)
-    _put_i64(p + 12, ledger_id)
-    _put_i64(p + 20, entry_id)
-    return p + 4 + _ADD_RESPONSE
+    cdef unsigned char *f = p + WL_FRAME_LENGTH_BYTES
+    _put_u32(p, WL_ADD_RESPONSE_BYTES)
+    _put_u32(f, header)
+    _put_u32(f + WL_RESPONSE_RC_OFFSET, <uint32_t>rc)
+    _put_i64(f + WL_RESPONSE_IDS_OFFSET, ledger_id)
+    _put_i64(f + WL_RESPONSE_IDS_OFFSET + WL_ID_BYTES, entry_id)
+    return f + WL_ADD_RESPONSE_BYTES
 
 
 def encode_add_responses(items, int version=2):
@@ -374,7 +379,7 @@ def encode_add_responses(items, int version=2):
     cdef bytes out
     cdef unsigned char *p
     header = _add_header(version)
-    out = PyBytes_FromStringAndSize(NULL, n * (4 + _ADD_RESPONSE))
+    out = PyBytes_FromStringAndSize(NULL, n * (WL_FRAME_LENGTH_BYTES + WL_ADD_RESPONSE_BYTES))
     p = <unsigned char *>PyBytes_AS_STRING(out)
     for i in range(n):
         rc, ledger_id, entry_id = rows[i]
@@ -392,7 +397,7 @@ def encode_add_acks(reqs, int32_t rc, int version=2):
     cdef unsigned char *p
     cdef object req
     header = _add_header(version)
-    out = PyBytes_FromStringAndSize(NULL, n * (4 + _ADD_RESPONSE))
+    out = PyBytes_FromStringAndSize(NULL, n * (WL_FRAME_LENGTH_BYTES + WL_ADD_RESPONSE_BYTES))
     p = <unsigned char *>PyBytes_AS_STRING(out)
     for i in range(n):
         req = items[i]
@@ -431,30 +436,34 @@ def frame_add_crc32c(uint32_t header, bytes master_key, int64_t ledger_id, int64
     cdef unsigned char *p
     cdef uint32_t crc
     cdef Py_ssize_t body
-    if len(master_key) != _KEY_LEN:
-        raise ValueError(f"master key must be {_KEY_LEN} bytes")
+    cdef unsigned char *f
+    cdef unsigned char *e
+    if len(master_key) != WL_MASTER_KEY_LENGTH:
+        raise ValueError(f"master key must be {WL_MASTER_KEY_LENGTH} bytes")
     PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
     try:
-        body = 4 + _KEY_LEN + 32 + 4 + view.len
+        body = WL_ADD_REQUEST_MIN_BYTES + WL_CRC32C_DIGEST_LENGTH + view.len
         if body > 0x7FFFFFFF:
             raise ValueError("frame too large")
-        out = PyBytes_FromStringAndSize(NULL, 4 + body)
+        out = PyBytes_FromStringAndSize(NULL, WL_FRAME_LENGTH_BYTES + body)
         p = <unsigned char *>PyBytes_AS_STRING(out)
+        f = p + WL_FRAME_LENGTH_BYTES  # the frame body
+        e = f + WL_ADD_ENTRY_OFFSET  # the digest-framed entry
         _put_u32(p, <uint32_t>body)
-        _put_u32(p + 4, header)
-        memcpy(p + 8, PyBytes_AS_STRING(master_key), _KEY_LEN)
-        _put_i64(p + 28, ledger_id)
-        _put_i64(p + 36, entry_id)
-        _put_i64(p + 44, lac)
-        _put_i64(p + 52, total_length)
+        _put_u32(f, header)
+        memcpy(f + WL_ADD_KEY_OFFSET, PyBytes_AS_STRING(master_key), WL_MASTER_KEY_LENGTH)
+        _put_i64(e, ledger_id)
+        _put_i64(e + WL_ID_BYTES, entry_id)
+        _put_i64(e + 2 * WL_ID_BYTES, lac)
+        _put_i64(e + 3 * WL_ID_BYTES, total_length)
         if view.len >= _NOGIL_MIN_BYTES:
             with nogil:
-                crc = bk_crc32c_extend(bk_crc32c_extend(0, p + 28, 32), view.buf, <size_t>view.len)
-                memcpy(p + 64, view.buf, <size_t>view.len)
+                crc = bk_crc32c_extend(bk_crc32c_extend(0, e, WL_ENTRY_HEADER_LENGTH), view.buf, <size_t>view.len)
+                memcpy(e + WL_ENTRY_HEADER_LENGTH + WL_CRC32C_DIGEST_LENGTH, view.buf, <size_t>view.len)
         else:
-            crc = bk_crc32c_extend(bk_crc32c_extend(0, p + 28, 32), view.buf, <size_t>view.len)
-            memcpy(p + 64, view.buf, <size_t>view.len)
-        _put_u32(p + 60, crc)
+            crc = bk_crc32c_extend(bk_crc32c_extend(0, e, WL_ENTRY_HEADER_LENGTH), view.buf, <size_t>view.len)
+            memcpy(e + WL_ENTRY_HEADER_LENGTH + WL_CRC32C_DIGEST_LENGTH, view.buf, <size_t>view.len)
+        _put_u32(e + WL_ENTRY_HEADER_LENGTH, crc)
         return out
     finally:
         PyBuffer_Release(&view)

@@ -35,7 +35,6 @@ import asyncio
 import itertools
 import logging
 import socket
-import struct
 from collections import deque
 from typing import Callable
 
@@ -48,7 +47,7 @@ from bk.proto import (
     ReadLacResponse, ReadRequest, ReadResponse, ResponseDecodeError, WriteLacRequest, WriteLacResponse,
     encode_request,
 )
-from bk.proto.constants import MASTER_KEY_LENGTH
+from bk.proto.layout import MASTER_KEY_LENGTH, READ_HEADER, READ_REQUEST_BYTES, READ_REQUEST_FRAME
 
 log = logging.getLogger(__name__)
 _core = _native.load("core", "bk.client")
@@ -60,8 +59,7 @@ ADD, READ, READ_LAC, WRITE_LAC, INFO, BATCH = (
 
 Callback = Callable[[object, "BaseException | None"], None]
 
-_read_req = struct.Struct(">iIqq")
-_READ_HEADER = (2 << 24) | (READ << 16)
+_read_req = READ_REQUEST_FRAME
 # A bookie that failed within this many seconds is "suspect": readers try it last.
 SUSPECT_S = 5.0
 EAGER_FLUSH_BYTES = _core.EAGER_FLUSH_BYTES  # the core's flush bound (core_py explains it)
@@ -145,7 +143,7 @@ class BookieClient(RequestCore):
                   master_key: bytes | None = None, timeout_s: float | None = None) -> None:
         """READ of one entry (-1 = the bookie's last entry); fencing reads carry the key."""
         if flags == 0 and master_key is None and ledger_id >= 0 and entry_id >= -1:
-            frame = _read_req.pack(20, _READ_HEADER, ledger_id, entry_id)
+            frame = _read_req.pack(READ_REQUEST_BYTES, READ_HEADER, ledger_id, entry_id)
         else:
             if flags & FLAG_DO_FENCING and (master_key is None or len(master_key) != MASTER_KEY_LENGTH):
                 raise ValueError("a fencing read needs the ledger's 20-byte master key")

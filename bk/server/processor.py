@@ -27,6 +27,8 @@ from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, PROTOCOL_VERSION, AddR
                       BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
                       ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
                       WriteLacResponse, encode_add_acks, encode_response)
+from bk.proto.layout import (BATCH_READ_ENTRY_LENGTH_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES,
+                             BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,6 @@ _CURRENT_VERSION = {PROTOCOL_VERSION}
 # metrics: recorded once per completion batch of adds, once per read request
 _ADD_REQUEST, _READ_REQUEST = metrics.ADD_ENTRY_REQUEST, metrics.READ_ENTRY_REQUEST
 _WRITE_BYTES, _READ_BYTES = metrics.WRITE_BYTES, metrics.READ_BYTES
-FREE_DISK_SPACE, TOTAL_DISK_SPACE = 0x1, 0x2
 
 
 def _done_bytes(run: tuple, reqs: list) -> int:
@@ -217,7 +218,7 @@ class RequestProcessor:
         if req.flags & FLAG_DO_FENCING:
             await bookie.fence_ledger(req.ledger_id, req.master_key)
         entries: list[bytes] = []
-        size = 24  # the response's fixed part
+        size = BATCH_READ_RESPONSE_HEADER_BYTES  # the response frame body's fixed part
         max_size = req.max_size or self.config.max_frame_size_bytes
         max_size = min(max_size, self.config.max_frame_size_bytes)
         eid = req.start_entry_id
@@ -228,12 +229,12 @@ class RequestProcessor:
                 if not entries:  # the first entry's own answer (EUNKNOWNLEDGERSTATE in limbo)
                     raise
                 break  # serve what this bookie has; the reader asks again from there
-            if entries and size + 4 + len(entry) > max_size:
+            if entries and size + BATCH_READ_ENTRY_LENGTH_BYTES + len(entry) > max_size:
                 break
             entries.append(entry)
-            size += 4 + len(entry)
+            size += BATCH_READ_ENTRY_LENGTH_BYTES + len(entry)
             eid += 1
-        _READ_BYTES.inc(size - 24 - 4 * len(entries))
+        _READ_BYTES.inc(size - BATCH_READ_RESPONSE_HEADER_BYTES - BATCH_READ_ENTRY_LENGTH_BYTES * len(entries))
         return BatchReadResponse(0, req.ledger_id, req.start_entry_id, req.request_id, entries)
 
     async def _read_lac(self, req: ReadLacRequest):
@@ -255,8 +256,8 @@ class RequestProcessor:
             st = os.statvfs(d)
             free += st.f_bavail * st.f_frsize
             total += st.f_blocks * st.f_frsize
-        return GetBookieInfoResponse(0, free if req.requested_info & FREE_DISK_SPACE else 0,
-                                     total if req.requested_info & TOTAL_DISK_SPACE else 0)
+        return GetBookieInfoResponse(0, free if req.requested_info & BOOKIE_INFO_FREE_DISK_SPACE else 0,
+                                     total if req.requested_info & BOOKIE_INFO_TOTAL_DISK_CAPACITY else 0)
 
     def _auth(self, req: AuthRequest, conn) -> None:
         log.warning("closing connection from %s: authentication is not supported", conn.peer)
