@@ -29,7 +29,8 @@ from bk.meta.cluster import is_initialized
 from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
 from bk.meta.registration import BookieServiceInfo, Endpoint, RegistrationManager
 
-from . import integrity
+from . import auth, integrity
+from .tls import ServerTls
 
 from .connection import BookieConnection
 from .processor import RequestProcessor
@@ -59,6 +60,8 @@ class BookieServer:
         self.bookie_id = config.bookie_id
         self.bookie = Bookie(config)
         self.processor = RequestProcessor(self.bookie, config)
+        self.auth_provider = auth.provider_from_config(config)  # None: authentication off
+        self.tls = ServerTls.from_config(config)  # None: START_TLS answered EBADREQ
         self.connections: set[BookieConnection] = set()
         self.store = store
         self._own_store = store is None
