@@ -106,6 +106,9 @@ def start_tls(conn, req, server_tls: ServerTls | None) -> None:
     resp.startTLSResponse.SetInParent()
     conn.send(v3.frame(resp))
     conn.flush_now()  # the answer leaves in plain text, before the handshake
+    # The client's ClientHello may arrive before the handshake task runs: it must not reach the
+    # frame decoder. loop.start_tls takes the paused transport over and reads for TLS.
+    conn.transport.pause_reading()
     conn.tls = "handshaking"
     task = asyncio.ensure_future(_handshake(conn, server_tls.context()))
     conn.server.processor._tasks.add(task)

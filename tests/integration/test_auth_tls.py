@@ -19,7 +19,7 @@ from bk.proto.auth import sign_token
 from bk.proto.digest import DigestManager
 from bk.testing.cluster import LocalCluster
 
-from v3_wire import STATUS, V3Client, add_body, decode, encode, one, read_body
+from v3_wire import STATUS, V3Client, add_body, decode, encode, one, read_body, sync_start_tls
 
 pytestmark = pytest.mark.integration
 
@@ -186,12 +186,9 @@ def test_tls_upgrade_then_v3_and_v2_over_tls(tls_setup):
 
 def test_wrong_hostname_is_refused_by_the_client(tls_setup):
     cluster, _ca, files, _d = tls_setup
-
-    async def main():
-        async with V3Client(port_of(cluster), host="127.0.0.1") as c:
-            with pytest.raises(ssl.SSLCertVerificationError, match="[Hh]ostname"):
-                await c.start_tls(client_context(files["ca"]), "bookie.example.com")
-    eventloop.run(main())
+    with pytest.raises(ssl.SSLCertVerificationError, match="[Hh]ostname"):
+        sync_start_tls(port_of(cluster), client_context(files["ca"]), "bookie.example.com")
+    sync_start_tls(port_of(cluster), client_context(files["ca"]), "localhost").close()
 
 
 def test_mutual_tls_client_certificate_is_checked(tls_setup):
@@ -221,23 +218,22 @@ def test_mutual_tls_client_certificate_is_checked(tls_setup):
 def test_expired_certificate_is_refused_and_reload_replaces_it(tls_setup):
     cluster, ca, files, _d = tls_setup
 
-    async def handshake():
-        async with V3Client(port_of(cluster), host="localhost") as c:
-            await c.start_tls(client_context(files["ca"]), "localhost")
-            return c.writer.get_extra_info("peercert")
+    def handshake():
+        with sync_start_tls(port_of(cluster), client_context(files["ca"]), "localhost") as s:
+            return s.getpeercert()
 
-    before = eventloop.run(handshake())
+    before = handshake()
     expired = make_cert(ca, "bookie", expired=True)
     write_pem(files["key"], key=expired[0])
     write_pem(files["cert"], cert=expired[1])
     time.sleep(1.5)  # tls_cert_files_refresh_duration_s = 1
     with pytest.raises(ssl.SSLCertVerificationError, match="expired"):
-        eventloop.run(handshake())
+        handshake()
     fresh = make_cert(ca, "bookie")
     write_pem(files["key"], key=fresh[0])
     write_pem(files["cert"], cert=fresh[1])
     time.sleep(1.5)
-    after = eventloop.run(handshake())
+    after = handshake()
     assert int(after["serialNumber"], 16) == fresh[1].serial_number != int(before["serialNumber"], 16)
     assert "reloaded the bookie's TLS certificate files" in open(cluster.bookies[0].log_path).read()
 
@@ -266,3 +262,50 @@ def test_required_client_certificate(tls_setup):
         eventloop.run(main())
     finally:
         cluster.stop_bookie(1)
+
+
+# ---------------------------------------------------------------- bk's own client with auth and TLS
+def _adds_with(port_owner, wire, ledger_id):
+    from bk.client.bookie_client import BookieClient
+    from bk.client.quorum import AddFramer
+
+    async def main():
+        client = BookieClient(port_owner.bookie_ids[0], wire=wire)
+        try:
+            framer = AddFramer(DigestManager(ledger_id, "CRC32C", b"pw"), KEY, 1 << 20)
+            answers = [await client.call(client.send_add, framer.frame(e, e - 1, e + 1, b"y"), ledger_id, e)
+                       for e in range(3)]
+            return [a.rc for a in answers]
+        finally:
+            client.close()
+    return eventloop.run(main())
+
+
+@pytest.mark.parametrize("protocol", ["v2", "v3"])
+def test_bk_client_authenticates_with_a_token(auth_cluster, protocol):
+    from bk.client.wire_v3 import ClientWireOptions
+    token = sign_token("bk-writer", SECRET_KEY)
+    assert _adds_with(auth_cluster, ClientWireOptions.build(protocol=protocol, auth_token=token),
+                      20 + (protocol == "v3")) == [0, 0, 0]
+    assert _adds_with(auth_cluster, ClientWireOptions.build(protocol=protocol), 22) == [102, 102, 102]
+    from bk.errors import BookieConnectionError
+    with pytest.raises(BookieConnectionError):
+        _adds_with(auth_cluster, ClientWireOptions.build(protocol=protocol, auth_token="nope"), 23)
+
+
+@pytest.mark.parametrize("protocol", ["v2", "v3"])
+def test_bk_client_tls_verifies_the_hostname_by_default(tls_setup, protocol):
+    import dataclasses
+
+    from bk.client.wire_v3 import ClientWireOptions
+    from bk.errors import BookieConnectionError
+    cluster, _ca, files, _d = tls_setup
+    wire = ClientWireOptions.build(protocol=protocol, tls_trust_store=files["ca"])
+    # the certificate names localhost, the bookie id 127.0.0.1: refused
+    with pytest.raises(BookieConnectionError, match="certificate verify failed|IP address mismatch"):
+        _adds_with(cluster, wire, 30)
+    named = dataclasses.replace(wire, tls_server_hostname="localhost")
+    assert _adds_with(cluster, named, 31 + (protocol == "v3")) == [0, 0, 0]
+    unchecked = ClientWireOptions.build(protocol=protocol, tls_trust_store=files["ca"],
+                                        tls_hostname_verification=False)
+    assert _adds_with(cluster, unchecked, 33 + (protocol == "v3")) == [0, 0, 0]

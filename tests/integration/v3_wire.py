@@ -207,3 +207,23 @@ def availability(data: bytes) -> list[int]:
                 break
             start += period
     return out
+
+
+def sync_start_tls(port: int, context: ssl.SSLContext, server_hostname: str, host: str = "127.0.0.1"):
+    """A blocking START_TLS and handshake (stdlib ssl: errors are raised as the handshake sees them)."""
+    import socket
+    sock = socket.create_connection((host, port), timeout=10)
+    try:
+        sock.sendall(request("START_TLS", 1, []))
+        buf = b""
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack_from(">i", buf)[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed by the bookie")
+            buf += chunk
+        answer = Answer(buf[4:])
+        assert answer.status == STATUS["EOK"], answer
+        return context.wrap_socket(sock, server_hostname=server_hostname)
+    except BaseException:
+        sock.close()
+        raise
