@@ -50,7 +50,7 @@ from bk.proto import (
 )
 from bk.proto.layout import MASTER_KEY_LENGTH, READ_HEADER, READ_REQUEST_BYTES, READ_REQUEST_FRAME
 
-from .wire_v3 import ClientWireOptions, V3Transport, handshake, response_from_v3
+from .wire_v3 import ClientWireOptions, V3Transport, handshake
 
 log = logging.getLogger(__name__)
 _core = _native.load("core", "bk.client")
@@ -73,7 +73,7 @@ class _BookieProtocol(asyncio.Protocol):
 
     While the connection is set up (START_TLS, AUTH: wire_v3.handshake) an answer frame
     goes to the `exchange` waiting for it; on a v3 connection frames are v3 Responses,
-    turned into the v2 answers the request core matches (wire_v3.response_from_v3)."""
+    turned into the v2 answers the request core matches (FrameDecoder.feed_v3_responses)."""
 
     __slots__ = ("client", "decoder", "transport", "v3", "_waiter")
 
@@ -101,7 +101,7 @@ class _BookieProtocol(asyncio.Protocol):
 
     def _frames_received(self, data) -> None:
         try:
-            frames = self.decoder.feed(data)
+            frames = self.decoder.feed(data) if self._waiter is not None else self.decoder.feed_v3_responses(data)
         except BadFrameLengthError as e:
             self.client._protocol_error(self, e)
             return
@@ -109,13 +109,7 @@ class _BookieProtocol(asyncio.Protocol):
             if frames and not self._waiter.done():
                 self._waiter.set_result(bytes(frames[0]))
             return
-        items = []
-        for body in frames:
-            try:
-                items.append(response_from_v3(body))
-            except ResponseDecodeError as e:
-                items.append(e)
-        self.client._dispatch_all(self, items)
+        self.client._dispatch_all(self, frames)
 
     async def exchange(self, frame: bytes) -> bytes:
         """Send one set-up request and wait for its answer frame (no request is pending yet)."""

@@ -5,10 +5,9 @@ connections speak, whether they upgrade to TLS, and which auth plugin they
 present. The request path (bk/client/_core.pyx and its twin) only knows v2
 frames and v2 answers; a v3 connection translates at the transport:
 `V3Transport.writelines` turns each v2 request frame into a v3 Request (a txnId
-per frame) and `response_from_v3` turns each v3 Response back into the v2
-answer message the core matches (ADD/READ by ledger and entry, LAC and info
-by ledger). That costs a parse and a protobuf encode per request, which is why
-v2 stays the default (docs/BENCHMARKS.md, "v3 against v2").
+per frame; ADDs by the codec kernel) and FrameDecoder.feed_v3_responses turns
+each v3 Response back into the v2 answer message the core matches (ADD/READ by
+ledger and entry, LAC and info by ledger).
 
 Operations BookKeeper defines only in v3 (READ_LAC, WRITE_LAC,
 GET_BOOKIE_INFO) go over v3 unless `v2_extensions` says the bookies are bk
@@ -27,8 +26,7 @@ import ssl
 from dataclasses import dataclass
 
 from bk.errors import BookieConnectionError, UnauthorizedAccessError
-from bk.proto import (AddResponse, GetBookieInfoResponse, ReadLacResponse, ReadResponse, ResponseDecodeError,
-                      WriteLacResponse, decode_request, encode_request, AuthRequest)
+from bk.proto import AuthRequest, decode_request, encode_request
 from bk.proto import v3
 from bk.proto.auth import AUTH_DISABLED_PLUGIN_NAME, TokenClientAuthProvider
 from bk.proto.layout import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, FLAG_DO_FENCING, FLAG_RECOVERY_ADD, HEADER, IDS,
@@ -115,34 +113,6 @@ def request_to_v3(frame, txn_id: int) -> bytes:
     return v3.frame(req)
 
 
-# ---------------------------------------------------------------- v3 Response -> v2 answer
-def response_from_v3(body):
-    """The v2 answer message of a v3 Response (for the core's matching); ResponseDecodeError if malformed."""
-    try:
-        resp = v3.parse(v3.Response, body)
-    except v3.V3DecodeError as e:
-        raise ResponseDecodeError(str(e)) from None
-    op = resp.header.operation
-    rc = v3.v2_status(resp.status)
-    name = v3.RESPONSE_BODY.get(op)
-    has = name is not None and resp.HasField(name)
-    b = getattr(resp, name) if has else None
-    if op == Op.ADD_ENTRY and has:
-        return AddResponse(v3.v2_status(b.status), b.ledgerId, b.entryId)
-    if op == Op.READ_ENTRY and has:
-        rc = v3.v2_status(b.status)
-        return ReadResponse(rc, b.ledgerId, b.entryId, (b.body if b.HasField("body") else b"") if rc == 0 else None)
-    if op == Op.READ_LAC and has:
-        return ReadLacResponse(v3.v2_status(b.status), b.ledgerId, b.lacBody or None, b.lastEntryBody or None)
-    if op == Op.WRITE_LAC and has:
-        return WriteLacResponse(v3.v2_status(b.status), b.ledgerId)
-    if op == Op.GET_BOOKIE_INFO:
-        if not has:
-            return GetBookieInfoResponse(rc)
-        return GetBookieInfoResponse(v3.v2_status(b.status), b.freeDiskSpace, b.totalDiskCapacity)
-    raise ResponseDecodeError(f"v3 answer to operation {op} with status {resp.status} and no usable body")
-
-
 class V3Transport:
     """The transport the request core writes v2 frames to, on a v3 connection."""
 
@@ -154,9 +124,10 @@ class V3Transport:
 
     def writelines(self, frames) -> None:
         out = []
+        fast = v3.v3_add_request_from_v2
         for frame in frames:
             self._txn += 1
-            out.append(request_to_v3(frame, self._txn))
+            out.append(fast(frame, self._txn) or request_to_v3(frame, self._txn))
         self.transport.writelines(out)
 
     def write(self, frame) -> None:

@@ -126,13 +126,42 @@ IDS = struct.Struct(">qq")  # two i64: (ledger_id, entry_id) or (ledger_id, lac)
 READ_REQUEST_FRAME = struct.Struct(">iIqq")  # length header ledger_id entry_id
 
 
+# ---------------------------------------------------------------- v3: the ADD's protobuf fields
+# BookkeeperProtocol.proto's numbers for what the v3 ADD kernels read and write without the
+# protobuf library (bk/proto/v3.py declares the same fields with these names).
+V3_OP_ADD_ENTRY = 2  # OperationType.ADD_ENTRY
+V3_ADD_FLAG_RECOVERY_ADD = 1  # AddRequest.Flag.RECOVERY_ADD
+V3_FIELD_HEADER = 1  # Request.header, Response.header (BKPacketHeader)
+V3_FIELD_STATUS = 2  # Response.status
+V3_FIELD_ADD = 101  # Request.addRequest, Response.addResponse
+V3_HEADER_VERSION = 1  # BKPacketHeader.version, .operation, .txnId, .priority
+V3_HEADER_OPERATION = 2
+V3_HEADER_TXN_ID = 3
+V3_HEADER_PRIORITY = 4
+V3_ADD_LEDGER_ID = 1  # AddRequest.ledgerId, .entryId, .masterKey, .body, .writeFlags, .flag
+V3_ADD_ENTRY_ID = 2
+V3_ADD_MASTER_KEY = 3
+V3_ADD_BODY = 4
+V3_ADD_WRITE_FLAGS = 5
+V3_ADD_FLAG = 100
+V3_ADD_RESPONSE_STATUS = 1  # AddResponse.status, .ledgerId, .entryId
+V3_ADD_RESPONSE_LEDGER_ID = 2
+V3_ADD_RESPONSE_ENTRY_ID = 3
+V3_WIRE_VARINT = 0  # protobuf wire types
+V3_WIRE_LEN = 2
+
+
 # ---------------------------------------------------------------- the Cython view of this module
 # Names the kernels use as C constants (bk/_native/wire_layout.pxi).
 CYTHON_NAMES = (
     "MAX_ACCEPTED_VERSION", "OP_ADD_ENTRY", "FLAG_RECOVERY_ADD", "HEADER_BYTES", "MASTER_KEY_LENGTH",
     "ENTRY_HEADER_LENGTH", "ENTRY_LAC_OFFSET", "ADD_KEY_OFFSET", "ADD_ENTRY_OFFSET", "ADD_REQUEST_MIN_BYTES",
     "ADD_RESPONSE_BYTES", "RESPONSE_RC_OFFSET", "RESPONSE_IDS_OFFSET", "FRAME_LENGTH_BYTES", "ID_BYTES",
-    "CRC32C_DIGEST_LENGTH",
+    "CRC32C_DIGEST_LENGTH", "PROTOCOL_VERSION_V3", "V3_OP_ADD_ENTRY", "V3_ADD_FLAG_RECOVERY_ADD", "V3_FIELD_HEADER",
+    "V3_FIELD_STATUS", "V3_FIELD_ADD", "V3_HEADER_VERSION", "V3_HEADER_OPERATION", "V3_HEADER_TXN_ID",
+    "V3_HEADER_PRIORITY", "V3_ADD_LEDGER_ID", "V3_ADD_ENTRY_ID", "V3_ADD_MASTER_KEY", "V3_ADD_BODY",
+    "V3_ADD_WRITE_FLAGS", "V3_ADD_FLAG", "V3_ADD_RESPONSE_STATUS", "V3_ADD_RESPONSE_LEDGER_ID",
+    "V3_ADD_RESPONSE_ENTRY_ID", "V3_WIRE_VARINT", "V3_WIRE_LEN",
 )
 
 

@@ -23,10 +23,13 @@ from typing import NamedTuple
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, EncodeError
 
+from bk import _native
 from bk.errors import BadRequestError, ProtocolError
 from bk.proto.constants import V2_STATUS_BY_V3, V3_STATUS, StatusCode
+from bk.proto import layout as L
 from bk.proto.layout import FLAG_RECOVERY_ADD, FRAME_LENGTH, IDS as LAC_IDS, MASTER_KEY_LENGTH  # noqa: F401
-from bk.proto.messages import _safe_repr
+from bk.proto.messages import (AddResponse, GetBookieInfoResponse, ReadLacResponse, ReadResponse,
+                               ResponseDecodeError, WriteLacResponse, _safe_repr)
 
 _F = descriptor_pb2.FieldDescriptorProto
 _LABELS = {"required": _F.LABEL_REQUIRED, "optional": _F.LABEL_OPTIONAL, "repeated": _F.LABEL_REPEATED}
@@ -34,14 +37,14 @@ _SCALARS = {"int32": _F.TYPE_INT32, "int64": _F.TYPE_INT64, "uint32": _F.TYPE_UI
             "bytes": _F.TYPE_BYTES, "string": _F.TYPE_STRING}
 _PACKAGE = "bk.proto.v3"
 
-PROTOCOL_VERSION_V3 = 3
+PROTOCOL_VERSION_V3 = L.PROTOCOL_VERSION_V3
 
 
 class OperationType(IntEnum):
     """BookkeeperProtocol.proto's OperationType (not the v2 op codes)."""
 
     READ_ENTRY = 1
-    ADD_ENTRY = 2
+    ADD_ENTRY = L.V3_OP_ADD_ENTRY
     RANGE_READ_ENTRY = 3  # declared, "not supported yet" by BookKeeper either
     RANGE_ADD_ENTRY = 4
     AUTH = 5
@@ -57,7 +60,7 @@ class OperationType(IntEnum):
 # Flag enums nested in the request messages
 READ_FLAG_FENCE_LEDGER = 1
 READ_FLAG_ENTRY_PIGGYBACK = 2
-ADD_FLAG_RECOVERY_ADD = 1
+ADD_FLAG_RECOVERY_ADD = L.V3_ADD_FLAG_RECOVERY_ADD
 WRITE_FLAG_DEFERRED_SYNC = 1  # AddRequest.writeFlags bit (WriteFlag.DEFERRED_SYNC)
 
 _ENUMS = {
@@ -67,15 +70,19 @@ _ENUMS = {
 }
 # message -> [(field, number, label, type)]; a type that is not a scalar names a message or enum
 _MESSAGES = {
-    "BKPacketHeader": [("version", 1, "required", "ProtocolVersion"), ("operation", 2, "required", "OperationType"),
-                       ("txnId", 3, "required", "uint64"), ("priority", 4, "optional", "uint32")],
+    "BKPacketHeader": [("version", L.V3_HEADER_VERSION, "required", "ProtocolVersion"),
+                       ("operation", L.V3_HEADER_OPERATION, "required", "OperationType"),
+                       ("txnId", L.V3_HEADER_TXN_ID, "required", "uint64"),
+                       ("priority", L.V3_HEADER_PRIORITY, "optional", "uint32")],
     "ContextPair": [("key", 1, "required", "string"), ("value", 2, "required", "string")],
     "ReadRequest": [("flag", 100, "optional", "ReadRequest.Flag"), ("ledgerId", 1, "required", "int64"),
                     ("entryId", 2, "required", "int64"), ("masterKey", 3, "optional", "bytes"),
                     ("previousLAC", 4, "optional", "int64"), ("timeOut", 5, "optional", "int64")],
-    "AddRequest": [("flag", 100, "optional", "AddRequest.Flag"), ("ledgerId", 1, "required", "int64"),
-                   ("entryId", 2, "required", "int64"), ("masterKey", 3, "required", "bytes"),
-                   ("body", 4, "required", "bytes"), ("writeFlags", 5, "optional", "int32")],
+    "AddRequest": [("flag", L.V3_ADD_FLAG, "optional", "AddRequest.Flag"),
+                   ("ledgerId", L.V3_ADD_LEDGER_ID, "required", "int64"),
+                   ("entryId", L.V3_ADD_ENTRY_ID, "required", "int64"),
+                   ("masterKey", L.V3_ADD_MASTER_KEY, "required", "bytes"), ("body", L.V3_ADD_BODY, "required", "bytes"),
+                   ("writeFlags", L.V3_ADD_WRITE_FLAGS, "optional", "int32")],
     "StartTLSRequest": [],
     "WriteLacRequest": [("ledgerId", 1, "required", "int64"), ("lac", 2, "required", "int64"),
                         ("masterKey", 3, "required", "bytes"), ("body", 4, "required", "bytes")],
@@ -87,8 +94,9 @@ _MESSAGES = {
     "ReadResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64"),
                      ("entryId", 3, "required", "int64"), ("body", 4, "optional", "bytes"),
                      ("maxLAC", 5, "optional", "int64"), ("lacUpdateTimestamp", 6, "optional", "int64")],
-    "AddResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64"),
-                    ("entryId", 3, "required", "int64")],
+    "AddResponse": [("status", L.V3_ADD_RESPONSE_STATUS, "required", "StatusCode"),
+                    ("ledgerId", L.V3_ADD_RESPONSE_LEDGER_ID, "required", "int64"),
+                    ("entryId", L.V3_ADD_RESPONSE_ENTRY_ID, "required", "int64")],
     "WriteLacResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64")],
     "ForceLedgerResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64")],
     "ReadLacResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64"),
@@ -106,20 +114,21 @@ _NESTED_ENUMS = {"ReadRequest": {"Flag": {"FENCE_LEDGER": 1, "ENTRY_PIGGYBACK": 
                  "AddRequest": {"Flag": {"RECOVERY_ADD": 1}},
                  "GetBookieInfoRequest": {"Flags": {"TOTAL_DISK_CAPACITY": 0x01, "FREE_DISK_SPACE": 0x02}}}
 # (field, number, message) of the one-of-a-kind bodies of Request and Response
-_REQUEST_BODIES = [("readRequest", 100, "ReadRequest"), ("addRequest", 101, "AddRequest"),
+_REQUEST_BODIES = [("readRequest", 100, "ReadRequest"), ("addRequest", L.V3_FIELD_ADD, "AddRequest"),
                    ("authRequest", 102, "AuthMessage"), ("writeLacRequest", 103, "WriteLacRequest"),
                    ("readLacRequest", 104, "ReadLacRequest"), ("getBookieInfoRequest", 105, "GetBookieInfoRequest"),
                    ("startTLSRequest", 106, "StartTLSRequest"), ("forceLedgerRequest", 107, "ForceLedgerRequest"),
                    ("getListOfEntriesOfLedgerRequest", 108, "GetListOfEntriesOfLedgerRequest")]
-_RESPONSE_BODIES = [("readResponse", 100, "ReadResponse"), ("addResponse", 101, "AddResponse"),
+_RESPONSE_BODIES = [("readResponse", 100, "ReadResponse"), ("addResponse", L.V3_FIELD_ADD, "AddResponse"),
                     ("authResponse", 102, "AuthMessage"), ("writeLacResponse", 103, "WriteLacResponse"),
                     ("readLacResponse", 104, "ReadLacResponse"), ("getBookieInfoResponse", 105, "GetBookieInfoResponse"),
                     ("startTLSResponse", 106, "StartTLSResponse"), ("forceLedgerResponse", 107, "ForceLedgerResponse"),
                     ("getListOfEntriesOfLedgerResponse", 108, "GetListOfEntriesOfLedgerResponse")]
-_MESSAGES["Request"] = ([("header", 1, "required", "BKPacketHeader")]
+_MESSAGES["Request"] = ([("header", L.V3_FIELD_HEADER, "required", "BKPacketHeader")]
                         + [(f, n, "optional", m) for f, n, m in _REQUEST_BODIES]
                         + [("requestContext", 200, "repeated", "ContextPair")])
-_MESSAGES["Response"] = ([("header", 1, "required", "BKPacketHeader"), ("status", 2, "required", "StatusCode")]
+_MESSAGES["Response"] = ([("header", L.V3_FIELD_HEADER, "required", "BKPacketHeader"),
+                          ("status", L.V3_FIELD_STATUS, "required", "StatusCode")]
                          + [(f, n, "optional", m) for f, n, m in _RESPONSE_BODIES])
 
 # Which body field each operation uses (BookieRequestProcessor's dispatch)
@@ -156,6 +165,7 @@ def _build_file() -> descriptor_pb2.FileDescriptorProto:
     return fdp
 
 
+_codec = _native.load("codec")
 _POOL = descriptor_pool.DescriptorPool()
 _POOL.Add(_build_file())
 
@@ -272,51 +282,51 @@ def add_record(req, key_cache: list) -> "V3AddRequest | bytes":
                         add.entryId, add.body, PROTOCOL_VERSION_V3, header.txnId, header.priority)
 
 
-def decode_requests(frames, key_cache: list) -> tuple[list, int]:
-    """(items, parsed) for frame bodies in order: a V3AddRequest per good ADD, a Request per
-    other operation, the answer bytes of a malformed ADD. `parsed` < len(frames) names the
-    first frame that is no v3 Request: the connection is v2 from there on (BookKeeper's rule)."""
-    items = []
-    append = items.append
-    for i, body in enumerate(frames):
-        req = Request()
-        try:
-            req.ParseFromString(body if type(body) is bytes else bytes(body))
-        except (DecodeError, ValueError, TypeError, RuntimeError):
-            return items, i
-        if not req.IsInitialized():
-            return items, i
-        if req.header.operation == OperationType.ADD_ENTRY and req.HasField("addRequest"):
-            append(add_record(req, key_cache))
-        else:
-            append(req)
-    return items, len(frames)
+def request_item(req, key_cache: list):
+    """What a server dispatches for a parsed Request: a V3AddRequest for an ADD with its body (or
+    the bytes of its EBADREQ answer), the Request itself for every other operation."""
+    if req.header.operation == OperationType.ADD_ENTRY and req.HasField("addRequest"):
+        return add_record(req, key_cache)
+    return req
 
 
 def encode_add_responses(reqs, v2_code: int) -> bytes:
-    """One buffer of v3 ADD answer frames, one per V3AddRequest, all with status `v2_code`."""
-    status = v3_status(v2_code)
-    resp = Response()
-    header = resp.header
-    header.version = PROTOCOL_VERSION_V3
-    header.operation = OperationType.ADD_ENTRY
-    resp.status = status
-    add = resp.addResponse
-    add.status = status
-    out = []
-    pack = FRAME_LENGTH.pack
-    for req in reqs:
-        header.txnId = req[6]
-        if req[7]:
-            header.priority = req[7]
-        elif header.HasField("priority"):
-            header.ClearField("priority")
-        add.ledgerId = req[2]
-        add.entryId = req[3]
-        body = resp.SerializeToString()
-        out.append(pack(len(body)))
-        out.append(body)
-    return b"".join(out)
+    """One buffer of v3 ADD answer frames, one per V3AddRequest, all with status `v2_code`
+    (the codec kernel; tests hold it byte for byte to the protobuf library's serialization)."""
+    return _codec.encode_v3_add_responses(reqs, v3_status(v2_code))
+
+
+def v3_add_request_from_v2(frame, txn_id: int) -> bytes:
+    """The v3 ADD Request frame of a v2 ADD request frame (the kernel), or None for other frames."""
+    return _codec.v3_add_request_from_v2(frame, txn_id)
+
+
+def response_to_v2(body):
+    """The v2 answer message of a v3 Response frame body (what a client's request table matches:
+    ADD/READ by ledger and entry, LAC and info by ledger); ResponseDecodeError when malformed."""
+    try:
+        resp = parse(Response, body)
+    except V3DecodeError as e:
+        raise ResponseDecodeError(str(e)) from None
+    op = resp.header.operation
+    name = RESPONSE_BODY.get(op)
+    b = getattr(resp, name) if name is not None and resp.HasField(name) else None
+    if op == OperationType.GET_BOOKIE_INFO:
+        if b is None:
+            return GetBookieInfoResponse(v2_status(resp.status))
+        return GetBookieInfoResponse(v2_status(b.status), b.freeDiskSpace, b.totalDiskCapacity)
+    if b is None:
+        raise ResponseDecodeError(f"v3 answer to operation {op} with status {resp.status} and no body")
+    rc = v2_status(b.status)
+    if op == OperationType.ADD_ENTRY:
+        return AddResponse(rc, b.ledgerId, b.entryId)
+    if op == OperationType.READ_ENTRY:
+        return ReadResponse(rc, b.ledgerId, b.entryId, (b.body if b.HasField("body") else b"") if rc == 0 else None)
+    if op == OperationType.READ_LAC:
+        return ReadLacResponse(rc, b.ledgerId, b.lacBody or None, b.lastEntryBody or None)
+    if op == OperationType.WRITE_LAC:
+        return WriteLacResponse(rc, b.ledgerId)
+    raise ResponseDecodeError(f"v3 answer to operation {op}: bk's client never asks it")
 
 
 # ---------------------------------------------------------------- AvailabilityOfEntriesOfLedger

@@ -32,7 +32,7 @@ import logging
 
 from bk.errors import ProtocolError
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
-                      RequestDecodeError, decode_request, encode_add_acks, encode_add_responses, error_response_for)
+                      RequestDecodeError, encode_add_acks, encode_add_responses, error_response_for)
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
 
@@ -65,7 +65,6 @@ class BookieConnection(asyncio.Protocol):
         self.idle = asyncio.Event()
         self.idle.set()
         self.v2_only = False  # BookKeeper's usingV3Protocol, inverted: set by the first non-v3 frame
-        self._key_cache = [None]  # v3 ADDs: the last master key object (see v3.add_record)
         self.session = auth.ServerSession(getattr(server, "auth_provider", None), self)  # None: auth off
         self.tls = None  # the ssl.SSLObject's session info once START_TLS completed
 
@@ -118,26 +117,13 @@ class BookieConnection(asyncio.Protocol):
         self._maybe_resume()
 
     def _feed_detecting(self, data) -> list:
-        """Frames while the connection may still speak v3: v3 requests until the first frame that
-        is no v3 Request, then v2 requests (decoded as FrameDecoder.feed_requests would)."""
+        """Requests while the connection may still speak v3 (FrameDecoder.feed_v3_requests)."""
         try:
-            frames = self.decoder.feed(data)
-        except BadFrameLengthError as e:
-            e.frames = self._decode_detecting(e.frames)
-            raise
-        return self._decode_detecting(frames)
-
-    def _decode_detecting(self, frames: list) -> list:
-        items, parsed = v3.decode_requests(frames, self._key_cache)
-        if parsed < len(frames):
-            self.v2_only = True
-            log.debug("connection from %s speaks v2", self.peer)
-            for body in frames[parsed:]:
-                try:
-                    items.append(decode_request(body))
-                except RequestDecodeError as e:
-                    items.append(e)
-        return items
+            return self.decoder.feed_v3_requests(data)
+        finally:
+            if self.decoder.v3_failed:
+                self.v2_only = True
+                log.debug("connection from %s speaks v2", self.peer)
 
     # ------------------------------------------------------------ requests
     def _dispatch(self, item) -> None:

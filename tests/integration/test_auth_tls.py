@@ -1,22 +1,18 @@
 """Authentication and TLS on a real `bk bookie` process, driven by the .proto-facts client
 (v3_wire.py) and Python's ssl; certificates are made here with `cryptography`."""
 import asyncio
-import datetime
 import os
 import ssl
 import struct
 import time
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from bk import eventloop
 from bk.proto import AddRequest, encode_request, master_key
 from bk.proto.auth import sign_token
 from bk.proto.digest import DigestManager
+from bk.testing.certs import make_ca, make_cert, write_pem
 from bk.testing.cluster import LocalCluster
 
 from v3_wire import STATUS, V3Client, add_body, decode, encode, one, read_body, sync_start_tls
@@ -104,48 +100,6 @@ def test_right_token_is_served_and_the_principal_logged(auth_cluster):
 
 
 # ---------------------------------------------------------------- TLS
-def _name(cn):
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def make_ca(cn="bk test CA"):
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn)).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    return key, cert
-
-
-def make_cert(ca, cn, *, dns=("localhost",), days=30, expired=False, client=False):
-    ca_key, ca_cert = ca
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    start, end = (now - datetime.timedelta(days=10), now - datetime.timedelta(days=1)) if expired else \
-        (now - datetime.timedelta(days=1), now + datetime.timedelta(days=days))
-    b = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject).public_key(key.public_key())
-         .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end))
-    if dns:
-        b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns]), critical=False)
-    return key, b.sign(ca_key, hashes.SHA256())
-
-
-def write_pem(path, key=None, cert=None):
-    data = b""
-    if cert is not None:
-        data += cert.public_bytes(serialization.Encoding.PEM)
-    if key is not None:
-        data += key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption())
-    tmp = str(path) + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def tls_setup(zk_server, tmp_path_factory):
     d = tmp_path_factory.mktemp("tls")
@@ -193,7 +147,7 @@ def test_wrong_hostname_is_refused_by_the_client(tls_setup):
 
 def test_mutual_tls_client_certificate_is_checked(tls_setup):
     cluster, ca, files, d = tls_setup
-    good = make_cert(ca, "pulsar-broker", dns=(), client=True)
+    good = make_cert(ca, "pulsar-broker", dns=())
     other_ca = make_ca("someone else")
     stranger = make_cert(other_ca, "stranger", dns=())
     good_files = (write_pem(d / "client.pem", cert=good[1]), write_pem(d / "client.key", key=good[0]))
