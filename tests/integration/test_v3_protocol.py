@@ -269,3 +269,32 @@ def test_bk_client_in_v2_sends_the_v3_only_operations_in_v3(cluster):
             assert info.rc == 0 and lac.rc == 0 and lac.last_entry is not None
             assert not client._protocol.v3 and client._side_client._protocol.v3
     run(main())
+
+
+def test_long_ledger_ids_end_to_end(cluster):
+    """After the short id counter overflowed (idgen-long exists, as BookKeeper creates it) a
+    ledger gets a 63-bit id; bookies, metadata and reads all carry it."""
+    from bk.client import BookKeeper
+    from bk.meta.store import join_path
+
+    async def main():
+        async with BookKeeper(cluster.metadata_uri, protocol="v3") as bk:
+            try:
+                await bk.store.create(join_path(bk.ledger_manager.root, "idgen-long"), b"")
+                lh = await bk.create_ledger(1, 1, 1, password=b"pw")
+                assert lh.ledger_id >= 1 << 32
+                for i in range(3):
+                    await lh.add_entry(b"long-%d" % i)
+                await lh.close()
+                assert lh.ledger_id in await bk.list_ledgers()
+                async with await bk.open_ledger(lh.ledger_id, b"pw") as rh:
+                    assert [e.data for e in await rh.read_entries(0, 2)] == [b"long-%d" % i for i in range(3)]
+            finally:
+                from bk.errors import MetadataNotEmptyError, MetadataNotFoundError
+                try:  # other tests of this module create short ids
+                    for hob in await bk.store.children(join_path(bk.ledger_manager.root, "idgen-long")):
+                        await bk.store.delete(join_path(bk.ledger_manager.root, "idgen-long", hob))
+                    await bk.store.delete(join_path(bk.ledger_manager.root, "idgen-long"))
+                except (MetadataNotEmptyError, MetadataNotFoundError):
+                    pass
+    run(main())
