@@ -144,6 +144,12 @@ class BookieConfig:
     tls_client_authentication: bool = False  # tlsClientAuthentication: require a client certificate (mTLS)
     # tlsCertFilesRefreshDurationSeconds: reload changed certificate/key/trust files this often (0 = never)
     tls_cert_files_refresh_duration_s: int = 0
+    # ZooKeeper: digest credentials ("user:password" in this file) for every session of the bookie
+    # and its AutoRecovery; zk_enable_security (BookKeeper's zkEnableSecurity) gives the znodes bk
+    # creates the ACL CREATOR_ALL. Also read from BK_ZK_DIGEST_AUTH_PATH / BK_ZK_ENABLE_SECURITY by
+    # every bk process (shell, clients) that opens a store without explicit options.
+    zk_digest_auth_path: str = ""
+    zk_enable_security: bool = False
 
     @property
     def bookie_id(self) -> str:
@@ -266,6 +272,8 @@ def _check(cfg: BookieConfig) -> None:
             bad(key, "bk reads PEM files only")
     if bool(cfg.tls_certificate_path) != bool(cfg.tls_key_store):
         bad("tls_certificate_path", "TLS needs both tls_certificate_path and tls_key_store")
+    if cfg.zk_enable_security and not cfg.zk_digest_auth_path:
+        bad("zk_enable_security", "needs zk_digest_auth_path (ZooKeeper digest credentials)")
     if cfg.tls_client_authentication and not cfg.tls_trust_store:
         bad("tls_client_authentication", "needs tls_trust_store (the CAs of client certificates)")
     try:

@@ -24,7 +24,7 @@ from bk import metrics
 from bk.bookie import Bookie
 from bk.config import BookieConfig
 from bk.errors import BKError
-from bk.meta import open_store
+from bk.meta import open_store, store_options
 from bk.meta.cluster import is_initialized
 from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
 from bk.meta.registration import BookieServiceInfo, Endpoint, RegistrationManager
@@ -83,7 +83,7 @@ class BookieServer:
     async def start(self) -> None:
         cfg = self.config
         if self.store is None:
-            self.store = await open_store(cfg.metadata_service_uri, session_timeout_s=cfg.zk_timeout_ms / 1000.0)
+            self.store = await open_store(cfg.metadata_service_uri, **store_options(cfg))
         try:
             if not await is_initialized(self.store):
                 raise ClusterNotInitializedError(
