@@ -529,6 +529,37 @@ cdef inline unsigned char *_put_varint(unsigned char *p, uint64_t v) noexcept no
     return p + 1
 
 
+cdef inline bint _get_pair(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *tag,
+                           uint64_t *v) noexcept nogil:
+    """A field's tag and its varint (a value, or a LEN field's length) at *pos, which moves past them."""
+    cdef Py_ssize_t k = _get_varint(p + pos[0], end - pos[0], tag)
+    if not k:
+        return False
+    pos[0] += k
+    k = _get_varint(p + pos[0], end - pos[0], v)
+    if not k:
+        return False
+    pos[0] += k
+    return True
+
+
+cdef inline unsigned char *_put_v3_header(unsigned char *p, Py_ssize_t header_len, uint64_t txn,
+                                          uint64_t priority) noexcept nogil:
+    """`header` (field 1) of a v3 ADD Request or Response: version 3, operation ADD, txnId, priority."""
+    p = _put_varint(p, _TAG_HEADER)
+    p = _put_varint(p, header_len)
+    p = _put_varint(p, _TAG_H_VERSION)
+    p = _put_varint(p, WL_PROTOCOL_VERSION_V3)
+    p = _put_varint(p, _TAG_H_OPERATION)
+    p = _put_varint(p, WL_V3_OP_ADD_ENTRY)
+    p = _put_varint(p, _TAG_H_TXN)
+    p = _put_varint(p, txn)
+    if priority:
+        p = _put_varint(p, _TAG_H_PRIORITY)
+        p = _put_varint(p, priority)
+    return p
+
+
 cdef struct _V3Add:
     uint64_t version, operation, txn, priority, ledger, entry, flag
     const unsigned char *key
@@ -564,14 +595,8 @@ cdef bint _parse_header(const unsigned char *p, Py_ssize_t n, _V3Add *a) noexcep
     cdef Py_ssize_t pos = 0, k
     cdef uint64_t tag, v
     while pos < n:
-        k = _get_varint(p + pos, n - pos, &tag)
-        if not k:
+        if not _get_pair(p, n, &pos, &tag, &v):
             return False
-        pos += k
-        k = _get_varint(p + pos, n - pos, &v)
-        if not k:
-            return False
-        pos += k
         if tag == _TAG_H_VERSION and _once(a, _S_VERSION):
             a.version = v
         elif tag == _TAG_H_OPERATION and _once(a, _S_OPERATION):
@@ -595,14 +620,8 @@ cdef bint _parse_add(const unsigned char *p, Py_ssize_t n, _V3Add *a) noexcept n
     cdef Py_ssize_t pos = 0, k
     cdef uint64_t tag, v
     while pos < n:
-        k = _get_varint(p + pos, n - pos, &tag)
-        if not k:
+        if not _get_pair(p, n, &pos, &tag, &v):
             return False
-        pos += k
-        k = _get_varint(p + pos, n - pos, &v)
-        if not k:
-            return False
-        pos += k
         if tag == _TAG_A_KEY or tag == _TAG_A_BODY:
             if v > <uint64_t>(n - pos):
                 return False
@@ -636,14 +655,8 @@ cdef bint _parse_v3_add_request(const unsigned char *f, Py_ssize_t n, _V3Add *a)
     a.priority = 0
     a.flag = 0
     while pos < n:
-        k = _get_varint(f + pos, n - pos, &tag)
-        if not k or (tag != _TAG_HEADER and tag != _TAG_ADD):
+        if not _get_pair(f, n, &pos, &tag, &ln) or (tag != _TAG_HEADER and tag != _TAG_ADD):
             return False
-        pos += k
-        k = _get_varint(f + pos, n - pos, &ln)
-        if not k:
-            return False
-        pos += k
         if ln > <uint64_t>(n - pos):
             return False
         if tag == _TAG_HEADER:
@@ -729,18 +742,7 @@ def encode_v3_add_responses(reqs, uint64_t status):
         entry = <int64_t>req[3]
         size = _v3_add_response_size(status, txn, priority, ledger, entry, &hl, &al)
         _put_u32(p, <uint32_t>size)
-        p += 4
-        p = _put_varint(p, _TAG_HEADER)
-        p = _put_varint(p, hl)
-        p = _put_varint(p, _TAG_H_VERSION)
-        p = _put_varint(p, WL_PROTOCOL_VERSION_V3)
-        p = _put_varint(p, _TAG_H_OPERATION)
-        p = _put_varint(p, WL_V3_OP_ADD_ENTRY)
-        p = _put_varint(p, _TAG_H_TXN)
-        p = _put_varint(p, txn)
-        if priority:
-            p = _put_varint(p, _TAG_H_PRIORITY)
-            p = _put_varint(p, priority)
+        p = _put_v3_header(p + 4, hl, txn, priority)
         p = _put_varint(p, _TAG_STATUS)
         p = _put_varint(p, status)
         p = _put_varint(p, _TAG_ADD)
@@ -763,14 +765,8 @@ cdef bint _parse_v3_add_response(const unsigned char *f, Py_ssize_t n, _V3Add *a
     a.seen = 0
     a.priority = 0
     while pos < n:
-        k = _get_varint(f + pos, n - pos, &tag)
-        if not k:
+        if not _get_pair(f, n, &pos, &tag, &v):
             return False
-        pos += k
-        k = _get_varint(f + pos, n - pos, &v)
-        if not k:
-            return False
-        pos += k
         if tag == _TAG_STATUS and _once(a, _S_STATUS):
             status[0] = v
             continue
@@ -785,14 +781,8 @@ cdef bint _parse_v3_add_response(const unsigned char *f, Py_ssize_t n, _V3Add *a
             return False
         sub_end = pos + <Py_ssize_t>v
         while pos < sub_end:
-            k = _get_varint(f + pos, sub_end - pos, &tag)
-            if not k:
+            if not _get_pair(f, sub_end, &pos, &tag, &v):
                 return False
-            pos += k
-            k = _get_varint(f + pos, sub_end - pos, &v)
-            if not k:
-                return False
-            pos += k
             if tag == _TAG_R_STATUS and _once(a, _S_FLAG):
                 a.flag = v
             elif tag == _TAG_R_LEDGER and _once(a, _S_LEDGER):
@@ -880,15 +870,7 @@ def v3_add_request_from_v2(frame, uint64_t txn_id):
         out = PyBytes_FromStringAndSize(NULL, 4 + size)
         p = <unsigned char *>PyBytes_AS_STRING(out)
         _put_u32(p, <uint32_t>size)
-        p += 4
-        p = _put_varint(p, _TAG_HEADER)
-        p = _put_varint(p, hl)
-        p = _put_varint(p, _TAG_H_VERSION)
-        p = _put_varint(p, WL_PROTOCOL_VERSION_V3)
-        p = _put_varint(p, _TAG_H_OPERATION)
-        p = _put_varint(p, WL_V3_OP_ADD_ENTRY)
-        p = _put_varint(p, _TAG_H_TXN)
-        p = _put_varint(p, txn_id)
+        p = _put_v3_header(p + 4, hl, txn_id, 0)
         p = _put_varint(p, _TAG_ADD)
         p = _put_varint(p, al)
         p = _put_varint(p, _TAG_A_LEDGER)

@@ -330,21 +330,20 @@ def _v3_add_request(d, off: int, end: int):
     return (FLAG_RECOVERY_ADD if "flag" in a else 0), key, ledger, entry, a["body"], h["txn"], h.get("priority", 0)
 
 
+def _walk_frames(buf, start: int, max_frame: int):
+    """(data, [(body offset, body end)], end, err): split_frames over an immutable copy."""
+    data = buf if type(buf) is bytes else _view(buf, start, max_frame).tobytes()
+    frames, end, err = split_frames(data, start, max_frame)
+    return data, [(off, off + ln) for off, ln in frames], end, err
+
+
 def scan_v3_add_requests(buf, start: int, max_frame: int, record=tuple):
     _check_record(record)
-    mv = _view(buf, start, max_frame)
-    data = buf if type(buf) is bytes else mv.tobytes()
-    n, pos, out, deferred, err = len(mv), start, [], [], ERR_OK
+    data, frames, end, err = _walk_frames(buf, start, max_frame)
+    out, deferred = [], []
     key = None
-    while n - pos >= 4:
-        (ln,) = _length.unpack_from(data, pos)
-        if ln < 0 or ln > max_frame:
-            err = ERR_NEGATIVE_LENGTH if ln < 0 else ERR_FRAME_TOO_LARGE
-            break
-        if n - pos - 4 < ln:
-            break
-        off = pos + 4
-        pos = off + ln
+    for off, pos in frames:
+        ln = pos - off
         try:
             flags, (k0, k1), ledger, entry, (b0, b1), txn, priority = _v3_add_request(data, off, pos)
         except _Defer:
@@ -355,14 +354,20 @@ def scan_v3_add_requests(buf, start: int, max_frame: int, record=tuple):
         if k != key:
             key = k
         out.append(_new(record, (flags, key, ledger, entry, data[b0:b1], _L.PROTOCOL_VERSION_V3, txn, priority)))
-    return out, pos, err, deferred
+    return out, end, err, deferred
+
+
+def _v3_header(txn: int, priority: int) -> bytes:
+    """The BKPacketHeader of a v3 ADD (the message's bytes, without its tag and length)."""
+    v = _put_varint
+    return (v(_L.V3_HEADER_VERSION << 3) + v(_L.PROTOCOL_VERSION_V3) + v(_L.V3_HEADER_OPERATION << 3)
+            + v(_L.V3_OP_ADD_ENTRY) + v(_L.V3_HEADER_TXN_ID << 3) + v(txn)
+            + (v(_L.V3_HEADER_PRIORITY << 3) + v(priority) if priority else b""))
 
 
 def _v3_add_response(txn: int, priority: int, status: int, ledger: int, entry: int) -> bytes:
     v = _put_varint
-    header = (v((_L.V3_HEADER_VERSION << 3)) + v(_L.PROTOCOL_VERSION_V3) + v(_L.V3_HEADER_OPERATION << 3)
-              + v(_L.V3_OP_ADD_ENTRY) + v(_L.V3_HEADER_TXN_ID << 3) + v(txn)
-              + (v(_L.V3_HEADER_PRIORITY << 3) + v(priority) if priority else b""))
+    header = _v3_header(txn, priority)
     add = (v(_L.V3_ADD_RESPONSE_STATUS << 3) + v(status) + v(_L.V3_ADD_RESPONSE_LEDGER_ID << 3) + v(ledger & _U64)
            + v(_L.V3_ADD_RESPONSE_ENTRY_ID << 3) + v(entry & _U64))
     body = (v(_TAG_HEADER) + v(len(header)) + header + v(_TAG_STATUS) + v(status)
@@ -408,18 +413,10 @@ def _v3_add_response_fields(d, off: int, end: int):
 
 def scan_v3_add_responses(buf, start: int, max_frame: int, status_map: dict, record=tuple):
     _check_record(record)
-    mv = _view(buf, start, max_frame)
-    data = buf if type(buf) is bytes else mv.tobytes()
-    n, pos, out, deferred, err = len(mv), start, [], [], ERR_OK
-    while n - pos >= 4:
-        (ln,) = _length.unpack_from(data, pos)
-        if ln < 0 or ln > max_frame:
-            err = ERR_NEGATIVE_LENGTH if ln < 0 else ERR_FRAME_TOO_LARGE
-            break
-        if n - pos - 4 < ln:
-            break
-        off = pos + 4
-        pos = off + ln
+    data, frames, end, err = _walk_frames(buf, start, max_frame)
+    out, deferred = [], []
+    for off, pos in frames:
+        ln = pos - off
         try:
             status, add_status, ledger, entry = _v3_add_response_fields(data, off, pos)
         except _Defer:
@@ -430,7 +427,7 @@ def scan_v3_add_responses(buf, start: int, max_frame: int, status_map: dict, rec
             out.append((off, ln))
             continue
         out.append(_new(record, (rc, ledger, entry)))
-    return out, pos, err, deferred
+    return out, end, err, deferred
 
 
 def v3_add_request_from_v2(frame, txn_id: int):
@@ -446,8 +443,7 @@ def v3_add_request_from_v2(frame, txn_id: int):
     v = _put_varint
     f = FRAME_LENGTH.size
     body = data[f + ADD_ENTRY_OFFSET:]
-    header = (v(_L.V3_HEADER_VERSION << 3) + v(_L.PROTOCOL_VERSION_V3) + v(_L.V3_HEADER_OPERATION << 3)
-              + v(_L.V3_OP_ADD_ENTRY) + v(_L.V3_HEADER_TXN_ID << 3) + v(txn_id))
+    header = _v3_header(txn_id, 0)
     add = (v(_L.V3_ADD_LEDGER_ID << 3) + v(ledger) + v(_L.V3_ADD_ENTRY_ID << 3) + v(entry)
            + v((_L.V3_ADD_MASTER_KEY << 3) | _L.V3_WIRE_LEN) + v(MASTER_KEY_LENGTH)
            + data[f + ADD_KEY_OFFSET:f + ADD_ENTRY_OFFSET]
