@@ -668,49 +668,6 @@ cdef bint _parse_v3_add_request(const unsigned char *f, Py_ssize_t n, _V3Add *a)
     return (a.seen & (_S_HEADER | _S_ADD)) == (_S_HEADER | _S_ADD) and a.operation == WL_V3_OP_ADD_ENTRY
 
 
-def scan_v3_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple):
-    cdef Py_buffer view
-    cdef const unsigned char *b
-    cdef Py_ssize_t n, pos, length = 0
-    cdef int st = -1
-    cdef _V3Add a
-    cdef list out = []
-    cdef list deferred = []
-    cdef bytes key = None
-    cdef object rec
-    _check_record(record)
-    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
-    try:
-        n = view.len
-        _check_args(n, start, max_frame)
-        b = <const unsigned char *>view.buf
-        pos = start
-        while True:
-            st = _next_frame(b, n, pos, max_frame, &length)
-            if st != 0:
-                break
-            if _parse_v3_add_request(b + pos + 4, length, &a):
-                if key is None or memcmp(PyBytes_AS_STRING(key), a.key, WL_MASTER_KEY_LENGTH) != 0:
-                    key = PyBytes_FromStringAndSize(<const char *>a.key, WL_MASTER_KEY_LENGTH)
-                rec = bk_codec_new_record(record, 8)
-                _put(rec, 0, WL_FLAG_RECOVERY_ADD if a.seen & _S_FLAG else 0)
-                _put(rec, 1, key)
-                _put(rec, 2, <int64_t>a.ledger)
-                _put(rec, 3, <int64_t>a.entry)
-                _put(rec, 4, PyBytes_FromStringAndSize(<const char *>a.body, a.body_len))
-                _put(rec, 5, WL_PROTOCOL_VERSION_V3)
-                _put(rec, 6, a.txn)
-                _put(rec, 7, a.priority)
-                out.append(rec)
-            else:
-                deferred.append(len(out))
-                out.append((pos + 4, length))
-            pos += 4 + length
-        return out, pos, (st if st > 0 else 0), deferred
-    finally:
-        PyBuffer_Release(&view)
-
-
 cdef inline Py_ssize_t _v3_add_response_size(uint64_t status, uint64_t txn, uint64_t priority, uint64_t ledger,
                                               uint64_t entry, Py_ssize_t *header_len,
                                               Py_ssize_t *add_len) noexcept nogil:
@@ -796,7 +753,8 @@ cdef bint _parse_v3_add_response(const unsigned char *f, Py_ssize_t n, _V3Add *a
             and a.operation == WL_V3_OP_ADD_ENTRY)
 
 
-def scan_v3_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, dict status_map, record=tuple):
+cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_map):
+    """scan_v3_add_requests (status_map None) or scan_v3_add_responses: one walk, one record kind."""
     cdef Py_buffer view
     cdef const unsigned char *b
     cdef Py_ssize_t n, pos, length = 0
@@ -805,6 +763,7 @@ def scan_v3_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, dict stat
     cdef uint64_t status = 0
     cdef list out = []
     cdef list deferred = []
+    cdef bytes key = None
     cdef object rec, rc
     _check_record(record)
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
@@ -817,22 +776,45 @@ def scan_v3_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, dict stat
             st = _next_frame(b, n, pos, max_frame, &length)
             if st != 0:
                 break
-            rc = None
-            if _parse_v3_add_response(b + pos + 4, length, &a, &status) and status in status_map:
+            rec = None
+            if status_map is None:
+                if _parse_v3_add_request(b + pos + 4, length, &a):
+                    if key is None or memcmp(PyBytes_AS_STRING(key), a.key, WL_MASTER_KEY_LENGTH) != 0:
+                        key = PyBytes_FromStringAndSize(<const char *>a.key, WL_MASTER_KEY_LENGTH)
+                    rec = bk_codec_new_record(record, 8)
+                    _put(rec, 0, WL_FLAG_RECOVERY_ADD if a.seen & _S_FLAG else 0)
+                    _put(rec, 1, key)
+                    _put(rec, 2, <int64_t>a.ledger)
+                    _put(rec, 3, <int64_t>a.entry)
+                    _put(rec, 4, PyBytes_FromStringAndSize(<const char *>a.body, a.body_len))
+                    _put(rec, 5, WL_PROTOCOL_VERSION_V3)
+                    _put(rec, 6, a.txn)
+                    _put(rec, 7, a.priority)
+            elif _parse_v3_add_response(b + pos + 4, length, &a, &status) and status in status_map:
                 rc = status_map.get(a.flag)
-            if rc is not None:
-                rec = bk_codec_new_record(record, 3)
-                _put(rec, 0, rc)
-                _put(rec, 1, <int64_t>a.ledger)
-                _put(rec, 2, <int64_t>a.entry)
-                out.append(rec)
-            else:
+                if rc is not None:
+                    rec = bk_codec_new_record(record, 3)
+                    _put(rec, 0, rc)
+                    _put(rec, 1, <int64_t>a.ledger)
+                    _put(rec, 2, <int64_t>a.entry)
+            if rec is None:
                 deferred.append(len(out))
-                out.append((pos + 4, length))
+                rec = (pos + 4, length)
+            out.append(rec)
             pos += 4 + length
         return out, pos, (st if st > 0 else 0), deferred
     finally:
         PyBuffer_Release(&view)
+
+
+def scan_v3_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple):
+    return _scan_v3(buf, start, max_frame, record, None)
+
+
+def scan_v3_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, dict status_map, record=tuple):
+    if status_map is None:
+        raise TypeError("status_map must be a dict of v3 status -> v2 code")
+    return _scan_v3(buf, start, max_frame, record, status_map)
 
 
 def v3_add_request_from_v2(frame, uint64_t txn_id):
