@@ -677,29 +677,38 @@ cdef inline Py_ssize_t _v3_add_response_size(uint64_t status, uint64_t txn, uint
             + 2 + _varint_size(add_len[0]) + add_len[0])
 
 
+cdef inline void _v3_ids(object req, uint64_t *v) except *:
+    """v = [ledger id, entry id, txn id, priority] of a V3AddRequest-shaped tuple."""
+    if isinstance(req, tuple) and PyTuple_GET_SIZE(req) >= 8:
+        # PyTuple_GET_ITEM: a NamedTuple's generic item lookup goes through Python
+        v[0] = <uint64_t><int64_t><object>PyTuple_GET_ITEM(req, 2)
+        v[1] = <uint64_t><int64_t><object>PyTuple_GET_ITEM(req, 3)
+        v[2] = <uint64_t><object>PyTuple_GET_ITEM(req, 6)
+        v[3] = <uint64_t><object>PyTuple_GET_ITEM(req, 7)
+    else:
+        v[0] = <uint64_t><int64_t>req[2]
+        v[1] = <uint64_t><int64_t>req[3]
+        v[2] = <uint64_t>req[6]
+        v[3] = <uint64_t>req[7]
+
+
 @cython.boundscheck(True)
 def encode_v3_add_responses(reqs, uint64_t status):
     cdef list items = reqs if type(reqs) is list else list(reqs)
     cdef Py_ssize_t i, n = len(items), total = 0, hl, al, size
-    cdef uint64_t txn, priority, ledger, entry
+    cdef uint64_t v[4]
     cdef bytes out
     cdef unsigned char *p
-    cdef object req
     for i in range(n):  # sizes first: one allocation for the batch
-        req = items[i]
-        ledger = <int64_t>req[2]
-        entry = <int64_t>req[3]
-        total += 4 + _v3_add_response_size(status, req[6], req[7], ledger, entry, &hl, &al)
+        _v3_ids(items[i], v)
+        total += 4 + _v3_add_response_size(status, v[2], v[3], v[0], v[1], &hl, &al)
     out = PyBytes_FromStringAndSize(NULL, total)
     p = <unsigned char *>PyBytes_AS_STRING(out)
     for i in range(n):
-        req = items[i]
-        txn, priority = req[6], req[7]
-        ledger = <int64_t>req[2]
-        entry = <int64_t>req[3]
-        size = _v3_add_response_size(status, txn, priority, ledger, entry, &hl, &al)
+        _v3_ids(items[i], v)
+        size = _v3_add_response_size(status, v[2], v[3], v[0], v[1], &hl, &al)
         _put_u32(p, <uint32_t>size)
-        p = _put_v3_header(p + 4, hl, txn, priority)
+        p = _put_v3_header(p + 4, hl, v[2], v[3])
         p = _put_varint(p, _TAG_STATUS)
         p = _put_varint(p, status)
         p = _put_varint(p, _TAG_ADD)
@@ -707,9 +716,9 @@ def encode_v3_add_responses(reqs, uint64_t status):
         p = _put_varint(p, _TAG_R_STATUS)
         p = _put_varint(p, status)
         p = _put_varint(p, _TAG_R_LEDGER)
-        p = _put_varint(p, ledger)
+        p = _put_varint(p, v[0])
         p = _put_varint(p, _TAG_R_ENTRY)
-        p = _put_varint(p, entry)
+        p = _put_varint(p, v[1])
     return out
 
 
@@ -765,6 +774,7 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
     cdef list deferred = []
     cdef bytes key = None
     cdef object rec, rc
+    cdef object eok = status_map.get(0) if status_map is not None else None
     _check_record(record)
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
@@ -790,8 +800,10 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
                     _put(rec, 5, WL_PROTOCOL_VERSION_V3)
                     _put(rec, 6, a.txn)
                     _put(rec, 7, a.priority)
-            elif _parse_v3_add_response(b + pos + 4, length, &a, &status) and status in status_map:
-                rc = status_map.get(a.flag)
+            elif _parse_v3_add_response(b + pos + 4, length, &a, &status):
+                # the common answer, EOK (0) twice, without two dict lookups
+                rc = eok if status == 0 and a.flag == 0 else (
+                    status_map.get(a.flag) if status in status_map else None)
                 if rc is not None:
                     rec = bk_codec_new_record(record, 3)
                     _put(rec, 0, rc)

@@ -40,6 +40,7 @@ from . import auth, tls
 
 log = logging.getLogger(__name__)
 _ADDS_ONLY = {AddRequest}
+_V3_ADDS_ONLY = {V3AddRequest}
 _ADD_TYPES = (AddRequest, V3AddRequest)
 
 
@@ -144,7 +145,8 @@ class BookieConnection(asyncio.Protocol):
         processor as one batch (a read or other op between two adds ends a run, so
         every request still sees the effects of all requests before it)."""
         add_run = self.processor.add_run
-        if set(map(type, items)) == _ADDS_ONLY:
+        types = set(map(type, items))
+        if types == _ADDS_ONLY or types == _V3_ADDS_ONLY:
             add_run(items, self)
             return
         start = -1  # first add of the current run (a run is all v2 or all v3 adds)
