@@ -18,7 +18,8 @@ import os
 import statistics
 import sys
 
-from .load import LoadSpec, local_cluster, run_load
+from .load import ADD_WINDOW, LoadSpec, bookie_pids, local_cluster, run_load
+from .procmem import RssSampler
 from .stats import parse_size, positive_float, positive_int
 
 VARIANTS = ("v2", "v3", "v2+tls", "v3+tls")
@@ -49,15 +50,27 @@ def run(rounds: int, spec: LoadSpec, variants=VARIANTS) -> dict:
     with local_cluster(1, prefix="protocols", tls_certificate_path=certs["cert"], tls_key_store=certs["key"]) as c:
         for r in range(rounds):
             for v in variants:
-                s = run_load(c.metadata_uri, LoadSpec(**{**spec.__dict__, "client": client_options(v, certs)}))
+                with RssSampler(bookie_pids(c)) as rss:
+                    s = run_load(c.metadata_uri, LoadSpec(**{**spec.__dict__, "client": client_options(v, certs)}),
+                                 on_mark=rss.mark)
                 adds = s["adds"]
-                runs[v].append({"adds_per_s": adds["entries_per_s"], "p99_ms": adds["latency_ms"]["p99"],
-                                "errors": adds["errors"]})
-                print(f"round {r + 1} {v:7s} {adds['entries_per_s']:10.0f} adds/s  p99 {adds['latency_ms']['p99']:.2f} ms",
-                      file=sys.stderr)
+                n = max(adds["entries"], 1)
+                # CPU per add (client + bookie) holds up on a shared host where adds/s swings
+                bookie_pct = sum(x for x in rss.cpu_pct(between=ADD_WINDOW).values() if x)
+                row = {"adds_per_s": adds["entries_per_s"], "p99_ms": adds["latency_ms"]["p99"],
+                       "client_cpu_us": adds["client_cpu_pct"] / 100.0 * adds["elapsed_s"] / n * 1e6,
+                       "bookie_cpu_us": bookie_pct / 100.0 * adds["elapsed_s"] / n * 1e6, "errors": adds["errors"]}
+                runs[v].append(row)
+                print(f"round {r + 1} {v:7s} {row['adds_per_s']:10.0f} adds/s  p99 {row['p99_ms']:.2f} ms  CPU/add"
+                      f" client {row['client_cpu_us']:.1f} us bookie {row['bookie_cpu_us']:.1f} us", file=sys.stderr)
+    first = variants[0]
     return {"spec": {k: v for k, v in spec.__dict__.items() if k != "client"}, "rounds": rounds,
-            "median": {v: {"adds_per_s": statistics.median(x["adds_per_s"] for x in rs),
-                           "p99_ms": statistics.median(x["p99_ms"] for x in rs)} for v, rs in runs.items()},
+            "median": {v: {**{k: statistics.median(x[k] for x in rs)
+                              for k in ("adds_per_s", "p99_ms", "client_cpu_us", "bookie_cpu_us")},
+                           # adds/s against the first variant of the same round (paired: drift cancels)
+                           f"ratio_to_{first}": statistics.median(x["adds_per_s"] / y["adds_per_s"]
+                                                                  for x, y in zip(rs, runs[first]))}
+                       for v, rs in runs.items()},
             "runs": runs}
 
 
@@ -76,8 +89,11 @@ def main(argv=None) -> int:
         p.error(f"unknown variants {bad}")
     spec = LoadSpec(duration_s=args.duration_s, entry_size=args.entry_size, in_flight=args.in_flight)
     out = run(args.rounds, spec, variants)
+    first = variants[0]
     for v, m in out["median"].items():
-        print(f"{v:7s} median {m['adds_per_s']:10.0f} adds/s  p99 {m['p99_ms']:.2f} ms")
+        print(f"{v:7s} median {m['adds_per_s']:10.0f} adds/s ({m[f'ratio_to_{first}']:.2f}x {first} in the same"
+              f" round)  p99 {m['p99_ms']:.2f} ms  CPU/add client {m['client_cpu_us']:.1f} us"
+              f" bookie {m['bookie_cpu_us']:.1f} us")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)
