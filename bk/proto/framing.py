@@ -38,8 +38,9 @@ _codec = _native.load("codec")
 _split_frames = _codec.split_frames
 _scan_add_requests = _codec.scan_add_requests
 _scan_add_responses = _codec.scan_add_responses
-_scan_v3_add_requests = _codec.scan_v3_add_requests
-_scan_v3_add_responses = _codec.scan_v3_add_responses
+_codec_v3 = _native.load("codec_v3")
+_scan_v3_add_requests = _codec_v3.scan_v3_add_requests
+_scan_v3_add_responses = _codec_v3.scan_v3_add_responses
 _i32 = struct.Struct(">i")
 _V2_BY_V3 = {v3_code: int(v2) for v3_code, v2 in V2_STATUS_BY_V3.items()}
 

@@ -165,7 +165,7 @@ def _build_file() -> descriptor_pb2.FileDescriptorProto:
     return fdp
 
 
-_codec = _native.load("codec")
+_codec = _native.load("codec_v3")
 _POOL = descriptor_pool.DescriptorPool()
 _POOL.Add(_build_file())
 
@@ -174,12 +174,10 @@ def _cls(name: str):
     return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
 
 
+# The protobuf classes bk uses by name (the others are reached as fields of these).
 Request = _cls("Request")
 Response = _cls("Response")
-BKPacketHeader = _cls("BKPacketHeader")
 AuthMessage = _cls("AuthMessage")
-AddRequest = _cls("AddRequest")
-ReadRequest = _cls("ReadRequest")
 
 
 class V3DecodeError(ProtocolError):

@@ -9,8 +9,8 @@ from bk._native import load_native, load_pure
 from bk.proto import AddRequest, FrameDecoder, encode_request, v3
 from bk.proto.constants import V2_STATUS_BY_V3
 
-PURE = load_pure("codec")
-NATIVE = load_native("codec")
+PURE = load_pure("codec_v3")
+NATIVE = load_native("codec_v3")
 KERNELS = [PURE] + ([NATIVE] if NATIVE is not None else [])
 KEY = bytes(range(20))
 STATUS_MAP = {v3_code: int(v2) for v3_code, v2 in V2_STATUS_BY_V3.items()}
