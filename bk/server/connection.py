@@ -87,7 +87,8 @@ class BookieConnection(asyncio.Protocol):
             items = self.decoder.feed_requests(data) if self.v2_only else self._feed_detecting(data)
         except BadFrameLengthError as e:
             log.warning("closing connection from %s: %s", self.peer, e)
-            for item in e.frames:  # complete requests before the bad length still count
+            frames = e.frames if self.session.authenticated else self.session.admit(e.frames)
+            for item in frames:  # complete requests before the bad length still count
                 self._dispatch(item)
             self._flush()
             self.transport.close()

@@ -263,3 +263,18 @@ def test_bk_client_tls_verifies_the_hostname_by_default(tls_setup, protocol):
     unchecked = ClientWireOptions.build(protocol=protocol, tls_trust_store=files["ca"],
                                         tls_hostname_verification=False)
     assert _adds_with(cluster, unchecked, 33 + (protocol == "v3")) == [0, 0, 0]
+
+
+def test_requests_before_a_bad_frame_length_are_still_gated(auth_cluster):
+    async def main():
+        async with V3Client(port_of(auth_cluster)) as c:
+            from v3_wire import request
+            c.send(request("ADD_ENTRY", 1, add_body(40, 0, KEY, entry(40, 0))) + struct.pack(">i", -1))
+            (a,) = await c.answers()
+            assert a.status == STATUS["EUA"]
+            assert await c.closed_by_peer()
+        async with V3Client(port_of(auth_cluster)) as c:
+            token = sign_token("reader", SECRET_KEY)
+            assert (await c.call("AUTH", [(1, "bk-token"), (2, token.encode())])).status == 0
+            assert (await c.call("READ_ENTRY", read_body(40, 0))).status == STATUS["ENOLEDGER"]
+    eventloop.run(main())
