@@ -92,6 +92,7 @@ def test_scan_v3_add_requests_takes_only_what_protobuf_reads_the_same(bodies, ed
         if r is None:
             continue
         msg = v3.parse(v3.Request, bodies[i])
+        msg.DiscardUnknownFields()  # a field of the wrong wire type is an unknown field: the kernel defers it
         if msg.SerializeToString() == bodies[i] and {f.name for f, _ in msg.ListFields()} == {"header", "addRequest"}:
             assert i not in deferred
 
