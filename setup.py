@@ -5,8 +5,17 @@ package; BK_REQUIRE_NATIVE=1 turns a missing build into an error at import time.
 """
 import glob
 import os
+import runpy
 
 from setuptools import setup
+
+# bk/_native/wire_layout.pxi is generated from the one layout module (bk/proto/layout.py).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_layout = runpy.run_path(os.path.join(_HERE, "bk", "proto", "layout.py"))
+_pxi = os.path.join(_HERE, "bk", "_native", "wire_layout.pxi")
+if not os.path.exists(_pxi) or open(_pxi).read() != _layout["pxi_text"]():
+    with open(_pxi, "w") as fh:
+        fh.write(_layout["pxi_text"]())
 
 ext_modules = []
 try:

@@ -71,6 +71,7 @@ class LoadSpec:
     reads: bool = False
     digest_type: str = "CRC32C"
     rate: float | None = None  # adds/s per writer on a fixed schedule (open loop); None = as fast as possible
+    client: tuple = ()  # (name, value) pairs of BookKeeper(...) options: protocol, tls_trust_store, ...
 
     def __post_init__(self):
         if self.duration_s is None and self.count is None:
@@ -105,7 +106,7 @@ async def run_writer(metadata_uri: str, spec: LoadSpec, *, start_barrier=None, o
     payload = os.urandom(spec.entry_size)
     perf = time.perf_counter
     marks = [("begin", perf())]  # phase boundaries: a slow set-up or tear-down shows in "phases_s"
-    async with BookKeeper(metadata_uri) as bkc:
+    async with BookKeeper(metadata_uri, **dict(spec.client)) as bkc:
         marks.append(("connect", perf()))
         handles = [await bkc.create_ledger(spec.ensemble, spec.write_quorum, spec.ack_quorum,
                                            digest_type=spec.digest_type, password=b"")

@@ -151,6 +151,32 @@ class BookieConfig:
     admin_socket_enabled: bool = True
     admin_socket_path: str = ""
 
+    # --- protocol: v3, authentication, TLS (issue 16; docs/PROTOCOL-EXTENSIONS.md)
+    # "" = authentication off (AUTH answered as BookKeeper's AuthDisabledPlugin); "token" = bk's token
+    # plugin (bk/proto/auth.py): HS256 tokens signed with the key in auth_token_secret_key_path,
+    # and/or the shared secret in auth_token_shared_secret_path. BookKeeper: bookieAuthProviderFactoryClass.
+    bookie_auth_provider: str = ""
+    auth_token_secret_key_path: str = ""
+    auth_token_shared_secret_path: str = ""
+    # TLS on START_TLS (BookKeeper's tls* settings; stores are PEM files). On when both the certificate
+    # and the key are set.
+    tls_provider: str = "OpenSSL"  # Python's ssl module (OpenSSL) whatever the value; JDK is refused
+    tls_certificate_path: str = ""  # tlsCertificatePath: the bookie's PEM certificate chain
+    tls_key_store_type: str = "PEM"  # tlsKeyStoreType: only PEM
+    tls_key_store: str = ""  # tlsKeyStore: the bookie's PEM private key
+    tls_key_store_password_path: str = ""  # tlsKeyStorePasswordPath: password of an encrypted key
+    tls_trust_store_type: str = "PEM"  # tlsTrustStoreType: only PEM
+    tls_trust_store: str = ""  # tlsTrustStore: PEM CAs that sign client certificates
+    tls_client_authentication: bool = False  # tlsClientAuthentication: require a client certificate (mTLS)
+    # tlsCertFilesRefreshDurationSeconds: reload changed certificate/key/trust files this often (0 = never)
+    tls_cert_files_refresh_duration_s: int = 0
+    # ZooKeeper: digest credentials ("user:password" in this file) for every session of the bookie
+    # and its AutoRecovery; zk_enable_security (BookKeeper's zkEnableSecurity) gives the znodes bk
+    # creates the ACL CREATOR_ALL. Also read from BK_ZK_DIGEST_AUTH_PATH / BK_ZK_ENABLE_SECURITY by
+    # every bk process (shell, clients) that opens a store without explicit options.
+    zk_digest_auth_path: str = ""
+    zk_enable_security: bool = False
+
     @property
     def bookie_id(self) -> str:
         return f"{self.advertised_address}:{self.bookie_port}"
@@ -267,6 +293,19 @@ def _check(cfg: BookieConfig) -> None:
         bad("http_server_port", "must be 0 (ephemeral) or 1..65535")
     if cfg.log_format not in ("text", "json"):
         bad("log_format", "must be text or json")
+    if cfg.bookie_auth_provider not in ("", "token"):
+        bad("bookie_auth_provider", "must be empty (off) or token")
+    if cfg.tls_provider.upper() not in ("OPENSSL", "PYTHON"):
+        bad("tls_provider", "bk uses Python's ssl (OpenSSL)")
+    for key in ("tls_key_store_type", "tls_trust_store_type"):
+        if getattr(cfg, key).upper() != "PEM":
+            bad(key, "bk reads PEM files only")
+    if bool(cfg.tls_certificate_path) != bool(cfg.tls_key_store):
+        bad("tls_certificate_path", "TLS needs both tls_certificate_path and tls_key_store")
+    if cfg.zk_enable_security and not cfg.zk_digest_auth_path:
+        bad("zk_enable_security", "needs zk_digest_auth_path (ZooKeeper digest credentials)")
+    if cfg.tls_client_authentication and not cfg.tls_trust_store:
+        bad("tls_client_authentication", "needs tls_trust_store (the CAs of client certificates)")
     try:
         parse_log_levels(cfg.log_level)
     except ValueError as e:

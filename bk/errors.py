@@ -3,7 +3,9 @@
 `BookieError` subclasses map 1:1 to wire status codes through `_BY_CODE`, so the
 server turns an exception into a return code, and the client turns a return code
 back into the same exception, in one place each. Codes are BookKeeper's v2 values
-(PROTOCOL.md). Library exceptions (kazoo, lmdb) never leak above `meta`/`index`:
+(PROTOCOL.md) and `v3_code` the v3 protobuf StatusCode of the same status: these
+classes are the project's only status table (bk.proto.constants.StatusCode and
+its v2<->v3 maps are built from them). Library exceptions (kazoo, lmdb) never leak above `meta`/`index`:
 those packages translate them into these classes.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ class BookieError(BKError):
     """An error a bookie reports over the wire. `code` is the v2 return code."""
 
     code = 101  # EIO unless a subclass says otherwise
+    v3_code = 501  # the same status in the v3 protobuf StatusCode enum
     name = "EIO"
 
     def __init__(self, message: str = "", *, ledger_id: int | None = None, entry_id: int | None = None):
@@ -35,43 +38,43 @@ class BookieError(BKError):
 
 
 class NoSuchLedgerError(BookieError):
-    code, name = 1, "ENOLEDGER"
+    code, v3_code, name = 1, 402, "ENOLEDGER"
 
 
 class NoSuchEntryError(BookieError):
-    code, name = 2, "ENOENTRY"
+    code, v3_code, name = 2, 403, "ENOENTRY"
 
 
 class BadRequestError(BookieError):
-    code, name = 100, "EBADREQ"
+    code, v3_code, name = 100, 404, "EBADREQ"
 
 
 class BookieIOError(BookieError):
-    code, name = 101, "EIO"
+    code, v3_code, name = 101, 501, "EIO"
 
 
 class UnauthorizedAccessError(BookieError):
-    code, name = 102, "EUA"
+    code, v3_code, name = 102, 502, "EUA"
 
 
 class BadVersionError(BookieError):
-    code, name = 103, "EBADVERSION"
+    code, v3_code, name = 103, 503, "EBADVERSION"
 
 
 class LedgerFencedError(BookieError):
-    code, name = 104, "EFENCED"
+    code, v3_code, name = 104, 504, "EFENCED"
 
 
 class BookieReadOnlyError(BookieError):
-    code, name = 105, "EREADONLY"
+    code, v3_code, name = 105, 505, "EREADONLY"
 
 
 class TooManyRequestsError(BookieError):
-    code, name = 106, "ETOOMANYREQUESTS"
+    code, v3_code, name = 106, 506, "ETOOMANYREQUESTS"
 
 
 class LedgerLimboError(BookieError):
-    code, name = 107, "EUNKNOWNLEDGERSTATE"
+    code, v3_code, name = 107, 507, "EUNKNOWNLEDGERSTATE"
 
 
 _BY_CODE: dict[int, type[BookieError]] = {
@@ -89,6 +92,9 @@ _BY_CODE: dict[int, type[BookieError]] = {
         LedgerLimboError,
     )
 }
+
+
+STATUS_CLASSES: tuple[type[BookieError], ...] = tuple(_BY_CODE.values())
 
 
 def error_for_code(code: int, message: str = "", **ids) -> BookieError:

@@ -3,7 +3,9 @@
 
 A frame is `length i32 BE | body`; a v2 body starts with the header int
 `(version << 24) | (op << 16) | flags` (version 0: the whole int is the op).
-Pure twin: bk/_native/codec_py.py (same functions, same results).
+Pure twin: bk/_native/codec_py.py (same functions, same results). The v3 (protobuf) ADD
+kernels are _codec_v3.pyx; both include codec_base.pxi (shared helpers) and the generated
+wire_layout.pxi (every size, offset, op code and flag, from bk/proto/layout.py).
 
 split_frames(buf, start, max_frame) -> (list[(body_offset, body_len)], end, err)
     Every complete frame from `start` on. `end` is the offset of the first byte
@@ -48,114 +50,17 @@ frame_add_crc32c(header, master_key, ledger_id, entry_id, lac, total_length, pay
     the CRC32C digest (u32 BE) taken over the 32-byte entry header then the
     payload, as DigestManager's CRC32C digest.
 """
-cimport cython
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
-from cpython.tuple cimport PyTuple_SET_ITEM, PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from cpython.ref cimport PyObject
-from cpython.bytes cimport PyBytes_CheckExact, PyBytes_GET_SIZE
-from cpython.long cimport PyLong_Check, PyLong_AsLongLong
-from cpython.ref cimport Py_INCREF
-from libc.string cimport memcmp, memcpy
-from libc.stdint cimport uint32_t, int32_t, uint64_t, int64_t
+include "codec_base.pxi"
 
 cdef extern from "crc32c.h" nogil:
     void bk_crc32c_init()
     uint32_t bk_crc32c_extend(uint32_t crc, const void *data, size_t length)
-
-cdef extern from *:
-    """
-    /* A tuple (or field-less tuple subclass) of n slots to fill with
-       PyTuple_SET_ITEM: what tuple.__new__(type, values) allocates. */
-    static PyObject *bk_codec_new_record(PyObject *type, Py_ssize_t n)
-    {
-        if (type == (PyObject *)&PyTuple_Type)
-            return PyTuple_New(n);
-        return ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
-    }
-    """
-    object bk_codec_new_record(object type, Py_ssize_t n)
 
 bk_crc32c_init()
 
 ERR_OK = 0
 ERR_NEGATIVE_LENGTH = 1
 ERR_FRAME_TOO_LARGE = 2
-
-cdef enum:
-    _OP_ADD = 1
-    _KEY_LEN = 20
-    _ADD_MIN = 56       # header 4 + master key 20 + entry header 32
-    _ADD_RESPONSE = 24  # header 4 + rc 4 + ledger 8 + entry 8
-    _MAX_VERSION = 2
-
-cdef Py_ssize_t _NOGIL_MIN_BYTES = 64 * 1024
-cdef uint64_t _MAX_U32 = 0xFFFFFFFF
-
-
-cdef inline uint32_t _u32(const unsigned char *p) noexcept nogil:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
-
-
-cdef inline int64_t _i64(const unsigned char *p) noexcept nogil:
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(8):
-        v = (v << 8) | p[i]
-    return <int64_t>v
-
-
-cdef inline void _put_u32(unsigned char *p, uint32_t v) noexcept nogil:
-    p[0] = (v >> 24) & 0xff
-    p[1] = (v >> 16) & 0xff
-    p[2] = (v >> 8) & 0xff
-    p[3] = v & 0xff
-
-
-cdef inline void _put_i64(unsigned char *p, int64_t s) noexcept nogil:
-    cdef uint64_t v = <uint64_t>s
-    cdef int i
-    for i in range(7, -1, -1):
-        p[i] = v & 0xff
-        v >>= 8
-
-
-cdef inline int _next_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos,
-                            int64_t max_frame, Py_ssize_t *length) noexcept nogil:
-    """0: a complete frame at pos (length set); -1: incomplete; 1/2: bad length."""
-    cdef int32_t ln
-    if n - pos < 4:
-        return -1
-    ln = <int32_t>_u32(b + pos)
-    if ln < 0:
-        return 1
-    if <int64_t>ln > max_frame:
-        return 2
-    if n - pos - 4 < ln:
-        return -1
-    length[0] = ln
-    return 0
-
-
-cdef inline void _check_args(Py_ssize_t n, Py_ssize_t start, Py_ssize_t max_frame) except *:
-    if start < 0 or start > n:
-        raise ValueError(f"start {start} outside buffer of {n} bytes")
-    if max_frame < 0:
-        raise ValueError("max_frame must be >= 0")
-
-
-cdef _check_record(object record):
-    if record is tuple:
-        return
-    if not (isinstance(record, type) and issubclass(record, tuple)
-            and record.__basicsize__ == tuple.__basicsize__ and record.__dictoffset__ == 0):
-        raise TypeError(f"record must be tuple or a field-less tuple subclass, got {record!r}")
-
-
-cdef inline void _put(object rec, Py_ssize_t i, object value):
-    Py_INCREF(value)  # PyTuple_SET_ITEM steals a reference
-    PyTuple_SET_ITEM(rec, i, value)
-
 
 def split_frames(buf, Py_ssize_t start, Py_ssize_t max_frame):
     cdef Py_buffer view
@@ -204,26 +109,29 @@ def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple)
             if st != 0:
                 break
             f = b + pos + 4
-            if length >= _ADD_MIN:
+            if length >= WL_ADD_REQUEST_MIN_BYTES:
                 h = _u32(f)
-                version = h >> 24
+                version = h >> 24  # layout.split_header
                 if version == 0:
                     op, flags = h, 0
                 else:
                     op, flags = (h >> 16) & 0xff, h & 0xffff
-                ledger_id = _i64(f + 4 + _KEY_LEN)
-                entry_id = _i64(f + 4 + _KEY_LEN + 8)
-                if version <= _MAX_VERSION and op == _OP_ADD and ledger_id >= 0 and entry_id >= 0:
+                ledger_id = _i64(f + WL_ADD_ENTRY_OFFSET)
+                entry_id = _i64(f + WL_ADD_ENTRY_OFFSET + WL_ID_BYTES)
+                if (version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_ADD_ENTRY
+                        and ledger_id >= 0 and entry_id >= 0):
                     # Adds of one connection nearly always carry one ledger's key.
-                    if key is None or memcmp(PyBytes_AS_STRING(key), f + 4, _KEY_LEN) != 0:
-                        key = PyBytes_FromStringAndSize(<const char *>(f + 4), _KEY_LEN)
+                    if key is None or memcmp(PyBytes_AS_STRING(key), f + WL_ADD_KEY_OFFSET,
+                                             WL_MASTER_KEY_LENGTH) != 0:
+                        key = PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_KEY_OFFSET),
+                                                        WL_MASTER_KEY_LENGTH)
                     rec = bk_codec_new_record(record, 6)
                     _put(rec, 0, flags)
                     _put(rec, 1, key)
                     _put(rec, 2, ledger_id)
                     _put(rec, 3, entry_id)
-                    _put(rec, 4, PyBytes_FromStringAndSize(<const char *>(f + 4 + _KEY_LEN),
-                                                           length - 4 - _KEY_LEN))
+                    _put(rec, 4, PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_ENTRY_OFFSET),
+                                                           length - WL_ADD_ENTRY_OFFSET))
                     _put(rec, 5, version)
                     out.append(rec)
                     pos += 4 + length
@@ -258,15 +166,15 @@ def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple
             if st != 0:
                 break
             f = b + pos + 4
-            if length == _ADD_RESPONSE:
+            if length == WL_ADD_RESPONSE_BYTES:
                 h = _u32(f)
                 version = h >> 24
                 op = h if version == 0 else (h >> 16) & 0xff
-                if version <= _MAX_VERSION and op == _OP_ADD:
+                if version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_ADD_ENTRY:
                     rec = bk_codec_new_record(record, 3)
-                    _put(rec, 0, <int32_t>_u32(f + 4))
-                    _put(rec, 1, _i64(f + 8))
-                    _put(rec, 2, _i64(f + 16))
+                    _put(rec, 0, <int32_t>_u32(f + WL_RESPONSE_RC_OFFSET))
+                    _put(rec, 1, _i64(f + WL_RESPONSE_IDS_OFFSET))
+                    _put(rec, 2, _i64(f + WL_RESPONSE_IDS_OFFSET + WL_ID_BYTES))
                     out.append(rec)
                     pos += 4 + length
                     continue
@@ -279,8 +187,7 @@ def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple
 
 
 cdef enum:
-    _FLAG_RECOVERY_ADD = 0x2
-    _ENTRY_HEADER = 24  # ledger id, entry id, LAC
+    _ENTRY_IDS_LAC = WL_ENTRY_LAC_OFFSET + WL_ID_BYTES  # the entry header's ledger id, entry id, LAC
 
 
 cdef inline bint _as_i64(object o, int64_t *out) except -1:
@@ -304,7 +211,7 @@ cdef bint _plain_add(object req, int64_t *v, PyObject **key) except -1:
     if not isinstance(req, tuple) or PyTuple_GET_SIZE(req) < 5:
         return False
     body = <object>PyTuple_GET_ITEM(req, 4)
-    if not PyBytes_CheckExact(body) or PyBytes_GET_SIZE(body) < _ENTRY_HEADER:
+    if not PyBytes_CheckExact(body) or PyBytes_GET_SIZE(body) < _ENTRY_IDS_LAC:
         return False
     if not PyBytes_CheckExact(<object>PyTuple_GET_ITEM(req, 1)):
         return False
@@ -312,10 +219,10 @@ cdef bint _plain_add(object req, int64_t *v, PyObject **key) except -1:
             and _as_i64(<object>PyTuple_GET_ITEM(req, 3), &entry_id)):
         return False
     p = <const unsigned char *>PyBytes_AS_STRING(body)
-    if entry_id < 0 or _i64(p) != v[1] or _i64(p + 8) != entry_id:
+    if entry_id < 0 or _i64(p) != v[1] or _i64(p + WL_ID_BYTES) != entry_id:
         return False
-    v[0] = flags & _FLAG_RECOVERY_ADD
-    v[2] = _i64(p + 16)
+    v[0] = flags & WL_FLAG_RECOVERY_ADD
+    v[2] = _i64(p + WL_ENTRY_LAC_OFFSET)
     key[0] = PyTuple_GET_ITEM(req, 1)
     return True
 
@@ -347,22 +254,28 @@ def scan_add_run(reqs):
     return out
 
 
+cdef inline uint32_t _header_word(uint32_t version, uint32_t op, uint32_t flags) noexcept nogil:
+    """layout.pack_header for a version already checked to be 0..2."""
+    return op if version == 0 else ((version << 24) | (op << 16) | flags)
+
+
 cdef uint32_t _add_header(int version) except? 0:
     """The v0..v2 ADD response header word."""
-    if version < 0 or version > _MAX_VERSION:
-        raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
-    return _OP_ADD if version == 0 else ((<uint32_t>version << 24) | (_OP_ADD << 16))
+    if version < 0 or version > WL_MAX_ACCEPTED_VERSION:
+        raise ValueError(f"protocol version {version} is not 0..{WL_MAX_ACCEPTED_VERSION}")
+    return _header_word(version, WL_OP_ADD_ENTRY, 0)
 
 
 cdef inline unsigned char *_put_ack(unsigned char *p, uint32_t header, int32_t rc, int64_t ledger_id,
                                     int64_t entry_id) noexcept nogil:
     """One complete ADD response frame at p; returns the end."""
-    _put_u32(p, _ADD_RESPONSE)
-    _put_u32(p + 4, header)
-    _put_u32(p + 8, <uint32_t>rc)
-    _put_i64(p + 12, ledger_id)
-    _put_i64(p + 20, entry_id)
-    return p + 4 + _ADD_RESPONSE
+    cdef unsigned char *f = p + WL_FRAME_LENGTH_BYTES
+    _put_u32(p, WL_ADD_RESPONSE_BYTES)
+    _put_u32(f, header)
+    _put_u32(f + WL_RESPONSE_RC_OFFSET, <uint32_t>rc)
+    _put_i64(f + WL_RESPONSE_IDS_OFFSET, ledger_id)
+    _put_i64(f + WL_RESPONSE_IDS_OFFSET + WL_ID_BYTES, entry_id)
+    return f + WL_ADD_RESPONSE_BYTES
 
 
 def encode_add_responses(items, int version=2):
@@ -374,7 +287,7 @@ def encode_add_responses(items, int version=2):
     cdef bytes out
     cdef unsigned char *p
     header = _add_header(version)
-    out = PyBytes_FromStringAndSize(NULL, n * (4 + _ADD_RESPONSE))
+    out = PyBytes_FromStringAndSize(NULL, n * (WL_FRAME_LENGTH_BYTES + WL_ADD_RESPONSE_BYTES))
     p = <unsigned char *>PyBytes_AS_STRING(out)
     for i in range(n):
         rc, ledger_id, entry_id = rows[i]
@@ -392,7 +305,7 @@ def encode_add_acks(reqs, int32_t rc, int version=2):
     cdef unsigned char *p
     cdef object req
     header = _add_header(version)
-    out = PyBytes_FromStringAndSize(NULL, n * (4 + _ADD_RESPONSE))
+    out = PyBytes_FromStringAndSize(NULL, n * (WL_FRAME_LENGTH_BYTES + WL_ADD_RESPONSE_BYTES))
     p = <unsigned char *>PyBytes_AS_STRING(out)
     for i in range(n):
         req = items[i]
@@ -431,30 +344,34 @@ def frame_add_crc32c(uint32_t header, bytes master_key, int64_t ledger_id, int64
     cdef unsigned char *p
     cdef uint32_t crc
     cdef Py_ssize_t body
-    if len(master_key) != _KEY_LEN:
-        raise ValueError(f"master key must be {_KEY_LEN} bytes")
+    cdef unsigned char *f
+    cdef unsigned char *e
+    if len(master_key) != WL_MASTER_KEY_LENGTH:
+        raise ValueError(f"master key must be {WL_MASTER_KEY_LENGTH} bytes")
     PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
     try:
-        body = 4 + _KEY_LEN + 32 + 4 + view.len
+        body = WL_ADD_REQUEST_MIN_BYTES + WL_CRC32C_DIGEST_LENGTH + view.len
         if body > 0x7FFFFFFF:
             raise ValueError("frame too large")
-        out = PyBytes_FromStringAndSize(NULL, 4 + body)
+        out = PyBytes_FromStringAndSize(NULL, WL_FRAME_LENGTH_BYTES + body)
         p = <unsigned char *>PyBytes_AS_STRING(out)
+        f = p + WL_FRAME_LENGTH_BYTES  # the frame body
+        e = f + WL_ADD_ENTRY_OFFSET  # the digest-framed entry
         _put_u32(p, <uint32_t>body)
-        _put_u32(p + 4, header)
-        memcpy(p + 8, PyBytes_AS_STRING(master_key), _KEY_LEN)
-        _put_i64(p + 28, ledger_id)
-        _put_i64(p + 36, entry_id)
-        _put_i64(p + 44, lac)
-        _put_i64(p + 52, total_length)
+        _put_u32(f, header)
+        memcpy(f + WL_ADD_KEY_OFFSET, PyBytes_AS_STRING(master_key), WL_MASTER_KEY_LENGTH)
+        _put_i64(e, ledger_id)
+        _put_i64(e + WL_ID_BYTES, entry_id)
+        _put_i64(e + 2 * WL_ID_BYTES, lac)
+        _put_i64(e + 3 * WL_ID_BYTES, total_length)
         if view.len >= _NOGIL_MIN_BYTES:
             with nogil:
-                crc = bk_crc32c_extend(bk_crc32c_extend(0, p + 28, 32), view.buf, <size_t>view.len)
-                memcpy(p + 64, view.buf, <size_t>view.len)
+                crc = bk_crc32c_extend(bk_crc32c_extend(0, e, WL_ENTRY_HEADER_LENGTH), view.buf, <size_t>view.len)
+                memcpy(e + WL_ENTRY_HEADER_LENGTH + WL_CRC32C_DIGEST_LENGTH, view.buf, <size_t>view.len)
         else:
-            crc = bk_crc32c_extend(bk_crc32c_extend(0, p + 28, 32), view.buf, <size_t>view.len)
-            memcpy(p + 64, view.buf, <size_t>view.len)
-        _put_u32(p + 60, crc)
+            crc = bk_crc32c_extend(bk_crc32c_extend(0, e, WL_ENTRY_HEADER_LENGTH), view.buf, <size_t>view.len)
+            memcpy(e + WL_ENTRY_HEADER_LENGTH + WL_CRC32C_DIGEST_LENGTH, view.buf, <size_t>view.len)
+        _put_u32(e + WL_ENTRY_HEADER_LENGTH, crc)
         return out
     finally:
         PyBuffer_Release(&view)

@@ -10,22 +10,29 @@ import struct
 
 import google_crc32c
 
+# The one layout module (a leaf: importing it loads nothing else of bk.proto).
+from bk.proto.layout import (
+    ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, ENTRY_HEADER, ENTRY_IDS_LAC,
+    FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, OP_ADD_ENTRY, pack_header,
+)
+
 ERR_OK = 0
 ERR_NEGATIVE_LENGTH = 1
 ERR_FRAME_TOO_LARGE = 2
 
-_OP_ADD = 1
-_KEY_LEN = 20
-_ADD_MIN = 56  # header 4 + master key 20 + entry header 32
-_ADD_RESPONSE = 24  # header 4 + rc 4 + ledger 8 + entry 8
-_MAX_VERSION = 2
+_OP_ADD = OP_ADD_ENTRY
+_KEY_LEN = MASTER_KEY_LENGTH
+_ADD_MIN = ADD_REQUEST_MIN_BYTES
+_ADD_RESPONSE = ADD_RESPONSE_BYTES
+_MAX_VERSION = MAX_ACCEPTED_VERSION
 _MAX_U32 = 0xFFFFFFFF
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
-_length = struct.Struct(">i")
-_add_ids = struct.Struct(">I20xqq")  # header, master key (skipped), ledger id, entry id
-_add_response_body = struct.Struct(">Iiqq")
+_length = FRAME_LENGTH
+# header, master key (skipped), ledger id, entry id: an ADD request body up to the entry's ids
+_add_ids = struct.Struct(f">I{ADD_ENTRY_OFFSET - ADD_KEY_OFFSET}xqq")
+_add_response_body = struct.Struct(">Iiqq")  # header rc ledger_id entry_id (ADD_RESPONSE_BYTES)
 
 
 _new = tuple.__new__
@@ -93,10 +100,10 @@ def scan_add_requests(buf, start: int, max_frame: int, record=tuple):
             op, flags = (h, 0) if version == 0 else ((h >> 16) & 0xFF, h & 0xFFFF)
             if version <= _MAX_VERSION and op == _OP_ADD and ledger_id >= 0 and entry_id >= 0:
                 # Adds of one connection nearly always carry one ledger's key.
-                k = data[off + 4:off + 24]
+                k = data[off + ADD_KEY_OFFSET:off + ADD_ENTRY_OFFSET]
                 if k != key:
                     key = k
-                append(_new(record, (flags, key, ledger_id, entry_id, data[off + 24:pos], version)))
+                append(_new(record, (flags, key, ledger_id, entry_id, data[off + ADD_ENTRY_OFFSET:pos], version)))
                 continue
         deferred.append(len(out))
         append((off, ln))
@@ -129,8 +136,8 @@ def scan_add_responses(buf, start: int, max_frame: int, record=tuple):
     return out, pos, err, deferred
 
 
-_FLAG_RECOVERY_ADD = 0x2
-_entry_header = struct.Struct(">qqq")  # ledger id, entry id, LAC
+_FLAG_RECOVERY_ADD = FLAG_RECOVERY_ADD
+_entry_header = ENTRY_IDS_LAC  # ledger id, entry id, LAC
 
 
 def scan_add_run(reqs):
@@ -145,7 +152,7 @@ def scan_add_run(reqs):
                 flags, key, ledger_id, entry_id, body, _ = req
             else:
                 flags, key, ledger_id, entry_id, body = req[:5]
-            if (type(body) is bytes and len(body) >= 24 and type(key) is bytes and isinstance(flags, int)
+            if (type(body) is bytes and len(body) >= _entry_header.size and type(key) is bytes and isinstance(flags, int)
                     and isinstance(ledger_id, int) and isinstance(entry_id, int)
                     and _I64_MIN <= flags <= _I64_MAX):
                 # ids equal to the body's i64 fields are in range by that
@@ -174,7 +181,7 @@ def encode_add_responses(items, version: int = 2) -> bytes:
     rows = list(items)
     if not 0 <= version <= _MAX_VERSION:
         raise ValueError(f"protocol version {version} is not 0..{_MAX_VERSION}")
-    header = _OP_ADD if version == 0 else (version << 24) | (_OP_ADD << 16)
+    header = pack_header(version, _OP_ADD)
     flat = []
     extend = flat.extend
     for rc, ledger_id, entry_id in rows:
@@ -210,7 +217,7 @@ def crc32c(data, crc: int = 0) -> int:
     return google_crc32c.extend(crc, data if type(data) is bytes else bytes(data))
 
 
-_add_frame_head = struct.Struct(">iI20sqqqqI")
+_add_frame_head = struct.Struct(f">iI{MASTER_KEY_LENGTH}sqqqqI")  # length header key entry-header crc32c
 
 
 def frame_add_crc32c(header: int, master_key: bytes, ledger_id: int, entry_id: int, lac: int,
@@ -218,8 +225,8 @@ def frame_add_crc32c(header: int, master_key: bytes, ledger_id: int, entry_id: i
     if type(master_key) is not bytes or len(master_key) != _KEY_LEN:
         raise ValueError(f"master key must be {_KEY_LEN} bytes")
     payload = bytes(payload) if type(payload) is not bytes else payload
-    entry_header = struct.pack(">qqqq", ledger_id, entry_id, lac, total_length)
+    entry_header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, total_length)
     crc = google_crc32c.extend(google_crc32c.value(entry_header), payload)
-    head = _add_frame_head.pack(4 + _KEY_LEN + 32 + 4 + len(payload), header, master_key, ledger_id, entry_id,
-                                lac, total_length, crc)
+    head = _add_frame_head.pack(_add_frame_head.size - FRAME_LENGTH.size + len(payload), header, master_key,
+                                ledger_id, entry_id, lac, total_length, crc)
     return head + payload

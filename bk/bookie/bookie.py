@@ -36,13 +36,14 @@ from bk.fileio import ensure_dir
 from bk.index import NEEDS_INTEGRITY_CHECK, UNCLEAN_SHUTDOWN
 from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
 from bk.proto.constants import FLAG_RECOVERY_ADD
+from bk.proto.layout import ENTRY_IDS_LAC
 
 from .gc import GarbageCollector
 from .ledger_storage import LedgerStorage
 
 log = logging.getLogger(__name__)
 
-_ENTRY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, piggybacked LAC
+_ENTRY_HEADER = ENTRY_IDS_LAC  # ledger id, entry id, piggybacked LAC
 # fields of an AddRequest-shaped tuple: flags, master_key, ledger_id, entry_id, body, version
 _ENTRY_ID, _BODY = itemgetter(3), itemgetter(4)
 _scan_add_run = load("codec").scan_add_run

@@ -16,6 +16,7 @@ import asyncio
 import os
 
 from bk.errors import BKError, IncorrectParameterError
+from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
 from .commands import command_table
 
@@ -47,7 +48,7 @@ async def bookie_space(bkc, bookie_id: str) -> tuple[int | None, int | None]:
     """(free, total) bytes a bookie reports over the wire (GetBookieInfo), or (None, None)."""
     client = bkc.pool.get(bookie_id)
     try:
-        resp = await asyncio.wait_for(client.call(client.send_bookie_info, 0x3), BOOKIE_INFO_TIMEOUT_S)
+        resp = await asyncio.wait_for(client.call(client.send_bookie_info, BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY), BOOKIE_INFO_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - unreachable: reported as unknown
         return None, None
     return resp.free_disk_bytes, resp.total_disk_bytes

@@ -32,15 +32,15 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import socket
-import struct
 from collections import deque
 from typing import Callable
 
 from bk import _native
-from bk.errors import BookieConnectionError, BookieTimeoutError, ProtocolError
+from bk.errors import BKError, BookieConnectionError, BookieTimeoutError, ProtocolError
 from bk.meta.registration import split_bookie_id
 from bk.proto import (
     DEFAULT_MAX_FRAME_SIZE_BYTES, FLAG_DO_FENCING, BadFrameLengthError, BatchReadRequest,
@@ -48,7 +48,9 @@ from bk.proto import (
     ReadLacResponse, ReadRequest, ReadResponse, ResponseDecodeError, WriteLacRequest, WriteLacResponse,
     encode_request,
 )
-from bk.proto.constants import MASTER_KEY_LENGTH
+from bk.proto.layout import MASTER_KEY_LENGTH, READ_HEADER, READ_REQUEST_BYTES, READ_REQUEST_FRAME
+
+from .wire_v3 import ClientWireOptions, V3Transport, handshake
 
 log = logging.getLogger(__name__)
 _core = _native.load("core", "bk.client")
@@ -60,28 +62,36 @@ ADD, READ, READ_LAC, WRITE_LAC, INFO, BATCH = (
 
 Callback = Callable[[object, "BaseException | None"], None]
 
-_read_req = struct.Struct(">iIqq")
-_READ_HEADER = (2 << 24) | (READ << 16)
+_read_req = READ_REQUEST_FRAME
 # A bookie that failed within this many seconds is "suspect": readers try it last.
 SUSPECT_S = 5.0
 EAGER_FLUSH_BYTES = _core.EAGER_FLUSH_BYTES  # the core's flush bound (core_py explains it)
 
 
 class _BookieProtocol(asyncio.Protocol):
-    """The transport adapter of one connection; forwards to its BookieClient."""
+    """The transport adapter of one connection; forwards to its BookieClient.
 
-    __slots__ = ("client", "core", "decoder", "transport")
+    While the connection is set up (START_TLS, AUTH: wire_v3.handshake) an answer frame
+    goes to the `exchange` waiting for it; on a v3 connection frames are v3 Responses,
+    turned into the v2 answers the request core matches (FrameDecoder.feed_v3_responses)."""
+
+    __slots__ = ("client", "core", "decoder", "transport", "v3", "_waiter")
 
     def __init__(self, client: "BookieClient"):
         self.client = client
         self.core = client._core
         self.decoder = FrameDecoder(client.max_frame_size_bytes)
         self.transport = None
+        self.v3 = False
+        self._waiter: asyncio.Future | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data) -> None:
+        if self._waiter is not None or self.v3:
+            self._frames_received(data)
+            return
         try:
             items = self.decoder.feed_responses(data)
         except BadFrameLengthError as e:
@@ -90,7 +100,31 @@ class _BookieProtocol(asyncio.Protocol):
             return
         self.core.dispatch_all(self, items)
 
+    def _frames_received(self, data) -> None:
+        try:
+            frames = self.decoder.feed(data) if self._waiter is not None else self.decoder.feed_v3_responses(data)
+        except BadFrameLengthError as e:
+            self.client._protocol_error(self, e)
+            return
+        if self._waiter is not None:
+            if frames and not self._waiter.done():
+                self._waiter.set_result(bytes(frames[0]))
+            return
+        self.core.dispatch_all(self, frames)
+
+    async def exchange(self, frame: bytes) -> bytes:
+        """Send one set-up request and wait for its answer frame (no request is pending yet)."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(frame)
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
     def connection_lost(self, exc) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(BookieConnectionError(f"connection lost during set-up: {exc}"))
+            return
         self.client._connection_lost(self, exc)
 
 
@@ -103,8 +137,10 @@ class BookieClient:
 
     def __init__(self, bookie_id: str, *, add_timeout_s: float = 10.0, read_timeout_s: float = 10.0,
                  connect_timeout_s: float = 10.0, max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
-                 address: tuple[str, int] | None = None):
+                 address: tuple[str, int] | None = None, wire: ClientWireOptions | None = None):
         self.bookie_id = bookie_id
+        self.wire = wire or ClientWireOptions()
+        self._side_client: "BookieClient | None" = None  # the other protocol's connection (wire_v3 docstring)
         self.host, self.port = address or split_bookie_id(bookie_id)
         self.connect_timeout_s = float(connect_timeout_s)
         self.max_frame_size_bytes = max_frame_size_bytes
@@ -152,7 +188,7 @@ class BookieClient:
                   master_key: bytes | None = None, timeout_s: float | None = None) -> None:
         """READ of one entry (-1 = the bookie's last entry); fencing reads carry the key."""
         if flags == 0 and master_key is None and ledger_id >= 0 and entry_id >= -1:
-            frame = _read_req.pack(20, _READ_HEADER, ledger_id, entry_id)
+            frame = _read_req.pack(READ_REQUEST_BYTES, READ_HEADER, ledger_id, entry_id)
         else:
             if flags & FLAG_DO_FENCING and (master_key is None or len(master_key) != MASTER_KEY_LENGTH):
                 raise ValueError("a fencing read needs the ledger's 20-byte master key")
@@ -164,22 +200,45 @@ class BookieClient:
                         callback: Callback, *, flags: int = 0, master_key: bytes | None = None,
                         timeout_s: float | None = None) -> int:
         """BATCH_READ from `start_entry_id`; returns the request id it is matched by."""
+        if self.wire.protocol == "v3":  # BATCH_READ exists only in v2
+            return self._side().send_batch_read(ledger_id, start_entry_id, max_count, max_size_bytes, callback,
+                                                flags=flags, master_key=master_key, timeout_s=timeout_s)
         request_id = next(self._request_ids)
         frame = encode_request(BatchReadRequest(flags, ledger_id, start_entry_id, request_id, max_count,
                                                 max_size_bytes, master_key))
         self._send((BATCH, request_id), frame, callback, self.read_timeout_s if timeout_s is None else timeout_s)
         return request_id
 
+    def _v3_only(self) -> bool:
+        """True: READ_LAC, WRITE_LAC, GET_BOOKIE_INFO go over a v3 side connection."""
+        return self.wire.protocol == "v2" and not self.wire.v2_extensions
+
+    def _side(self) -> "BookieClient":
+        side = self._side_client
+        if side is None:
+            other = "v2" if self.wire.protocol == "v3" else "v3"
+            side = self._side_client = BookieClient(
+                self.bookie_id, add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
+                connect_timeout_s=self.connect_timeout_s, max_frame_size_bytes=self.max_frame_size_bytes,
+                address=(self.host, self.port), wire=dataclasses.replace(self.wire, protocol=other))
+        return side
+
     def send_read_lac(self, ledger_id: int, callback: Callback, timeout_s: float | None = None) -> None:
+        if self._v3_only():
+            return self._side().send_read_lac(ledger_id, callback, timeout_s)
         self._send((READ_LAC, ledger_id), encode_request(ReadLacRequest(0, ledger_id)), callback,
                    self.read_timeout_s if timeout_s is None else timeout_s)
 
     def send_write_lac(self, ledger_id: int, master_key: bytes, lac: int, lac_buf: bytes, callback: Callback,
                        timeout_s: float | None = None) -> None:
+        if self._v3_only():
+            return self._side().send_write_lac(ledger_id, master_key, lac, lac_buf, callback, timeout_s)
         frame = encode_request(WriteLacRequest(0, master_key, ledger_id, lac, lac_buf))
         self._send((WRITE_LAC, ledger_id), frame, callback, self.add_timeout_s if timeout_s is None else timeout_s)
 
     def send_bookie_info(self, requested_info: int, callback: Callback, timeout_s: float | None = None) -> None:
+        if self._v3_only():
+            return self._side().send_bookie_info(requested_info, callback, timeout_s)
         self._send((INFO,), encode_request(GetBookieInfoRequest(0, requested_info)), callback,
                    self.read_timeout_s if timeout_s is None else timeout_s)
 
@@ -219,7 +278,17 @@ class BookieClient:
             _, protocol = await asyncio.wait_for(
                 self._loop.create_connection(lambda: _BookieProtocol(self), self.host, self.port),
                 self.connect_timeout_s)
-        except (OSError, asyncio.TimeoutError) as e:
+            if not self.wire.plain:
+                try:
+                    await asyncio.wait_for(handshake(self._loop, protocol, self.wire, self.host, self.bookie_id),
+                                           self.connect_timeout_s)
+                except BaseException:
+                    protocol.transport.abort()
+                    raise
+            if self.wire.protocol == "v3":
+                protocol.transport = V3Transport(protocol.transport)
+                protocol.v3 = True
+        except (OSError, asyncio.TimeoutError, BKError) as e:  # ssl.SSLError is an OSError
             core.connect_task = None
             why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
             self._fail_all(BookieConnectionError(f"cannot connect to bookie {self.bookie_id}: {why}"))
@@ -280,6 +349,8 @@ class BookieClient:
             core.sweep_handle.cancel()
             core.sweep_handle = None
         protocol, core.protocol = core.protocol, None
+        if self._side_client is not None:
+            self._side_client.close()
         self._fail_all(BookieConnectionError(f"bookie {self.bookie_id}: client closed"))
         if protocol is not None:
             protocol.transport.close()
@@ -364,7 +435,8 @@ class BookieClientPool:
 
     def __init__(self, *, add_timeout_s: float = 10.0, read_timeout_s: float = 10.0, connect_timeout_s: float = 10.0,
                  max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
-                 resolve: Callable[[str], tuple[str, int]] | None = None):
+                 resolve: Callable[[str], tuple[str, int]] | None = None, wire: ClientWireOptions | None = None):
+        self.wire = wire
         self.add_timeout_s = add_timeout_s
         self.read_timeout_s = read_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -382,7 +454,7 @@ class BookieClientPool:
             client = self._clients[bookie_id] = BookieClient(
                 bookie_id, add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
                 connect_timeout_s=self.connect_timeout_s, max_frame_size_bytes=self.max_frame_size_bytes,
-                address=address)
+                address=address, wire=self.wire)
         return client
 
     def suspect(self, bookie_id: str) -> bool:

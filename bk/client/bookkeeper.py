@@ -31,6 +31,7 @@ from bk.meta.registration import RegistrationManager
 from bk.proto import DEFAULT_MAX_FRAME_SIZE_BYTES, DigestManager, DigestType, master_key, parse_digest_type
 
 from .bookie_client import BookieClientPool
+from .wire_v3 import ClientWireOptions
 from .ledger_handle import LedgerHandle
 from .placement import EnsemblePlacementPolicy
 from .quorum import check_quorum_sizes
@@ -63,7 +64,9 @@ class BookKeeper:
                  batch_read_entries: int = DEFAULT_BATCH_READ_ENTRIES,
                  max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
                  placement: EnsemblePlacementPolicy | None = None, store_options: Mapping | None = None,
-                 delay_ensemble_change: bool = False):
+                 delay_ensemble_change: bool = False, protocol: str = "v2", tls_trust_store: str | None = None,
+                 tls_certificate_path: str | None = None, tls_key_store: str | None = None,
+                 tls_hostname_verification: bool = True, auth_token: str | None = None, auth_plugin=None):
         for name, value in (("add_timeout_s", add_timeout_s), ("read_timeout_s", read_timeout_s),
                             ("connect_timeout_s", connect_timeout_s)):
             if not value > 0:
@@ -82,6 +85,16 @@ class BookKeeper:
         # in the ensemble while every write set still has AQ bookies up (LedgerHandle's docstring).
         # Ledger recovery's write-back always does this.
         self.delay_ensemble_change = bool(delay_ensemble_change)
+        # The bookie connections' protocol, TLS and AUTH (bk/client/wire_v3.py): v2 by default (faster
+        # here, docs/BENCHMARKS.md); TLS when a trust store or a client certificate is given (PEM files,
+        # hostname verification on); auth_token presents a token to bookies running the bk-token plugin.
+        try:
+            self.wire = ClientWireOptions.build(
+                protocol=protocol, tls_trust_store=tls_trust_store, tls_certificate_path=tls_certificate_path,
+                tls_key_store=tls_key_store, tls_hostname_verification=tls_hostname_verification,
+                auth_token=auth_token, auth_plugin=auth_plugin)
+        except (ValueError, OSError) as e:
+            raise IncorrectParameterError(f"bad protocol/TLS/auth option: {e}") from None
         self._store_options = dict(store_options or {})
         self.store = None
         self.ledger_manager: LedgerManager | None = None
@@ -102,7 +115,7 @@ class BookKeeper:
         self.registration = RegistrationManager(self.store, reregister_on_expiry=False)
         self.pool = BookieClientPool(add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
                                      connect_timeout_s=self.connect_timeout_s,
-                                     max_frame_size_bytes=self.max_frame_size_bytes)
+                                     max_frame_size_bytes=self.max_frame_size_bytes, wire=self.wire)
         return self
 
     async def close(self) -> None:

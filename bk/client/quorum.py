@@ -14,17 +14,17 @@ ensemble change (the frame names no bookie).
 """
 from __future__ import annotations
 
-import struct
 
 from bk import _native
 from bk.errors import IncorrectParameterError
 from bk.proto import DigestManager, DigestType
-from bk.proto.constants import ENTRY_HEADER_LENGTH, MASTER_KEY_LENGTH, OpCode
+from bk.proto import layout
+from bk.proto.layout import ADD_REQUEST_MIN_BYTES, MASTER_KEY_LENGTH, OP_ADD_ENTRY, PROTOCOL_VERSION, pack_header
 
-_entry_header = struct.Struct(">qqqq")
-_frame_head = struct.Struct(">iI")
-# header(4) + master key(20) + entry header(32) + digest(N) + payload
-_ADD_FIXED_BYTES = 4 + MASTER_KEY_LENGTH + ENTRY_HEADER_LENGTH
+_entry_header = layout.ENTRY_HEADER
+_frame_head = layout.FRAME_HEAD
+# header(4) + master key(20) + entry header(32), then digest(N) + payload
+_ADD_FIXED_BYTES = ADD_REQUEST_MIN_BYTES
 _frame_add_crc32c = _native.load("codec").frame_add_crc32c
 # Above this payload size google_crc32c's 3-way CRC beats the kernel's single
 # stream by more than the extra copy of the join costs (measured ~8 KiB).
@@ -69,7 +69,7 @@ class AddFramer:
         self.digest = digest_manager.digest
         self.digest_length = digest_manager.digest_length
         self.max_frame_size_bytes = max_frame_size_bytes
-        self._header = (2 << 24) | (int(OpCode.ADD_ENTRY) << 16) | flags
+        self._header = pack_header(PROTOCOL_VERSION, OP_ADD_ENTRY, flags)
         self._crc32c = digest_manager.digest_type is DigestType.CRC32C
 
     def max_payload_bytes(self) -> int:
@@ -94,5 +94,5 @@ class AddFramer:
     def frame_with_flags(self, flags: int, entry_id: int, lac: int, total_length: int, payload: bytes) -> bytes:
         """Like `frame` but with other header flags (FLAG_RECOVERY_ADD for recovery writes)."""
         frame = self.frame(entry_id, lac, total_length, payload)
-        header = (2 << 24) | (int(OpCode.ADD_ENTRY) << 16) | flags
-        return frame[:4] + struct.pack(">I", header) + frame[8:]
+        head = _frame_head.unpack_from(frame)[0], pack_header(PROTOCOL_VERSION, OP_ADD_ENTRY, flags)
+        return _frame_head.pack(*head) + frame[_frame_head.size:]

@@ -1,13 +1,20 @@
 """LedgerManager: ledger metadata znodes in BookKeeper's hierarchical layout.
 
-Paths: the ledger id zero-padded to 10 digits and split 2/4/4, the last part
-prefixed with `L`: id 1 -> `<root>/00/0000/L0001`, id 1234567890 ->
-`<root>/12/3456/L7890`. METADATA.md describes only this (short) layout, so ids
-are limited to 0 .. 2^31-2; larger ids are refused with a clear error.
+Paths (BookKeeper's HierarchicalLedgerManager, a hybrid of two layouts):
+- ids below 2^31-1: the id zero-padded to 10 digits and split 2/4/4, the last
+  part prefixed with `L`: id 1 -> `<root>/00/0000/L0001`, id 1234567890 ->
+  `<root>/12/3456/L7890` (the short layout, METADATA.md);
+- ids from 2^31-1 up to 2^63-1: zero-padded to 19 digits and split 3/4/4/4/4
+  (LongHierarchicalLedgerManager): id 2^31-1 -> `<root>/000/0000/0021/4748/L3647`.
+A first level of 2 digits is short, of 3 digits long, so both live under one root.
 
 Ids come from `<root>/idgen/ID-<seq>`: create an ephemeral-sequential node,
 read the id from its sequence number, delete it. The counter lives in ZooKeeper,
-so ids are unique across every client of the cluster.
+so ids are unique across every client of the cluster. Once that counter reaches
+2^31-1, ids come from BookKeeper's idgen-long scheme (LongZkLedgerIdGenerator):
+`<root>/idgen-long/HOB-<high 32 bits, 10 digits>/ID-<seq>` gives the id
+`(high << 32) | seq`; when a HOB- directory's counter reaches 2^31-1 the next
+HOB- (high + 1) is created. Once `idgen-long` exists every client uses it.
 
 All writes of existing metadata are compare-and-set on the znode version;
 `update_ledger_metadata` wraps the read-decide-write loop.
@@ -34,8 +41,13 @@ from bk.meta.store import MetadataStore, join_path
 
 log = logging.getLogger(__name__)
 
-MAX_LEDGER_ID = 2**31 - 2
+SHORT_ID_LIMIT = 2**31 - 1  # Integer.MAX_VALUE: ids below it use the short layout and the short idgen
+MAX_SHORT_LEDGER_ID = SHORT_ID_LIMIT - 1
+MAX_LEDGER_ID = 2**63 - 1
 IDGEN_PREFIX = "ID-"
+IDGEN_LONG = "idgen-long"
+HOB_PREFIX = "HOB-"
+HOB_KEEP = 3  # HOB- directories left behind (BookKeeper keeps three against races)
 
 
 def _check_ledger_id(ledger_id: int) -> int:
@@ -44,34 +56,39 @@ def _check_ledger_id(ledger_id: int) -> int:
     if ledger_id < 0:
         raise MetadataStoreError(f"invalid ledger id {ledger_id}: negative")
     if ledger_id > MAX_LEDGER_ID:
-        raise MetadataStoreError(
-            f"ledger id {ledger_id} is above {MAX_LEDGER_ID}: only BookKeeper's short hierarchical"
-            " layout (ids below 2^31-1) is supported"
-        )
+        raise MetadataStoreError(f"ledger id {ledger_id} is above {MAX_LEDGER_ID}")
     return ledger_id
 
 
 def ledger_path(root: str, ledger_id: int) -> str:
-    digits = f"{_check_ledger_id(ledger_id):010d}"
-    return f"{root.rstrip('/')}/{digits[0:2]}/{digits[2:6]}/L{digits[6:10]}"
+    root = root.rstrip("/")
+    if _check_ledger_id(ledger_id) < SHORT_ID_LIMIT:
+        d = f"{ledger_id:010d}"
+        return f"{root}/{d[0:2]}/{d[2:6]}/L{d[6:10]}"
+    d = f"{ledger_id:019d}"
+    return f"{root}/{d[0:3]}/{d[3:7]}/{d[7:11]}/{d[11:15]}/L{d[15:19]}"
 
 
 def ledger_id_from_path(root: str, path: str) -> int:
     """Inverse of `ledger_path`; raises MetadataFormatError for any other path."""
     prefix = root.rstrip("/") + "/"
     parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
-    if (
-        len(parts) != 3
-        or not _is_level1(parts[0])
-        or not _is_level2(parts[1])
-        or not _is_leaf(parts[2])
-    ):
-        raise MetadataFormatError(f"{path} is not a ledger znode under {root}")
-    return int(parts[0] + parts[1] + parts[2][1:])
+    if len(parts) == 3 and _is_level1(parts[0]) and _is_level2(parts[1]) and _is_leaf(parts[2]):
+        return int(parts[0] + parts[1] + parts[2][1:])
+    if (len(parts) == 5 and _is_long_level1(parts[0]) and all(_is_level2(p) for p in parts[1:4])
+            and _is_leaf(parts[4])):
+        ledger_id = int("".join(parts[:4]) + parts[4][1:])
+        if SHORT_ID_LIMIT <= ledger_id <= MAX_LEDGER_ID:
+            return ledger_id
+    raise MetadataFormatError(f"{path} is not a ledger znode under {root}")
 
 
 def _is_level1(name: str) -> bool:
     return len(name) == 2 and name.isascii() and name.isdigit()
+
+
+def _is_long_level1(name: str) -> bool:
+    return len(name) == 3 and name.isascii() and name.isdigit()
 
 
 def _is_level2(name: str) -> bool:
@@ -80,6 +97,11 @@ def _is_level2(name: str) -> bool:
 
 def _is_leaf(name: str) -> bool:
     return len(name) == 5 and name[0] == "L" and name[1:].isascii() and name[1:].isdigit()
+
+
+def _hob(name: str) -> int | None:
+    digits = name[len(HOB_PREFIX):]
+    return int(digits) if name.startswith(HOB_PREFIX) and digits.isascii() and digits.isdigit() else None
 
 
 MetadataUpdate = Callable[[LedgerMetadata], "LedgerMetadata | None | Awaitable[LedgerMetadata | None]"]
@@ -96,20 +118,56 @@ class LedgerManager:
         return ledger_path(self.root, ledger_id)
 
     # ------------------------------------------------------------------ ids
-    async def generate_ledger_id(self) -> int:
-        prefix = join_path(self.paths.idgen, IDGEN_PREFIX)
+    async def _sequence(self, directory: str) -> int:
+        """The next number of an ephemeral-sequential counter under `directory` (its node deleted)."""
+        prefix = join_path(directory, IDGEN_PREFIX)
         node = await self.store.create(prefix, b"", ephemeral=True, sequential=True, make_parents=True)
         try:
             await self.store.delete(node)
         except MetadataNotFoundError:
             pass
-        ledger_id = int(node[len(prefix) :])
-        if ledger_id < 0 or ledger_id > MAX_LEDGER_ID:
-            raise MetadataStoreError(
-                f"ledger id generator at {self.paths.idgen} returned {ledger_id}: the id space of the"
-                " short hierarchical layout is exhausted"
-            )
-        return ledger_id
+        return int(node[len(prefix) :])
+
+    async def generate_ledger_id(self) -> int:
+        idgen_long = join_path(self.root, IDGEN_LONG)
+        if await self.store.exists(idgen_long) is None:
+            ledger_id = await self._sequence(self.paths.idgen)
+            if 0 <= ledger_id < SHORT_ID_LIMIT:
+                return ledger_id
+            log.warning("the ledger id counter at %s reached 2^31-1: switching to %s (63-bit ids)",
+                        self.paths.idgen, idgen_long)
+            try:
+                await self.store.create(idgen_long, b"", make_parents=True)
+            except MetadataExistsError:
+                pass
+        return await self._generate_long_ledger_id(idgen_long)
+
+    async def _generate_long_ledger_id(self, idgen_long: str) -> int:
+        for _ in range(8):  # each pass either returns or opens the next HOB- directory
+            hobs = sorted(h for h in map(_hob, await self._children_or_empty(idgen_long)) if h is not None)
+            high = hobs[-1] if hobs else 1
+            directory = join_path(idgen_long, f"{HOB_PREFIX}{high:010d}")
+            if not hobs:
+                await self._create_quietly(directory)
+                continue
+            low = await self._sequence(directory)
+            if 0 <= low < SHORT_ID_LIMIT:
+                for old in hobs[:-HOB_KEEP]:  # garbage: BookKeeper keeps the last three
+                    try:
+                        await self.store.delete(join_path(idgen_long, f"{HOB_PREFIX}{old:010d}"))
+                    except MetadataStoreError:
+                        pass
+                return (high << 32) | low
+            if high + 1 >= 2**31:
+                raise MetadataStoreError(f"the ledger id space under {idgen_long} is exhausted")
+            await self._create_quietly(join_path(idgen_long, f"{HOB_PREFIX}{high + 1:010d}"))
+        raise MetadataStoreError(f"could not take a ledger id under {idgen_long}")
+
+    async def _create_quietly(self, path: str) -> None:
+        try:
+            await self.store.create(path, b"", make_parents=True)
+        except MetadataExistsError:
+            pass
 
     # ------------------------------------------------------------------ CRUD
     async def create_ledger_metadata(self, ledger_id: int, metadata: LedgerMetadata) -> int:
@@ -182,7 +240,8 @@ class LedgerManager:
             raise MetadataVersionError(f"ledger {ledger_id} metadata changed since version {version}") from None
         # Like BookKeeper, drop the now-empty hierarchy levels (optimistically: a
         # concurrent create may refill them, and then they stay).
-        for parent in (path.rsplit("/", 1)[0], path.rsplit("/", 2)[0]):
+        levels = 2 if ledger_id < SHORT_ID_LIMIT else 4
+        for parent in (path.rsplit("/", i)[0] for i in range(1, levels + 1)):
             try:
                 await self.store.delete(parent)
             except (MetadataNotEmptyError, MetadataNotFoundError):
@@ -196,17 +255,23 @@ class LedgerManager:
         """Every ledger id, ascending, walking the hierarchy level by level. Nodes
         that are not ledger levels (available, cookies, idgen, LAYOUT, ...) are skipped;
         levels deleted during the walk are skipped too."""
-        for level1 in await self._children_or_empty(self.root):
-            if not _is_level1(level1):
-                continue
-            path1 = join_path(self.root, level1)
-            for level2 in await self._children_or_empty(path1):
-                if not _is_level2(level2):
-                    continue
-                path2 = join_path(path1, level2)
-                for leaf in await self._children_or_empty(path2):
-                    if _is_leaf(leaf):
-                        yield int(level1 + level2 + leaf[1:])
+        top = sorted(await self._children_or_empty(self.root))
+        for level1 in [n for n in top if _is_level1(n)] + [n for n in top if _is_long_level1(n)]:
+            async for ledger_id in self._walk(join_path(self.root, level1), level1, 3 if len(level1) == 2 else 5):
+                yield ledger_id
+
+    async def _walk(self, path: str, digits: str, depth: int) -> AsyncIterator[int]:
+        """Ledger ids under one level (`depth` path parts below the root make a ledger path)."""
+        children = sorted(await self._children_or_empty(path))
+        if depth == 2:
+            for leaf in children:
+                if _is_leaf(leaf):
+                    yield int(digits + leaf[1:])
+            return
+        for child in children:
+            if _is_level2(child):
+                async for ledger_id in self._walk(join_path(path, child), digits + child, depth - 1):
+                    yield ledger_id
 
     async def list_ledger_ids(self) -> list[int]:
         return [ledger_id async for ledger_id in self.iter_ledger_ids()]

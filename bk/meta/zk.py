@@ -22,12 +22,15 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionLoss,
+    InvalidACLError,
     KazooException,
+    NoAuthError,
     NoChildrenForEphemeralsError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
 )
+from kazoo.security import CREATOR_ALL_ACL
 from kazoo.protocol.states import EventType as KazooEventType
 from kazoo.retry import KazooRetry
 
@@ -73,6 +76,9 @@ def translate_error(exc: BaseException, op: str, path: str) -> BaseException:
         return MetadataNotEmptyError(f"cannot delete {path}: it has children")
     if isinstance(exc, NoChildrenForEphemeralsError):
         return MetadataStoreError(f"cannot {op} {path}: parent is ephemeral")
+    if isinstance(exc, (NoAuthError, InvalidACLError)):
+        return MetadataStoreError(f"ZooKeeper refused {op} {path}: not authorized (the znode's ACL needs the"
+                                  " digest credentials of zk_digest_auth_path)")
     if isinstance(exc, ConnectionLoss):
         err = MetadataStoreError(f"ZooKeeper connection lost during {op} {path}")
         err.connection_loss = True  # reads may retry; a write's outcome is unknown
@@ -96,7 +102,18 @@ class ZooKeeperStore(MetadataStore):
         root: str = DEFAULT_ROOT,
         session_timeout_s: float = 10.0,
         connect_timeout_s: float = 15.0,
+        zk_digest_auth: str | None = None,
+        zk_enable_security: bool = False,
     ):
+        """`zk_digest_auth` "user:password" authenticates the session (ZooKeeper's digest scheme);
+        `zk_enable_security` (BookKeeper's zkEnableSecurity) gives every znode this session creates
+        the ACL CREATOR_ALL: only sessions with the same credentials may read or change it."""
+        if zk_enable_security and not zk_digest_auth:
+            raise MetadataStoreError("zk_enable_security needs digest credentials (zk_digest_auth_path)")
+        if zk_digest_auth is not None and ":" not in zk_digest_auth:
+            raise MetadataStoreError("ZooKeeper digest credentials must read user:password")
+        self.zk_digest_auth = zk_digest_auth
+        self.zk_enable_security = zk_enable_security
         self.hosts = hosts
         self.ledgers_root = validate_path(root)
         self.session_timeout_s = session_timeout_s
@@ -122,6 +139,8 @@ class ZooKeeperStore(MetadataStore):
             timeout=self.session_timeout_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
             logger=logging.getLogger("bk.meta.kazoo"),
+            auth_data=[("digest", self.zk_digest_auth)] if self.zk_digest_auth else None,
+            default_acl=CREATOR_ALL_ACL if self.zk_enable_security else None,
         )
         self._client.add_listener(self._on_kazoo_state)
         try:

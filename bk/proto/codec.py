@@ -22,11 +22,15 @@ from __future__ import annotations
 import struct
 
 from bk import _native
-from bk.proto.constants import (
-    ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, BATCH_READ_REQUEST_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES,
-    FLAG_DO_FENCING, GET_BOOKIE_INFO_REQUEST_BYTES, GET_BOOKIE_INFO_RESPONSE_BYTES, MASTER_KEY_LENGTH,
-    MAX_ACCEPTED_VERSION, PROTOCOL_VERSION, READ_LAC_REQUEST_BYTES, READ_REQUEST_BYTES,
-    READ_RESPONSE_HEADER_BYTES, WRITE_LAC_REQUEST_MIN_BYTES, WRITE_LAC_RESPONSE_BYTES, OpCode, StatusCode,
+from bk.proto import layout
+from bk.proto.constants import OpCode, StatusCode
+from bk.proto.layout import (
+    ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, BATCH_READ_ENTRY_LENGTH_BYTES,
+    BATCH_READ_REQUEST_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES, ENTRY_HEADER_LENGTH, FLAG_DO_FENCING,
+    GET_BOOKIE_INFO_REQUEST_BYTES, GET_BOOKIE_INFO_RESPONSE_BYTES, HEADER_BYTES, ID_BYTES, LAC_HEADER_LENGTH,
+    MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, PROTOCOL_VERSION, READ_LAC_REQUEST_BYTES,
+    READ_LAC_RESPONSE_MIN_BYTES, READ_REQUEST_BYTES, READ_RESPONSE_HEADER_BYTES, RESPONSE_IDS_OFFSET,
+    WRITE_LAC_BUF_OFFSET, WRITE_LAC_IDS_OFFSET, WRITE_LAC_REQUEST_MIN_BYTES, WRITE_LAC_RESPONSE_BYTES,
 )
 from bk.proto.messages import (
     AddRequest, AddResponse, AuthRequest, AuthResponse, BatchReadRequest, BatchReadResponse,
@@ -43,12 +47,12 @@ ADD, READ, AUTH, READ_LAC, WRITE_LAC, INFO, BATCH = (
 EOK = int(StatusCode.EOK)
 _UNKNOWN_ID = -1  # ids an error answer could not learn; no real request uses them
 
-_u32 = struct.Struct(">I")
-_i32 = struct.Struct(">i")
-_qq = struct.Struct(">qq")
+_u32 = layout.HEADER
+_i32 = layout.FRAME_LENGTH
+_qq = layout.IDS
 _q = struct.Struct(">q")
-_frame_header = struct.Struct(">iI")
-_read_req = struct.Struct(">iIqq")
+_frame_header = layout.FRAME_HEAD
+_read_req = layout.READ_REQUEST_FRAME
 _batch_req = struct.Struct(">iIqqqiq")
 _batch_req_body = struct.Struct(">Iqqqiq")
 _ledger_req = struct.Struct(">iIq")  # READ_LAC, GET_BOOKIE_INFO
@@ -63,24 +67,15 @@ _info_resp = struct.Struct(">iIiqq")
 
 
 # ---------------------------------------------------------------- header
+split_header = layout.split_header
+
+
 def encode_header(version: int, op: int, flags: int = 0) -> int:
-    if not 0 <= version <= MAX_ACCEPTED_VERSION:
-        raise MessageEncodeError(f"protocol version {version} is not 0..{MAX_ACCEPTED_VERSION}")
-    if not 0 <= op <= 0xFF or not 0 <= flags <= 0xFFFF:
-        raise MessageEncodeError(f"op {op} or flags {flags} out of range")
-    if version == 0:
-        if flags:
-            raise MessageEncodeError("a version 0 header cannot carry flags")
-        return op
-    return (version << 24) | (op << 16) | flags
-
-
-def split_header(header: int) -> tuple[int, int, int]:
-    """(version, op, flags) of a header read as an unsigned 32-bit int."""
-    version = header >> 24
-    if version == 0:
-        return 0, header, 0
-    return version, (header >> 16) & 0xFF, header & 0xFFFF
+    """layout.pack_header, raising MessageEncodeError."""
+    try:
+        return layout.pack_header(version, op, flags)
+    except ValueError as e:
+        raise MessageEncodeError(str(e)) from None
 
 
 def _frame(body_parts) -> bytes:
@@ -98,13 +93,14 @@ def _encode_add(m: AddRequest) -> bytes:
     _check_key(m.master_key, "ADD")
     if m.ledger_id < 0 or m.entry_id < 0:
         raise MessageEncodeError(f"ADD needs ledger id and entry id >= 0, got {m.ledger_id}/{m.entry_id}")
-    if len(m.body) < ADD_REQUEST_MIN_BYTES - 24:
-        raise MessageEncodeError(f"ADD body of {len(m.body)} bytes is no digest-framed entry (>= 32 bytes)")
+    if len(m.body) < ENTRY_HEADER_LENGTH:
+        raise MessageEncodeError(f"ADD body of {len(m.body)} bytes is no digest-framed entry "
+                                 f"(>= {ENTRY_HEADER_LENGTH} bytes)")
     if _qq.unpack_from(m.body, 0) != (m.ledger_id, m.entry_id):
         raise MessageEncodeError(
             f"ADD for {m.ledger_id}/{m.entry_id} carries an entry framed for {_qq.unpack_from(m.body, 0)}")
     h = encode_header(m.version, ADD, m.flags)
-    return b"".join((_frame_header.pack(4 + MASTER_KEY_LENGTH + len(m.body), h), m.master_key, m.body))
+    return b"".join((_frame_header.pack(ADD_ENTRY_OFFSET + len(m.body), h), m.master_key, m.body))
 
 
 def _encode_fencing_key(flags: int, key, what: str) -> bytes:
@@ -147,7 +143,7 @@ def _encode_write_lac(m: WriteLacRequest) -> bytes:
     _check_key(m.master_key, "WRITE_LAC")
     if m.ledger_id < 0 or m.lac < -1:
         raise MessageEncodeError(f"WRITE_LAC needs ledger id >= 0 and lac >= -1, got {m.ledger_id}/{m.lac}")
-    if len(m.lac_buf) < 16 or _qq.unpack_from(m.lac_buf, 0) != (m.ledger_id, m.lac):
+    if len(m.lac_buf) < LAC_HEADER_LENGTH or _qq.unpack_from(m.lac_buf, 0) != (m.ledger_id, m.lac):
         raise MessageEncodeError("WRITE_LAC's lac_buf must be the framed LAC buffer of the same ledger and lac")
     h = encode_header(m.version, WRITE_LAC, m.flags)
     return _frame((_u32.pack(h), m.master_key, _write_lac_fields.pack(m.ledger_id, m.lac), m.lac_buf))
@@ -183,8 +179,8 @@ def _bad(msg: str, op: int, version: int, flags: int, **ids):
 
 def _decode_add(f, n, version, flags):
     ids = {}
-    if n >= 40:
-        ledger_id, entry_id = _qq.unpack_from(f, 24)
+    if n >= ADD_ENTRY_OFFSET + 2 * ID_BYTES:
+        ledger_id, entry_id = _qq.unpack_from(f, ADD_ENTRY_OFFSET)
         ids = {"ledger_id": ledger_id, "entry_id": entry_id}
     if n < ADD_REQUEST_MIN_BYTES:
         raise _bad(f"ADD request of {n} bytes is shorter than {ADD_REQUEST_MIN_BYTES} "
@@ -192,7 +188,8 @@ def _decode_add(f, n, version, flags):
     if ledger_id < 0 or entry_id < 0:
         raise _bad(f"ADD of ledger {ledger_id} entry {entry_id}: negative ids are not accepted",
                    ADD, version, flags, **ids)
-    return AddRequest(flags, bytes(f[4:24]), ledger_id, entry_id, bytes(f[24:]), version)
+    return AddRequest(flags, bytes(f[ADD_KEY_OFFSET:ADD_ENTRY_OFFSET]), ledger_id, entry_id,
+                      bytes(f[ADD_ENTRY_OFFSET:]), version)
 
 
 def _fencing_key(f, n, fixed, flags, what, op, version, ids):
@@ -205,7 +202,7 @@ def _fencing_key(f, n, fixed, flags, what, op, version, ids):
 def _decode_read(f, n, version, flags):
     ids = {}
     if n >= READ_REQUEST_BYTES:
-        ledger_id, entry_id = _qq.unpack_from(f, 4)
+        ledger_id, entry_id = _qq.unpack_from(f, HEADER_BYTES)
         ids = {"ledger_id": ledger_id, "entry_id": entry_id}
     key = _fencing_key(f, n, READ_REQUEST_BYTES, flags, "READ", READ, version, ids)
     if ledger_id < 0 or entry_id < -1:
@@ -227,11 +224,11 @@ def _decode_batch_read(f, n, version, flags):
 
 
 def _decode_auth(f, n, version, flags):
-    return AuthRequest(flags, bytes(f[4:]), version)
+    return AuthRequest(flags, bytes(f[HEADER_BYTES:]), version)
 
 
 def _decode_read_lac(f, n, version, flags):
-    ids = {"ledger_id": _q.unpack_from(f, 4)[0]} if n >= READ_LAC_REQUEST_BYTES else {}
+    ids = {"ledger_id": _q.unpack_from(f, HEADER_BYTES)[0]} if n >= READ_LAC_REQUEST_BYTES else {}
     if n != READ_LAC_REQUEST_BYTES or ids["ledger_id"] < 0:
         raise _bad(f"READ_LAC request of {n} bytes (expected {READ_LAC_REQUEST_BYTES}) "
                    "or negative ledger id", READ_LAC, version, flags, **ids)
@@ -240,8 +237,8 @@ def _decode_read_lac(f, n, version, flags):
 
 def _decode_write_lac(f, n, version, flags):
     ids = {}
-    if n >= 40:
-        ledger_id, lac = _write_lac_fields.unpack_from(f, 4 + MASTER_KEY_LENGTH)
+    if n >= WRITE_LAC_BUF_OFFSET:
+        ledger_id, lac = _write_lac_fields.unpack_from(f, WRITE_LAC_IDS_OFFSET)
         ids = {"ledger_id": ledger_id}
     if n < WRITE_LAC_REQUEST_MIN_BYTES:
         raise _bad(f"WRITE_LAC request of {n} bytes is shorter than {WRITE_LAC_REQUEST_MIN_BYTES}",
@@ -249,17 +246,18 @@ def _decode_write_lac(f, n, version, flags):
     if ledger_id < 0 or lac < -1:
         raise _bad(f"WRITE_LAC of ledger {ledger_id} lac {lac}: ledger id must be >= 0, lac >= -1",
                    WRITE_LAC, version, flags, **ids)
-    if _qq.unpack_from(f, 40) != (ledger_id, lac):
+    if _qq.unpack_from(f, WRITE_LAC_BUF_OFFSET) != (ledger_id, lac):
         raise _bad(f"WRITE_LAC of ledger {ledger_id} lac {lac} carries a LAC buffer for "
-                   f"{_qq.unpack_from(f, 40)}", WRITE_LAC, version, flags, **ids)
-    return WriteLacRequest(flags, bytes(f[4:24]), ledger_id, lac, bytes(f[40:]), version)
+                   f"{_qq.unpack_from(f, WRITE_LAC_BUF_OFFSET)}", WRITE_LAC, version, flags, **ids)
+    return WriteLacRequest(flags, bytes(f[ADD_KEY_OFFSET:WRITE_LAC_IDS_OFFSET]), ledger_id, lac,
+                           bytes(f[WRITE_LAC_BUF_OFFSET:]), version)
 
 
 def _decode_info(f, n, version, flags):
     if n != GET_BOOKIE_INFO_REQUEST_BYTES:
         raise _bad(f"GET_BOOKIE_INFO request of {n} bytes, expected {GET_BOOKIE_INFO_REQUEST_BYTES}",
                    INFO, version, flags)
-    return GetBookieInfoRequest(flags, _q.unpack_from(f, 4)[0], version)
+    return GetBookieInfoRequest(flags, _q.unpack_from(f, HEADER_BYTES)[0], version)
 
 
 _REQUEST_DECODERS = {
@@ -270,24 +268,24 @@ _REQUEST_DECODERS = {
 
 def _readable_ids(f, n: int, op: int) -> dict:
     """Ids at their v2 offsets, for answering a request whose version is unsupported."""
-    if op == ADD and n >= 40:
-        return dict(zip(("ledger_id", "entry_id"), _qq.unpack_from(f, 24)))
-    if op in (READ, BATCH) and n >= 20:
-        ids = dict(zip(("ledger_id", "entry_id"), _qq.unpack_from(f, 4)))
-        if op == BATCH and n >= 28:
-            ids["request_id"] = _q.unpack_from(f, 20)[0]
+    if op == ADD and n >= ADD_ENTRY_OFFSET + 2 * ID_BYTES:
+        return dict(zip(("ledger_id", "entry_id"), _qq.unpack_from(f, ADD_ENTRY_OFFSET)))
+    if op in (READ, BATCH) and n >= READ_REQUEST_BYTES:
+        ids = dict(zip(("ledger_id", "entry_id"), _qq.unpack_from(f, HEADER_BYTES)))
+        if op == BATCH and n >= READ_REQUEST_BYTES + ID_BYTES:
+            ids["request_id"] = _q.unpack_from(f, READ_REQUEST_BYTES)[0]
         return ids
-    if op == READ_LAC and n >= 12:
-        return {"ledger_id": _q.unpack_from(f, 4)[0]}
-    if op == WRITE_LAC and n >= 32:
-        return {"ledger_id": _q.unpack_from(f, 24)[0]}
+    if op == READ_LAC and n >= READ_LAC_REQUEST_BYTES:
+        return {"ledger_id": _q.unpack_from(f, HEADER_BYTES)[0]}
+    if op == WRITE_LAC and n >= WRITE_LAC_IDS_OFFSET + ID_BYTES:
+        return {"ledger_id": _q.unpack_from(f, WRITE_LAC_IDS_OFFSET)[0]}
     return {}
 
 
 def decode_request(frame) -> object:
     """The request message in one frame body (bytes or memoryview, without the length)."""
     n = len(frame)
-    if n < 4:
+    if n < HEADER_BYTES:
         raise RequestDecodeError(f"request frame of {n} bytes has no header")
     version, op, flags = split_header(_u32.unpack_from(frame, 0)[0])
     known_op = op if op <= 0xFF else None
@@ -319,7 +317,7 @@ def _encode_batch_read_response(m: BatchReadResponse, h: int) -> bytes:
     parts = [b""]  # the header goes first once the length is known: one copy of the entries, not two
     size = 0
     for entry in m.entries:
-        parts.append(_i32.pack(len(entry)))
+        parts.append(_i32.pack(len(entry)))  # BATCH_READ_ENTRY_LENGTH_BYTES
         parts.append(entry)
         size += 4 + len(entry)
     parts[0] = _batch_resp.pack(BATCH_READ_RESPONSE_HEADER_BYTES + size, h, m.rc, m.ledger_id, m.start_entry_id,
@@ -444,7 +442,8 @@ def _decode_read_response(f, n):
     _, rc, ledger_id, entry_id = _rc_ids_body.unpack_from(f, 0)
     if rc != EOK:
         if n != READ_RESPONSE_HEADER_BYTES:
-            raise ResponseDecodeError(f"READ error response (rc {rc}) with {n - 24} trailing bytes")
+            raise ResponseDecodeError(f"READ error response (rc {rc}) with {n - READ_RESPONSE_HEADER_BYTES} "
+                                      "trailing bytes")
         return ReadResponse(rc, ledger_id, entry_id, None)
     return ReadResponse(rc, ledger_id, entry_id, bytes(f[READ_RESPONSE_HEADER_BYTES:]))
 
@@ -456,37 +455,39 @@ def _decode_batch_read_response(f, n):
     entries = []
     pos = BATCH_READ_RESPONSE_HEADER_BYTES
     while pos < n:
-        if n - pos < 4:
+        if n - pos < BATCH_READ_ENTRY_LENGTH_BYTES:
             raise ResponseDecodeError(f"BATCH_READ response: {n - pos} stray bytes after the entries")
         (ln,) = _i32.unpack_from(f, pos)
-        if ln < 0 or ln > n - pos - 4:
+        pos += BATCH_READ_ENTRY_LENGTH_BYTES
+        if ln < 0 or ln > n - pos:
             raise ResponseDecodeError(f"BATCH_READ response: entry length {ln} at {pos} overruns the frame")
-        entries.append(bytes(f[pos + 4:pos + 4 + ln]))
-        pos += 4 + ln
+        entries.append(bytes(f[pos:pos + ln]))
+        pos += ln
     if rc != EOK and entries:
         raise ResponseDecodeError(f"BATCH_READ error response (rc {rc}) carries entries")
     return BatchReadResponse(rc, ledger_id, start, request_id, entries)
 
 
 def _decode_auth_response(f, n):
-    return AuthResponse(bytes(f[4:]))
+    return AuthResponse(bytes(f[HEADER_BYTES:]))
 
 
 def _sized(f, n, pos, what):
     """A `len(4) bytes(len)` field at pos -> (bytes or None when empty, next pos)."""
-    if n - pos < 4:
+    if n - pos < _i32.size:
         raise ResponseDecodeError(f"READ_LAC response: no length for {what}")
     (ln,) = _i32.unpack_from(f, pos)
-    if ln < 0 or ln > n - pos - 4:
+    pos += _i32.size
+    if ln < 0 or ln > n - pos:
         raise ResponseDecodeError(f"READ_LAC response: {what} length {ln} overruns the frame")
-    return (bytes(f[pos + 4:pos + 4 + ln]) if ln else None), pos + 4 + ln
+    return (bytes(f[pos:pos + ln]) if ln else None), pos + ln
 
 
 def _decode_read_lac_response(f, n):
-    if n < 24:
-        raise _short("READ_LAC", n, ">= 24")
+    if n < READ_LAC_RESPONSE_MIN_BYTES:
+        raise _short("READ_LAC", n, f">= {READ_LAC_RESPONSE_MIN_BYTES}")
     _, rc, ledger_id = _rc_ledger_body.unpack_from(f, 0)
-    lac_buf, pos = _sized(f, n, 16, "lac_buf")
+    lac_buf, pos = _sized(f, n, RESPONSE_IDS_OFFSET + ID_BYTES, "lac_buf")
     last_entry, pos = _sized(f, n, pos, "last_entry")
     if pos != n:
         raise ResponseDecodeError(f"READ_LAC response: {n - pos} trailing bytes")
@@ -517,7 +518,7 @@ _RESPONSE_DECODERS = {
 def decode_response(frame) -> object:
     """The response message in one frame body (bytes or memoryview, without the length)."""
     n = len(frame)
-    if n < 4:
+    if n < HEADER_BYTES:
         raise ResponseDecodeError(f"response frame of {n} bytes has no header")
     version, op, _ = split_header(_u32.unpack_from(frame, 0)[0])
     if version > MAX_ACCEPTED_VERSION:

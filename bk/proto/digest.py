@@ -25,6 +25,7 @@ from enum import IntEnum
 import google_crc32c
 
 from bk import _native
+from bk.proto import layout
 from bk.errors import BKError, DigestMismatchError
 from bk.proto.constants import ENTRY_HEADER_LENGTH, LAC_HEADER_LENGTH
 
@@ -36,8 +37,8 @@ _CRC32C_COPY_MIN_BYTES = 8192
 _crc32 = zlib.crc32
 _compare = hmac.compare_digest
 
-_entry_header = struct.Struct(">qqqq")
-_lac_header = struct.Struct(">qq")
+_entry_header = layout.ENTRY_HEADER
+_lac_header = layout.IDS
 _u64 = struct.Struct(">Q")
 _u32 = struct.Struct(">I")
 
@@ -54,7 +55,8 @@ class DigestType(IntEnum):
     DUMMY = 4
 
 
-DIGEST_LENGTH_BYTES = {DigestType.CRC32: 8, DigestType.MAC: 20, DigestType.CRC32C: 4, DigestType.DUMMY: 0}
+DIGEST_LENGTH_BYTES = {DigestType.CRC32: layout.CRC32_DIGEST_LENGTH, DigestType.MAC: layout.MAC_DIGEST_LENGTH,
+                       DigestType.CRC32C: layout.CRC32C_DIGEST_LENGTH, DigestType.DUMMY: layout.DUMMY_DIGEST_LENGTH}
 
 
 class UnknownDigestTypeError(BKError, ValueError):

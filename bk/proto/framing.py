@@ -28,7 +28,8 @@ import struct
 
 from bk import _native
 from bk.proto.codec import decode_request, decode_response
-from bk.proto.constants import DEFAULT_MAX_FRAME_SIZE_BYTES
+from bk.proto import v3
+from bk.proto.constants import DEFAULT_MAX_FRAME_SIZE_BYTES, V2_STATUS_BY_V3
 from bk.proto.messages import (
     AddRequest, AddResponse, BadFrameLengthError, RequestDecodeError, ResponseDecodeError,
 )
@@ -37,13 +38,17 @@ _codec = _native.load("codec")
 _split_frames = _codec.split_frames
 _scan_add_requests = _codec.scan_add_requests
 _scan_add_responses = _codec.scan_add_responses
+_codec_v3 = _native.load("codec_v3")
+_scan_v3_add_requests = _codec_v3.scan_v3_add_requests
+_scan_v3_add_responses = _codec_v3.scan_v3_add_responses
 _i32 = struct.Struct(">i")
+_V2_BY_V3 = {v3_code: int(v2) for v3_code, v2 in V2_STATUS_BY_V3.items()}
 
 
 class FrameDecoder:
     """Splits a byte stream into v2 frames (4-byte length + body)."""
 
-    __slots__ = ("max_frame_size_bytes", "_pending", "_need", "_failed")
+    __slots__ = ("max_frame_size_bytes", "_pending", "_need", "_failed", "v3_failed")
 
     def __init__(self, max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES):
         if not isinstance(max_frame_size_bytes, int) or max_frame_size_bytes < 0:
@@ -52,6 +57,7 @@ class FrameDecoder:
         self._pending = bytearray()  # the incomplete tail, if any
         self._need = 0  # bytes _pending must hold before a scan can complete a frame
         self._failed: str | None = None
+        self.v3_failed = False  # feed_v3_requests met a frame that is no v3 Request
 
     @property
     def buffered_bytes(self) -> int:
@@ -114,6 +120,37 @@ class FrameDecoder:
                 items[i] = _slow_request(mv, items[i])
         return self._settle(buf, end, err, items)
 
+    def feed_v3_requests(self, data) -> list:
+        """Server side while the connection may speak v3: v3 requests (V3AddRequest records for
+        plain ADDs, decoded by the kernel; parsed `Request`s; the answer bytes of a malformed ADD).
+        From the first frame that is no v3 Request on, frames are decoded as v2 as feed_requests
+        does, and `v3_failed` is set: the caller uses feed_requests from then on."""
+        buf = self._collect(data)
+        if buf is None:
+            return []
+        items, end, err, deferred = _scan_v3_add_requests(buf, 0, self.max_frame_size_bytes, v3.V3AddRequest)
+        if deferred and _v3_slow_requests(memoryview(buf), items, deferred, end):
+            self.v3_failed = True
+        return self._settle(buf, end, err, items)
+
+    def feed_v3_responses(self, data) -> list:
+        """Client side on a v3 connection: the v2 answer message of each v3 Response (ADD answers
+        decoded by the kernel, the rest by bk.proto.v3), or a ResponseDecodeError in its place."""
+        buf = self._collect(data)
+        if buf is None:
+            return []
+        items, end, err, deferred = _scan_v3_add_responses(buf, 0, self.max_frame_size_bytes, _V2_BY_V3,
+                                                          AddResponse)
+        if deferred:
+            mv = memoryview(buf)
+            for i in deferred:
+                off, ln = items[i]
+                try:
+                    items[i] = v3.response_to_v2(mv[off:off + ln])
+                except ResponseDecodeError as e:
+                    items[i] = e
+        return self._settle(buf, end, err, items)
+
     def feed_responses(self, data) -> list:
         """Client side: response messages (or ResponseDecodeError instances) completed by `data`."""
         buf = self._collect(data)
@@ -125,6 +162,27 @@ class FrameDecoder:
             for i in deferred:
                 items[i] = _slow_response(mv, items[i])
         return self._settle(buf, end, err, items)
+
+
+def _v3_slow_requests(mv: memoryview, items: list, deferred: list, end: int) -> bool:
+    """Parse the kernel's deferred frames with the protobuf library, in place. At the first frame
+    that is no v3 Request, that frame and every later one are decoded as v2 instead (BookKeeper's
+    rule: a connection falls back to v2 for good); True when that happened."""
+    key_cache = [None]
+    for i in deferred:
+        off, ln = items[i]
+        try:
+            req = v3.parse(v3.Request, mv[off:off + ln])
+        except v3.V3DecodeError:
+            del items[i:]
+            pos = off - 4
+            while pos < end:
+                (ln,) = _i32.unpack_from(mv, pos)
+                items.append(_slow_request(mv, (pos + 4, ln)))
+                pos += 4 + ln
+            return True
+        items[i] = v3.request_item(req, key_cache)
+    return False
 
 
 def _slow_request(mv: memoryview, item):

@@ -15,8 +15,9 @@ from typing import NamedTuple
 
 from bk.errors import BadRequestError, BadVersionError, BKError, ProtocolError
 from bk.proto.constants import PROTOCOL_VERSION, OpCode, StatusCode
+from bk.proto.layout import ENTRY_LAC_OFFSET
 
-_lac_at_16 = struct.Struct(">q")
+_lac = struct.Struct(">q")
 
 
 def _safe_repr(msg) -> str:
@@ -51,7 +52,7 @@ class AddRequest(NamedTuple):
     @property
     def last_add_confirmed(self) -> int:
         """The writer's LAC piggybacked in the entry header (byte offset 16)."""
-        return _lac_at_16.unpack_from(self.body, 16)[0]
+        return _lac.unpack_from(self.body, ENTRY_LAC_OFFSET)[0]
 
 
 class ReadRequest(NamedTuple):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 
+from bk.meta import store_options
 from bk.meta.underreplication import LedgerUnderreplicationManager
 
 from .auditor import Auditor
@@ -45,7 +46,8 @@ class AutoRecovery:
         from bk.client import BookKeeper
 
         cfg = self.config
-        self.bk = BookKeeper(cfg.metadata_service_uri, max_frame_size_bytes=cfg.max_frame_size_bytes)
+        self.bk = BookKeeper(cfg.metadata_service_uri, max_frame_size_bytes=cfg.max_frame_size_bytes,
+                             store_options=store_options(cfg))
         await self.bk.start()
         try:
             self.urm = LedgerUnderreplicationManager(self.bk.store)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -34,7 +33,8 @@ from bk.errors import (
     BKError, DigestMismatchError, LedgerRecoveryError, NoSuchLedgerMetadataError, ReplicationError, error_for_code,
 )
 from bk.meta.ledger_metadata import LedgerMetadata
-from bk.proto import FLAG_RECOVERY_ADD, DigestManager, DigestType, OpCode, StatusCode, master_key
+from bk.proto import DigestManager, DigestType, StatusCode, master_key
+from bk.proto.layout import ADD_RECOVERY_HEADER, FRAME_HEAD, HEADER_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,6 @@ EOK = int(StatusCode.EOK)
 RETRYABLE = (int(StatusCode.ETOOMANYREQUESTS),)
 WRITE_ATTEMPTS = 4
 WRITE_RETRY_S = 0.2
-_frame_head = struct.Struct(">iI")
-_ADD_RECOVERY_HEADER = (2 << 24) | (int(OpCode.ADD_ENTRY) << 16) | FLAG_RECOVERY_ADD
 
 
 # ---------------------------------------------------------------------- entry arithmetic
@@ -217,7 +215,8 @@ class EntryCopy:
     # -- write
     def _send_to_target(self, entry_id: int, body: bytes, answered) -> None:
         """The default `store`: a recovery ADD to the target bookie over the wire."""
-        frame = b"".join((_frame_head.pack(4 + len(self.key) + len(body), _ADD_RECOVERY_HEADER), self.key, body))
+        frame = b"".join((FRAME_HEAD.pack(HEADER_BYTES + len(self.key) + len(body), ADD_RECOVERY_HEADER), self.key,
+                          body))
         self.target_client.send_add(frame, self.ledger_id, entry_id, answered)
 
     def _write(self, entry_id: int, body: bytes, attempt: int) -> None:

@@ -16,6 +16,14 @@ inside one large read) are refused with ETOOMANYREQUESTS. A batch is
 accounted as a whole (`begin_many`/`end_many`) only when all of it fits under
 that limit; otherwise its adds are admitted one at a time, so refusals are
 exactly those of one-by-one dispatch.
+
+Protocol detection (BookKeeper's BookieProtoEncoding.RequestDecoder): every frame
+is first parsed as a v3 Request until one fails to parse; from that frame on the
+connection is v2 for good (`v2_only`), and takes the v2 kernel path. A v2 frame
+never parses as v3, so a v2 client costs one failed parse per connection. v3
+ADDs are answered in v3 by `send_add_results`; the other v3 operations go to
+bk.server.v3. Authentication (bk.server.auth) and TLS (bk.server.tls) hang off
+this class through `auth_request_v2/v3` and `start_tls_v3`.
 """
 from __future__ import annotations
 
@@ -24,10 +32,16 @@ import logging
 
 from bk.errors import ProtocolError
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
-                      RequestDecodeError, encode_add_responses, error_response_for)
+                      RequestDecodeError, encode_add_acks, encode_add_responses, error_response_for)
+from bk.proto import v3
+from bk.proto.v3 import V3AddRequest
+
+from . import auth, tls
 
 log = logging.getLogger(__name__)
 _ADDS_ONLY = {AddRequest}
+_V3_ADDS_ONLY = {V3AddRequest}
+_ADD_TYPES = (AddRequest, V3AddRequest)
 
 
 class BookieConnection(asyncio.Protocol):
@@ -51,6 +65,9 @@ class BookieConnection(asyncio.Protocol):
         self._loop = asyncio.get_event_loop()
         self.idle = asyncio.Event()
         self.idle.set()
+        self.v2_only = False  # BookKeeper's usingV3Protocol, inverted: set by the first non-v3 frame
+        self.session = auth.ServerSession(getattr(server, "auth_provider", None), self)  # None: auth off
+        self.tls = None  # the ssl.SSLObject's session info once START_TLS completed
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -67,10 +84,11 @@ class BookieConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            items = self.decoder.feed_requests(data)
+            items = self.decoder.feed_requests(data) if self.v2_only else self._feed_detecting(data)
         except BadFrameLengthError as e:
             log.warning("closing connection from %s: %s", self.peer, e)
-            for item in e.frames:  # complete requests before the bad length still count
+            frames = e.frames if self.session.authenticated else self.session.admit(e.frames)
+            for item in frames:  # complete requests before the bad length still count
                 self._dispatch(item)
             self._flush()
             self.transport.close()
@@ -79,6 +97,8 @@ class BookieConnection(asyncio.Protocol):
             log.warning("closing connection from %s: %s", self.peer, e)
             self.transport.abort()
             return
+        if not self.session.authenticated:
+            items = self.session.admit(items)
         if len(items) == 1:
             self._dispatch(items[0])
         elif items:
@@ -98,8 +118,20 @@ class BookieConnection(asyncio.Protocol):
         self._writing_paused = False
         self._maybe_resume()
 
+    def _feed_detecting(self, data) -> list:
+        """Requests while the connection may still speak v3 (FrameDecoder.feed_v3_requests)."""
+        try:
+            return self.decoder.feed_v3_requests(data)
+        finally:
+            if self.decoder.v3_failed:
+                self.v2_only = True
+                log.debug("connection from %s speaks v2", self.peer)
+
     # ------------------------------------------------------------ requests
     def _dispatch(self, item) -> None:
+        if type(item) is bytes:  # a ready answer (a malformed v3 ADD's, or an auth refusal)
+            self.send(item)
+            return
         if isinstance(item, RequestDecodeError):
             try:
                 self.send(error_response_for(item))
@@ -114,14 +146,20 @@ class BookieConnection(asyncio.Protocol):
         processor as one batch (a read or other op between two adds ends a run, so
         every request still sees the effects of all requests before it)."""
         add_run = self.processor.add_run
-        if set(map(type, items)) == _ADDS_ONLY:
+        types = set(map(type, items))
+        if types == _ADDS_ONLY or types == _V3_ADDS_ONLY:
             add_run(items, self)
             return
-        start = -1  # first add of the current run
+        start = -1  # first add of the current run (a run is all v2 or all v3 adds)
         for i, item in enumerate(items):
-            if type(item) is AddRequest:
+            if type(item) in _ADD_TYPES:
                 if start < 0:
                     start = i
+                    continue
+                if type(item) is type(items[start]):
+                    continue
+                add_run(items[start:i], self)
+                start = i
                 continue
             if start >= 0:
                 add_run(items[start:i], self)
@@ -177,15 +215,29 @@ class BookieConnection(asyncio.Protocol):
         self._out.append(frame)
         self._schedule_flush()
 
-    def send_add_response(self, rc: int, ledger_id: int, entry_id: int, version: int) -> None:
+    def send_add_result(self, rc: int, req) -> None:
+        """The answer to one ADD (v2 or v3) with v2 status `rc`."""
         if self.closed:
             return
+        version = req.version
         if version == PROTOCOL_VERSION:
-            self._add_rows.append((rc, ledger_id, entry_id))
+            self._add_rows.append((rc, req.ledger_id, req.entry_id))
             self._schedule_flush()
+        elif version == v3.PROTOCOL_VERSION_V3:
+            self.send(v3.encode_add_responses((req,), rc))
         else:
-            from bk.proto import AddResponse, encode_response
-            self.send(encode_response(AddResponse(rc, ledger_id, entry_id), version))
+            self.send(encode_add_responses(((rc, req.ledger_id, req.entry_id),), version))
+
+    def send_add_results(self, reqs: list, rc: int) -> None:
+        """The answers to ADDs of one run (all v2 or all v3) sharing v2 status `rc`."""
+        version = reqs[0].version
+        if version == v3.PROTOCOL_VERSION_V3:
+            self.send_add_frames(v3.encode_add_responses(reqs, rc))
+        elif version == PROTOCOL_VERSION and all(req.version == PROTOCOL_VERSION for req in reqs):
+            self.send_add_frames(encode_add_acks(reqs, rc))
+        else:
+            for req in reqs:
+                self.send_add_result(rc, req)
 
     def send_add_frames(self, frames: bytes) -> None:
         """ADD response frames already encoded (a batch completion), after every
@@ -213,6 +265,26 @@ class BookieConnection(asyncio.Protocol):
         if self._out:
             out, self._out = self._out, []
             self.transport.writelines(out)  # a writev: big read responses are not copied into one buffer
+
+    def flush_now(self) -> None:
+        """Hand every queued response to the transport now (START_TLS's plain-text answer)."""
+        self._flush()
+
+    # ------------------------------------------------------------ AUTH and START_TLS
+    def auth_request_v2(self, req) -> None:
+        self.session.auth_v2(req)
+
+    def auth_request_v3(self, req) -> None:
+        self.session.auth_v3(req)
+
+    def start_tls_v3(self, req) -> None:
+        tls.start_tls(self, req, getattr(self.server, "tls", None))
+
+    def upgraded(self, transport) -> None:
+        """The TLS transport replaces the plain one (bk.server.tls)."""
+        self.transport = transport
+        if self._reading_paused:  # start_tls resumes reading; backpressure still applies
+            transport.pause_reading()
 
     def close(self) -> None:
         self._flush()

@@ -17,10 +17,11 @@ from aiohttp import web
 from bk import metrics
 from bk.errors import NoSuchLedgerMetadataError
 from bk.meta.ledger_metadata import metadata_dict
+from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
 from .http_admin import HttpError, json_body, json_response, param_bool, param_int, route
 
-FREE_AND_TOTAL = 0x3  # GetBookieInfo's requested_info: free | total disk space
+FREE_AND_TOTAL = BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY  # GetBookieInfo's requested bits
 BOOKIE_INFO_TIMEOUT_S = 5.0
 READ_MAX_ENTRIES = 1000  # /api/v1/ledger/read answers at most this many entries
 

@@ -23,20 +23,23 @@ from time import monotonic
 from bk import metrics
 
 from bk.errors import BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, TooManyRequestsError
-from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, PROTOCOL_VERSION, AddRequest, AuthRequest,
+from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest,
                       BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
                       ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
-                      WriteLacResponse, encode_add_acks, encode_response)
+                      WriteLacResponse, encode_response)
+from bk.proto import v3
+from bk.proto.v3 import V3AddRequest
+from bk.server.v3 import V3Processor
+from bk.proto.layout import (BATCH_READ_ENTRY_LENGTH_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES,
+                             BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY)
 
 log = logging.getLogger(__name__)
 
 _EIO = BookieIOError.code
-_BODY, _VERSION = itemgetter(4), itemgetter(5)  # AddRequest fields
-_CURRENT_VERSION = {PROTOCOL_VERSION}
+_BODY = itemgetter(4)  # AddRequest's (and V3AddRequest's) body field
 # metrics: recorded once per completion batch of adds, once per read request
 _ADD_REQUEST, _READ_REQUEST = metrics.ADD_ENTRY_REQUEST, metrics.READ_ENTRY_REQUEST
 _WRITE_BYTES, _READ_BYTES = metrics.WRITE_BYTES, metrics.READ_BYTES
-FREE_DISK_SPACE, TOTAL_DISK_SPACE = 0x1, 0x2
 
 
 def _done_bytes(run: tuple, reqs: list) -> int:
@@ -70,7 +73,10 @@ class RequestProcessor:
         self.bookie = bookie
         self.config = config
         self._tasks: set[asyncio.Task] = set()
+        self.v3 = V3Processor(self)
         self._handlers = {
+            V3AddRequest: self._add,
+            v3.Request: self.v3.dispatch,
             AddRequest: self._add,
             ReadRequest: self._spawn_read,
             BatchReadRequest: self._spawn(self._batch_read),
@@ -87,17 +93,17 @@ class RequestProcessor:
     def _add(self, req: AddRequest, conn) -> None:
         nbytes = len(req.body)
         if not conn.begin(nbytes):
-            conn.send_add_response(TooManyRequestsError.code, req.ledger_id, req.entry_id, req.version)
+            conn.send_add_result(TooManyRequestsError.code, req)
             return
         self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.body, req.master_key,
                                  bool(req.flags & FLAG_RECOVERY_ADD), self._add_done,
-                                 (conn, req.ledger_id, req.entry_id, req.version, nbytes, monotonic()))
+                                 (conn, req, nbytes, monotonic()))
 
     @staticmethod
     def _add_done(ctx, err) -> None:
-        conn, ledger_id, entry_id, version, nbytes, start = ctx
+        conn, req, nbytes, start = ctx
         conn.end(nbytes)
-        conn.send_add_response(0 if err is None else _code(err), ledger_id, entry_id, version)
+        conn.send_add_result(0 if err is None else _code(err), req)
         _add_measured(1, nbytes, start, err)
 
     def add_run(self, reqs: list, conn) -> None:
@@ -113,27 +119,16 @@ class RequestProcessor:
         # Below the limit every add of the run would be admitted one by one too.
         nbytes = sum(map(len, map(_BODY, reqs)))
         conn.begin_many(n, nbytes)
-        done = self._adds_done if set(map(_VERSION, reqs)) == _CURRENT_VERSION else self._adds_done_versions
-        self.bookie.add_entries_cb(reqs, done, (conn, n, nbytes, monotonic()))
+        self.bookie.add_entries_cb(reqs, self._adds_done, (conn, n, nbytes, monotonic()))
 
     @staticmethod
     def _adds_done(run, reqs: list, err) -> None:
-        """Completion of adds of one run sharing an outcome (all at the current version)."""
+        """Completion of adds of one run sharing an outcome; the connection encodes the
+        answers in the run's protocol (a run is all v2 or all v3 requests)."""
         conn = run[0]
         nbytes = _done_bytes(run, reqs)
         conn.end_many(len(reqs), nbytes)
-        conn.send_add_frames(encode_add_acks(reqs, 0 if err is None else _code(err)))
-        _add_measured(len(reqs), nbytes, run[3], err)
-
-    @staticmethod
-    def _adds_done_versions(run, reqs: list, err) -> None:
-        """As _adds_done for a run holding adds of older protocol versions."""
-        conn = run[0]
-        nbytes = _done_bytes(run, reqs)
-        conn.end_many(len(reqs), nbytes)
-        rc = 0 if err is None else _code(err)
-        for req in reqs:
-            conn.send_add_response(rc, req.ledger_id, req.entry_id, req.version)
+        conn.send_add_results(reqs, 0 if err is None else _code(err))
         _add_measured(len(reqs), nbytes, run[3], err)
 
     # ------------------------------------------------------------ everything else
@@ -217,7 +212,7 @@ class RequestProcessor:
         if req.flags & FLAG_DO_FENCING:
             await bookie.fence_ledger(req.ledger_id, req.master_key)
         entries: list[bytes] = []
-        size = 24  # the response's fixed part
+        size = BATCH_READ_RESPONSE_HEADER_BYTES  # the response frame body's fixed part
         max_size = req.max_size or self.config.max_frame_size_bytes
         max_size = min(max_size, self.config.max_frame_size_bytes)
         eid = req.start_entry_id
@@ -228,12 +223,12 @@ class RequestProcessor:
                 if not entries:  # the first entry's own answer (EUNKNOWNLEDGERSTATE in limbo)
                     raise
                 break  # serve what this bookie has; the reader asks again from there
-            if entries and size + 4 + len(entry) > max_size:
+            if entries and size + BATCH_READ_ENTRY_LENGTH_BYTES + len(entry) > max_size:
                 break
             entries.append(entry)
-            size += 4 + len(entry)
+            size += BATCH_READ_ENTRY_LENGTH_BYTES + len(entry)
             eid += 1
-        _READ_BYTES.inc(size - 24 - 4 * len(entries))
+        _READ_BYTES.inc(size - BATCH_READ_RESPONSE_HEADER_BYTES - BATCH_READ_ENTRY_LENGTH_BYTES * len(entries))
         return BatchReadResponse(0, req.ledger_id, req.start_entry_id, req.request_id, entries)
 
     async def _read_lac(self, req: ReadLacRequest):
@@ -255,12 +250,11 @@ class RequestProcessor:
             st = os.statvfs(d)
             free += st.f_bavail * st.f_frsize
             total += st.f_blocks * st.f_frsize
-        return GetBookieInfoResponse(0, free if req.requested_info & FREE_DISK_SPACE else 0,
-                                     total if req.requested_info & TOTAL_DISK_SPACE else 0)
+        return GetBookieInfoResponse(0, free if req.requested_info & BOOKIE_INFO_FREE_DISK_SPACE else 0,
+                                     total if req.requested_info & BOOKIE_INFO_TOTAL_DISK_CAPACITY else 0)
 
     def _auth(self, req: AuthRequest, conn) -> None:
-        log.warning("closing connection from %s: authentication is not supported", conn.peer)
-        conn.close()
+        conn.auth_request_v2(req)
 
     async def drain(self) -> None:
         """Wait for every running request task."""

@@ -24,12 +24,13 @@ from bk import metrics
 from bk.bookie import Bookie
 from bk.config import BookieConfig
 from bk.errors import BKError
-from bk.meta import open_store
+from bk.meta import open_store, store_options
 from bk.meta.cluster import is_initialized
 from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
 from bk.meta.registration import BookieServiceInfo, Endpoint, RegistrationManager
 
-from . import integrity
+from . import auth, integrity
+from .tls import ServerTls
 
 from .admin import AdminServer, gc_ops
 from .connection import BookieConnection
@@ -61,6 +62,8 @@ class BookieServer:
         self.bookie_id = config.bookie_id
         self.bookie = Bookie(config)
         self.processor = RequestProcessor(self.bookie, config)
+        self.auth_provider = auth.provider_from_config(config)  # None: authentication off
+        self.tls = ServerTls.from_config(config)  # None: START_TLS answered EBADREQ
         self.connections: set[BookieConnection] = set()
         self.store = store
         self._own_store = store is None
@@ -84,7 +87,7 @@ class BookieServer:
     async def start(self) -> None:
         cfg = self.config
         if self.store is None:
-            self.store = await open_store(cfg.metadata_service_uri, session_timeout_s=cfg.zk_timeout_ms / 1000.0)
+            self.store = await open_store(cfg.metadata_service_uri, **store_options(cfg))
         try:
             if not await is_initialized(self.store):
                 raise ClusterNotInitializedError(

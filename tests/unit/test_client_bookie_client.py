@@ -14,6 +14,7 @@ from test_client_support import DROP, EOK, FakeBookie, run_async, until  # noqa:
 
 from bk.client.bookie_client import BookieClient, BookieClientPool  # noqa: E402
 from bk.client.quorum import AddFramer  # noqa: E402
+from bk.client.wire_v3 import ClientWireOptions  # noqa: E402
 from bk.errors import BookieConnectionError, BookieIOError, BookieTimeoutError  # noqa: E402
 from bk.proto import DigestManager, StatusCode, encode_request, master_key  # noqa: E402
 from bk.proto.messages import AddRequest, ReadRequest  # noqa: E402
@@ -91,7 +92,8 @@ async def test_same_key_requests_are_answered_fifo_and_read_of_last_entry_matche
 @run_async
 async def test_batch_read_lac_and_bookie_info_are_matched():
     bookie = await FakeBookie().start()
-    client = BookieClient(bookie.bookie_id)
+    # the fake speaks v2 with bk's extension op codes (a real client sends these three ops in v3)
+    client = BookieClient(bookie.bookie_id, wire=ClientWireOptions(v2_extensions=True))
     try:
         f = framer()
         for e in range(4):

@@ -247,14 +247,19 @@ def test_hierarchical_ledger_paths():
     assert ledger_path("/ledgers", 1) == "/ledgers/00/0000/L0001"
     assert ledger_path("/ledgers", 1234567890) == "/ledgers/12/3456/L7890"
     assert ledger_path("/ledgers", 0) == "/ledgers/00/0000/L0000"
-    assert ledger_path("/a/b/", MAX_LEDGER_ID) == "/a/b/21/4748/L3646"
-    for ledger_id in (0, 1, 99999, 1234567890, MAX_LEDGER_ID):
+    assert ledger_path("/a/b/", 2**31 - 2) == "/a/b/21/4748/L3646"
+    # from 2^31-1 on: BookKeeper's long hierarchical layout, 19 digits split 3/4/4/4/4
+    assert ledger_path("/ledgers", 2**31 - 1) == "/ledgers/000/0000/0021/4748/L3647"
+    assert ledger_path("/ledgers", (1 << 32) | 5) == "/ledgers/000/0000/0042/9496/L7301"
+    assert ledger_path("/ledgers", MAX_LEDGER_ID) == "/ledgers/922/3372/0368/5477/L5807"
+    for ledger_id in (0, 1, 99999, 1234567890, 2**31 - 2, 2**31 - 1, (7 << 32) | 9, MAX_LEDGER_ID):
         assert ledger_id_from_path("/ledgers", ledger_path("/ledgers", ledger_id)) == ledger_id
-    with pytest.raises(MetadataStoreError, match="short hierarchical"):
-        ledger_path("/ledgers", 2**31 - 1)
+    with pytest.raises(MetadataStoreError):
+        ledger_path("/ledgers", 2**63)
     with pytest.raises(MetadataStoreError):
         ledger_path("/ledgers", -5)
-    for bad in ("/ledgers/available", "/ledgers/00/0000/X0001", "/other/00/0000/L0001", "/ledgers/0/0000/L0001"):
+    for bad in ("/ledgers/available", "/ledgers/00/0000/X0001", "/other/00/0000/L0001", "/ledgers/0/0000/L0001",
+                "/ledgers/000/0000/0000/0000/L0001"):  # a long path for a short id: not BookKeeper's
         with pytest.raises(MetadataFormatError):
             ledger_id_from_path("/ledgers", bad)
 

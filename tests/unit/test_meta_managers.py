@@ -176,10 +176,42 @@ async def test_ledger_paths_and_listing_skip_non_ledger_nodes(env):
     await s.create(env.path("12", "3456", "Lxyzw"), b"")
     await s.create(env.path("12", "3456", "7891"), b"")
     assert await lm.list_ledger_ids() == sorted(ids)
-    with pytest.raises(MetadataStoreError, match="short hierarchical"):
-        await lm.create_ledger_metadata(2**31 - 1, new_metadata())
+    # ids from 2^31-1 on: BookKeeper's long layout (3/4/4/4/4), listed after the short ones
+    long_ids = [2**31 - 1, (1 << 32) | 7, 2**63 - 1]
+    for ledger_id in long_ids:
+        await lm.create_ledger_metadata(ledger_id, new_metadata())
+    assert await s.exists(env.path("000", "0000", "0021", "4748", "L3647")) == 0
+    await s.create(env.path("000", "0000", "junk"), b"")
+    assert await lm.list_ledger_ids() == sorted(ids) + long_ids
+    md, _ = await lm.read_ledger_metadata(2**63 - 1)
+    assert md.ensemble_size == new_metadata().ensemble_size
+    with pytest.raises(MetadataStoreError):
+        await lm.create_ledger_metadata(2**63, new_metadata())
     with pytest.raises(MetadataStoreError, match="negative"):
         await lm.read_ledger_metadata(-1)
+
+
+@behaviour
+async def test_long_ledger_ids_come_from_idgen_long_once_it_exists(env):
+    """A cluster whose short counter overflowed has <root>/idgen-long (BookKeeper's
+    LongZkLedgerIdGenerator): ids are (HOB << 32) | sequence, stored in the long layout,
+    and deleting one prunes its four levels."""
+    s = await cluster(env)
+    lm = LedgerManager(s)
+    short = await lm.generate_ledger_id()
+    assert short < 2**31 - 1
+    await s.create(env.path("idgen-long"), b"")
+    first, second = await lm.generate_ledger_id(), await lm.generate_ledger_id()
+    assert first >> 32 == 1 and second >> 32 == 1 and second > first >= 1 << 32
+    assert await s.children(env.path("idgen-long")) == ["HOB-0000000001"]
+    assert await s.children(env.path("idgen-long", "HOB-0000000001")) == []
+    await lm.create_ledger_metadata(first, new_metadata())
+    assert await lm.list_ledger_ids() == [first]
+    await lm.remove_ledger_metadata(first)
+    assert await s.exists(env.path("000")) is None
+    # a Java client's newer HOB- directory wins: ids continue above it
+    await s.create(env.path("idgen-long", "HOB-0000000005"), b"")
+    assert (await lm.generate_ledger_id()) >> 32 == 5
 
 
 @behaviour
@@ -502,3 +534,22 @@ async def test_replication_switch_and_lost_bookie_delay(env):
     assert raw == b"0"
     with pytest.raises(MetadataStoreError):
         await ur_a.set_lost_bookie_recovery_delay(-1)
+
+
+def test_short_counter_overflow_switches_to_idgen_long():
+    """The in-memory store lets the test put the idgen counter at 2^31-1 (ZooKeeper would need
+    two billion creates): the next id comes from idgen-long, as BookKeeper's generator does."""
+    from bk.meta.memory import InMemoryStore
+
+    async def main():
+        store = InMemoryStore()
+        await init_new_cluster(store)
+        lm = LedgerManager(store)
+        await lm.generate_ledger_id()
+        store.tree.find(lm.paths.idgen).cversion = 2**31 - 1
+        ledger_id = await lm.generate_ledger_id()
+        assert ledger_id == (1 << 32) | 0
+        assert await store.children(lm.root + "/idgen-long") == ["HOB-0000000001"]
+        store.tree.find(lm.root + "/idgen-long/HOB-0000000001").cversion = 2**31 - 1  # that HOB- is full too
+        assert await lm.generate_ledger_id() == (2 << 32) | 0
+    asyncio.run(main())

@@ -1,0 +1,231 @@
+"""Wire codec kernel for v3 (protobuf) ADDs (pure Python twin of bk/_native/_codec_v3.pyx).
+
+Same functions, same results as the native kernel; see its docstring for the contracts and
+_codec_v3.pyx's comment for which frames are taken and which deferred.
+"""
+from __future__ import annotations
+
+# The one layout module (a leaf: importing it loads nothing else of bk.proto).
+import bk.proto.layout as _L
+from bk.proto.layout import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, FLAG_RECOVERY_ADD,
+                             FRAME_LENGTH, MASTER_KEY_LENGTH)
+
+from .codec_py import (_I64_MAX, _I64_MIN, _MAX_VERSION, _OP_ADD, _add_ids, _check_record, _length, _new,
+                       _view, split_frames)
+
+
+_TAG_HEADER = (_L.V3_FIELD_HEADER << 3) | _L.V3_WIRE_LEN
+_TAG_STATUS = (_L.V3_FIELD_STATUS << 3) | _L.V3_WIRE_VARINT
+_TAG_ADD = (_L.V3_FIELD_ADD << 3) | _L.V3_WIRE_LEN
+_HEADER_TAGS = {(_L.V3_HEADER_VERSION << 3) | _L.V3_WIRE_VARINT: "version",
+                (_L.V3_HEADER_OPERATION << 3) | _L.V3_WIRE_VARINT: "operation",
+                (_L.V3_HEADER_TXN_ID << 3) | _L.V3_WIRE_VARINT: "txn",
+                (_L.V3_HEADER_PRIORITY << 3) | _L.V3_WIRE_VARINT: "priority"}
+_ADD_TAGS = {(_L.V3_ADD_LEDGER_ID << 3) | _L.V3_WIRE_VARINT: "ledger",
+             (_L.V3_ADD_ENTRY_ID << 3) | _L.V3_WIRE_VARINT: "entry",
+             (_L.V3_ADD_MASTER_KEY << 3) | _L.V3_WIRE_LEN: "key",
+             (_L.V3_ADD_BODY << 3) | _L.V3_WIRE_LEN: "body",
+             (_L.V3_ADD_WRITE_FLAGS << 3) | _L.V3_WIRE_VARINT: "write_flags",
+             (_L.V3_ADD_FLAG << 3) | _L.V3_WIRE_VARINT: "flag"}
+_ADD_RESPONSE_TAGS = {(_L.V3_ADD_RESPONSE_STATUS << 3) | _L.V3_WIRE_VARINT: "status",
+                      (_L.V3_ADD_RESPONSE_LEDGER_ID << 3) | _L.V3_WIRE_VARINT: "ledger",
+                      (_L.V3_ADD_RESPONSE_ENTRY_ID << 3) | _L.V3_WIRE_VARINT: "entry"}
+_U64 = (1 << 64) - 1
+
+
+class _Defer(Exception):
+    pass
+
+
+def _get_varint(d, pos: int, end: int) -> tuple[int, int]:
+    v = 0
+    for i in range(10):
+        if pos + i >= end:
+            raise _Defer
+        b = d[pos + i]
+        v |= (b & 0x7F) << (7 * i)
+        if not b & 0x80:
+            if i == 9 and b > 1:
+                raise _Defer
+            return v, pos + i + 1
+    raise _Defer
+
+
+def _put_varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _fields(d, pos: int, end: int, tags: dict, into: dict) -> None:
+    """Each field of [pos, end) named by `tags` into `into` (ints, or (start, end) for LEN fields)."""
+    while pos < end:
+        tag, pos = _get_varint(d, pos, end)
+        v, pos = _get_varint(d, pos, end)
+        name = tags.get(tag)
+        if name is None or name in into:
+            raise _Defer
+        if tag & 7 == _L.V3_WIRE_LEN:
+            if v > end - pos:
+                raise _Defer
+            into[name] = (pos, pos + v)
+            pos += v
+        else:
+            into[name] = v
+
+
+def _header_ok(h: dict) -> bool:
+    return ("version" in h and "operation" in h and "txn" in h and 1 <= h["version"] <= _L.PROTOCOL_VERSION_V3
+            and h.get("priority", 0) <= 0xFFFFFFFF and h["operation"] == _L.V3_OP_ADD_ENTRY)
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _v3_add_request(d, off: int, end: int):
+    """(flags, key bounds, ledger, entry, body bounds, txn, priority) of a plain v3 ADD, else _Defer."""
+    top, h, a = {}, {}, {}
+    pos = off
+    while pos < end:
+        tag, pos = _get_varint(d, pos, end)
+        ln, pos = _get_varint(d, pos, end)
+        if tag not in (_TAG_HEADER, _TAG_ADD) or tag in top or ln > end - pos:
+            raise _Defer
+        top[tag] = True
+        _fields(d, pos, pos + ln, _HEADER_TAGS if tag == _TAG_HEADER else _ADD_TAGS, h if tag == _TAG_HEADER else a)
+        pos += ln
+    if len(top) != 2 or not _header_ok(h) or not all(k in a for k in ("ledger", "entry", "key", "body")):
+        raise _Defer
+    ledger, entry = _signed(a["ledger"]), _signed(a["entry"])
+    key = a["key"]
+    if ("flag" in a and a["flag"] != _L.V3_ADD_FLAG_RECOVERY_ADD) or ledger < 0 or entry < 0 \
+            or key[1] - key[0] != MASTER_KEY_LENGTH:
+        raise _Defer
+    return (FLAG_RECOVERY_ADD if "flag" in a else 0), key, ledger, entry, a["body"], h["txn"], h.get("priority", 0)
+
+
+def _walk_frames(buf, start: int, max_frame: int):
+    """(data, [(body offset, body end)], end, err): split_frames over an immutable copy."""
+    data = buf if type(buf) is bytes else _view(buf, start, max_frame).tobytes()
+    frames, end, err = split_frames(data, start, max_frame)
+    return data, [(off, off + ln) for off, ln in frames], end, err
+
+
+def scan_v3_add_requests(buf, start: int, max_frame: int, record=tuple):
+    _check_record(record)
+    data, frames, end, err = _walk_frames(buf, start, max_frame)
+    out, deferred = [], []
+    key = None
+    for off, pos in frames:
+        ln = pos - off
+        try:
+            flags, (k0, k1), ledger, entry, (b0, b1), txn, priority = _v3_add_request(data, off, pos)
+        except _Defer:
+            deferred.append(len(out))
+            out.append((off, ln))
+            continue
+        k = data[k0:k1]
+        if k != key:
+            key = k
+        out.append(_new(record, (flags, key, ledger, entry, data[b0:b1], _L.PROTOCOL_VERSION_V3, txn, priority)))
+    return out, end, err, deferred
+
+
+def _v3_header(txn: int, priority: int) -> bytes:
+    """The BKPacketHeader of a v3 ADD (the message's bytes, without its tag and length)."""
+    v = _put_varint
+    return (v(_L.V3_HEADER_VERSION << 3) + v(_L.PROTOCOL_VERSION_V3) + v(_L.V3_HEADER_OPERATION << 3)
+            + v(_L.V3_OP_ADD_ENTRY) + v(_L.V3_HEADER_TXN_ID << 3) + v(txn)
+            + (v(_L.V3_HEADER_PRIORITY << 3) + v(priority) if priority else b""))
+
+
+def _v3_add_response(txn: int, priority: int, status: int, ledger: int, entry: int) -> bytes:
+    v = _put_varint
+    header = _v3_header(txn, priority)
+    add = (v(_L.V3_ADD_RESPONSE_STATUS << 3) + v(status) + v(_L.V3_ADD_RESPONSE_LEDGER_ID << 3) + v(ledger & _U64)
+           + v(_L.V3_ADD_RESPONSE_ENTRY_ID << 3) + v(entry & _U64))
+    body = (v(_TAG_HEADER) + v(len(header)) + header + v(_TAG_STATUS) + v(status)
+            + v(_TAG_ADD) + v(len(add)) + add)
+    return _length.pack(len(body)) + body
+
+
+def encode_v3_add_responses(reqs, status: int) -> bytes:
+    if not 0 <= status <= _U64:
+        raise OverflowError(f"status {status} out of range")
+    out = []
+    for req in reqs:
+        ledger, entry, txn, priority = req[2], req[3], req[6], req[7]
+        for x in (ledger, entry):
+            if not _I64_MIN <= x <= _I64_MAX:
+                raise OverflowError("ledger and entry ids must fit in signed 64 bits")
+        if not (0 <= txn <= _U64 and 0 <= priority <= _U64):
+            raise OverflowError("txn id and priority must fit in unsigned 64 bits")
+        out.append(_v3_add_response(txn, priority, status, ledger, entry))
+    return b"".join(out)
+
+
+def _v3_add_response_fields(d, off: int, end: int):
+    top, h, a = {}, {}, {}
+    status = None
+    pos = off
+    while pos < end:
+        tag, pos = _get_varint(d, pos, end)
+        v, pos = _get_varint(d, pos, end)
+        if tag == _TAG_STATUS and status is None:
+            status = v
+            continue
+        if tag not in (_TAG_HEADER, _TAG_ADD) or tag in top or v > end - pos:
+            raise _Defer
+        top[tag] = True
+        _fields(d, pos, pos + v, _HEADER_TAGS if tag == _TAG_HEADER else _ADD_RESPONSE_TAGS,
+                h if tag == _TAG_HEADER else a)
+        pos += v
+    if status is None or len(top) != 2 or not _header_ok(h) or len(a) != 3:
+        raise _Defer
+    return status, a["status"], _signed(a["ledger"]), _signed(a["entry"])
+
+
+def scan_v3_add_responses(buf, start: int, max_frame: int, status_map: dict, record=tuple):
+    _check_record(record)
+    data, frames, end, err = _walk_frames(buf, start, max_frame)
+    out, deferred = [], []
+    for off, pos in frames:
+        ln = pos - off
+        try:
+            status, add_status, ledger, entry = _v3_add_response_fields(data, off, pos)
+        except _Defer:
+            status = None
+        rc = status_map.get(add_status) if status is not None and status in status_map else None
+        if rc is None:
+            deferred.append(len(out))
+            out.append((off, ln))
+            continue
+        out.append(_new(record, (rc, ledger, entry)))
+    return out, end, err, deferred
+
+
+def v3_add_request_from_v2(frame, txn_id: int):
+    data = bytes(frame)
+    n = len(data)
+    if n < FRAME_LENGTH.size + ADD_REQUEST_MIN_BYTES or FRAME_LENGTH.unpack_from(data)[0] != n - FRAME_LENGTH.size:
+        return None
+    h, ledger, entry = _add_ids.unpack_from(data, FRAME_LENGTH.size)
+    if not 1 <= h >> 24 <= _MAX_VERSION or (h >> 16) & 0xFF != _OP_ADD or ledger < 0 or entry < 0:
+        return None
+    if not 0 <= txn_id <= _U64:
+        raise OverflowError("txn id must fit in unsigned 64 bits")
+    v = _put_varint
+    f = FRAME_LENGTH.size
+    body = data[f + ADD_ENTRY_OFFSET:]
+    header = _v3_header(txn_id, 0)
+    add = (v(_L.V3_ADD_LEDGER_ID << 3) + v(ledger) + v(_L.V3_ADD_ENTRY_ID << 3) + v(entry)
+           + v((_L.V3_ADD_MASTER_KEY << 3) | _L.V3_WIRE_LEN) + v(MASTER_KEY_LENGTH)
+           + data[f + ADD_KEY_OFFSET:f + ADD_ENTRY_OFFSET]
+           + v((_L.V3_ADD_BODY << 3) | _L.V3_WIRE_LEN) + v(len(body)) + body
+           + (v(_L.V3_ADD_FLAG << 3) + v(_L.V3_ADD_FLAG_RECOVERY_ADD) if h & FLAG_RECOVERY_ADD else b""))
+    out = v(_TAG_HEADER) + v(len(header)) + header + v(_TAG_ADD) + v(len(add)) + add
+    return FRAME_LENGTH.pack(len(out)) + out

@@ -1,0 +1,378 @@
+"""BookKeeper's v3 wire protocol: BookkeeperProtocol.proto's messages, built at runtime (no protoc).
+
+A v3 frame is `length(4) | Request` or `length(4) | Response`, one protobuf
+message (proto2) per frame; every request carries a BKPacketHeader (version 3,
+operation, txnId) and a response echoes it, so v3 answers are matched by txnId.
+The message and field names and numbers below are BookkeeperProtocol.proto's
+(facts, declared as data in `_MESSAGES`); the classes come from a private
+descriptor pool, as bk/meta/formats.py builds the metadata messages.
+
+A bookie tells v2 from v3 per connection by trying to parse the first frame as
+a v3 Request (bk/server/v3.py): a v2 frame never parses, since its first byte
+(the header's version, 0..2) is a protobuf tag of field number 0.
+
+Status codes are the v3 column of the one status table (bk.errors classes'
+`v3_code`, V3_STATUS); bk's layers speak v2 codes and convert at this edge.
+"""
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+from typing import NamedTuple
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, EncodeError
+
+from bk import _native
+from bk.errors import BadRequestError, ProtocolError
+from bk.proto.constants import V2_STATUS_BY_V3, V3_STATUS, StatusCode
+from bk.proto import layout as L
+from bk.proto.layout import FLAG_RECOVERY_ADD, FRAME_LENGTH, IDS as LAC_IDS, MASTER_KEY_LENGTH  # noqa: F401
+from bk.proto.messages import (AddResponse, GetBookieInfoResponse, ReadLacResponse, ReadResponse,
+                               ResponseDecodeError, WriteLacResponse, _safe_repr)
+
+_F = descriptor_pb2.FieldDescriptorProto
+_LABELS = {"required": _F.LABEL_REQUIRED, "optional": _F.LABEL_OPTIONAL, "repeated": _F.LABEL_REPEATED}
+_SCALARS = {"int32": _F.TYPE_INT32, "int64": _F.TYPE_INT64, "uint32": _F.TYPE_UINT32, "uint64": _F.TYPE_UINT64,
+            "bytes": _F.TYPE_BYTES, "string": _F.TYPE_STRING}
+_PACKAGE = "bk.proto.v3"
+
+PROTOCOL_VERSION_V3 = L.PROTOCOL_VERSION_V3
+
+
+class OperationType(IntEnum):
+    """BookkeeperProtocol.proto's OperationType (not the v2 op codes)."""
+
+    READ_ENTRY = 1
+    ADD_ENTRY = L.V3_OP_ADD_ENTRY
+    RANGE_READ_ENTRY = 3  # declared, "not supported yet" by BookKeeper either
+    RANGE_ADD_ENTRY = 4
+    AUTH = 5
+    WRITE_LAC = 6
+    READ_LAC = 7
+    GET_BOOKIE_INFO = 8
+    START_TLS = 9
+    FORCE_LEDGER = 10
+    GET_LIST_OF_ENTRIES_OF_LEDGER = 11
+    BATCH_READ_ENTRY = 12
+
+
+# Flag enums nested in the request messages
+READ_FLAG_FENCE_LEDGER = 1
+READ_FLAG_ENTRY_PIGGYBACK = 2
+ADD_FLAG_RECOVERY_ADD = L.V3_ADD_FLAG_RECOVERY_ADD
+WRITE_FLAG_DEFERRED_SYNC = 1  # AddRequest.writeFlags bit (WriteFlag.DEFERRED_SYNC)
+
+_ENUMS = {
+    "ProtocolVersion": {"VERSION_ONE": 1, "VERSION_TWO": 2, "VERSION_THREE": 3},
+    "StatusCode": {"EOK": 0, **{StatusCode(v2).name: v3 for v2, v3 in V3_STATUS.items() if v3}},
+    "OperationType": {op.name: op.value for op in OperationType},
+}
+# message -> [(field, number, label, type)]; a type that is not a scalar names a message or enum
+_MESSAGES = {
+    "BKPacketHeader": [("version", L.V3_HEADER_VERSION, "required", "ProtocolVersion"),
+                       ("operation", L.V3_HEADER_OPERATION, "required", "OperationType"),
+                       ("txnId", L.V3_HEADER_TXN_ID, "required", "uint64"),
+                       ("priority", L.V3_HEADER_PRIORITY, "optional", "uint32")],
+    "ContextPair": [("key", 1, "required", "string"), ("value", 2, "required", "string")],
+    "ReadRequest": [("flag", 100, "optional", "ReadRequest.Flag"), ("ledgerId", 1, "required", "int64"),
+                    ("entryId", 2, "required", "int64"), ("masterKey", 3, "optional", "bytes"),
+                    ("previousLAC", 4, "optional", "int64"), ("timeOut", 5, "optional", "int64")],
+    "AddRequest": [("flag", L.V3_ADD_FLAG, "optional", "AddRequest.Flag"),
+                   ("ledgerId", L.V3_ADD_LEDGER_ID, "required", "int64"),
+                   ("entryId", L.V3_ADD_ENTRY_ID, "required", "int64"),
+                   ("masterKey", L.V3_ADD_MASTER_KEY, "required", "bytes"), ("body", L.V3_ADD_BODY, "required", "bytes"),
+                   ("writeFlags", L.V3_ADD_WRITE_FLAGS, "optional", "int32")],
+    "StartTLSRequest": [],
+    "WriteLacRequest": [("ledgerId", 1, "required", "int64"), ("lac", 2, "required", "int64"),
+                        ("masterKey", 3, "required", "bytes"), ("body", 4, "required", "bytes")],
+    "ForceLedgerRequest": [("ledgerId", 1, "required", "int64")],
+    "ReadLacRequest": [("ledgerId", 1, "required", "int64")],
+    "GetBookieInfoRequest": [("requested", 1, "optional", "int64")],
+    "GetListOfEntriesOfLedgerRequest": [("ledgerId", 1, "required", "int64")],
+    "AuthMessage": [("authPluginName", 1, "required", "string"), ("payload", 2, "required", "bytes")],
+    "ReadResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64"),
+                     ("entryId", 3, "required", "int64"), ("body", 4, "optional", "bytes"),
+                     ("maxLAC", 5, "optional", "int64"), ("lacUpdateTimestamp", 6, "optional", "int64")],
+    "AddResponse": [("status", L.V3_ADD_RESPONSE_STATUS, "required", "StatusCode"),
+                    ("ledgerId", L.V3_ADD_RESPONSE_LEDGER_ID, "required", "int64"),
+                    ("entryId", L.V3_ADD_RESPONSE_ENTRY_ID, "required", "int64")],
+    "WriteLacResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64")],
+    "ForceLedgerResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64")],
+    "ReadLacResponse": [("status", 1, "required", "StatusCode"), ("ledgerId", 2, "required", "int64"),
+                        ("lacBody", 3, "optional", "bytes"), ("lastEntryBody", 4, "optional", "bytes")],
+    "GetBookieInfoResponse": [("status", 1, "required", "StatusCode"), ("totalDiskCapacity", 2, "optional", "int64"),
+                              ("freeDiskSpace", 3, "optional", "int64"), ("journalIoUtil", 4, "optional", "int32"),
+                              ("ledgerIoUtil", 5, "optional", "int32"), ("cpuUsedRate", 6, "optional", "int32"),
+                              ("writeBytePerSecond", 7, "optional", "int64")],
+    "GetListOfEntriesOfLedgerResponse": [("status", 1, "required", "StatusCode"),
+                                         ("ledgerId", 2, "required", "int64"),
+                                         ("availabilityOfEntriesOfLedger", 3, "optional", "bytes")],
+    "StartTLSResponse": [],
+}
+_NESTED_ENUMS = {"ReadRequest": {"Flag": {"FENCE_LEDGER": 1, "ENTRY_PIGGYBACK": 2}},
+                 "AddRequest": {"Flag": {"RECOVERY_ADD": 1}},
+                 "GetBookieInfoRequest": {"Flags": {"TOTAL_DISK_CAPACITY": 0x01, "FREE_DISK_SPACE": 0x02}}}
+# (field, number, message) of the one-of-a-kind bodies of Request and Response
+_REQUEST_BODIES = [("readRequest", 100, "ReadRequest"), ("addRequest", L.V3_FIELD_ADD, "AddRequest"),
+                   ("authRequest", 102, "AuthMessage"), ("writeLacRequest", 103, "WriteLacRequest"),
+                   ("readLacRequest", 104, "ReadLacRequest"), ("getBookieInfoRequest", 105, "GetBookieInfoRequest"),
+                   ("startTLSRequest", 106, "StartTLSRequest"), ("forceLedgerRequest", 107, "ForceLedgerRequest"),
+                   ("getListOfEntriesOfLedgerRequest", 108, "GetListOfEntriesOfLedgerRequest")]
+_RESPONSE_BODIES = [("readResponse", 100, "ReadResponse"), ("addResponse", L.V3_FIELD_ADD, "AddResponse"),
+                    ("authResponse", 102, "AuthMessage"), ("writeLacResponse", 103, "WriteLacResponse"),
+                    ("readLacResponse", 104, "ReadLacResponse"), ("getBookieInfoResponse", 105, "GetBookieInfoResponse"),
+                    ("startTLSResponse", 106, "StartTLSResponse"), ("forceLedgerResponse", 107, "ForceLedgerResponse"),
+                    ("getListOfEntriesOfLedgerResponse", 108, "GetListOfEntriesOfLedgerResponse")]
+_MESSAGES["Request"] = ([("header", L.V3_FIELD_HEADER, "required", "BKPacketHeader")]
+                        + [(f, n, "optional", m) for f, n, m in _REQUEST_BODIES]
+                        + [("requestContext", 200, "repeated", "ContextPair")])
+_MESSAGES["Response"] = ([("header", L.V3_FIELD_HEADER, "required", "BKPacketHeader"),
+                          ("status", L.V3_FIELD_STATUS, "required", "StatusCode")]
+                         + [(f, n, "optional", m) for f, n, m in _RESPONSE_BODIES])
+
+# Which body field each operation uses (BookieRequestProcessor's dispatch)
+REQUEST_BODY = {OperationType.READ_ENTRY: "readRequest", OperationType.ADD_ENTRY: "addRequest",
+                OperationType.AUTH: "authRequest", OperationType.WRITE_LAC: "writeLacRequest",
+                OperationType.READ_LAC: "readLacRequest", OperationType.GET_BOOKIE_INFO: "getBookieInfoRequest",
+                OperationType.START_TLS: "startTLSRequest", OperationType.FORCE_LEDGER: "forceLedgerRequest",
+                OperationType.GET_LIST_OF_ENTRIES_OF_LEDGER: "getListOfEntriesOfLedgerRequest"}
+RESPONSE_BODY = {op: body.replace("Request", "Response") for op, body in REQUEST_BODY.items()}
+RESPONSE_BODY[OperationType.AUTH] = "authResponse"
+
+
+def _build_file() -> descriptor_pb2.FileDescriptorProto:
+    fdp = descriptor_pb2.FileDescriptorProto(name="bk/proto/BookkeeperProtocol.proto", package=_PACKAGE,
+                                             syntax="proto2")
+    enum_names = set(_ENUMS) | {f"{m}.{e}" for m, nested in _NESTED_ENUMS.items() for e in nested}
+    for name, values in _ENUMS.items():
+        e = fdp.enum_type.add(name=name)
+        for value_name, number in values.items():
+            e.value.add(name=value_name, number=number)
+    for name, fields in _MESSAGES.items():
+        msg = fdp.message_type.add(name=name)
+        for enum_name, values in _NESTED_ENUMS.get(name, {}).items():
+            e = msg.enum_type.add(name=enum_name)
+            for value_name, number in values.items():
+                e.value.add(name=value_name, number=number)
+        for field_name, number, label, ftype in fields:
+            f = msg.field.add(name=field_name, number=number, label=_LABELS[label])
+            if ftype in _SCALARS:
+                f.type = _SCALARS[ftype]
+            else:
+                f.type = _F.TYPE_ENUM if ftype in enum_names else _F.TYPE_MESSAGE
+                f.type_name = f".{_PACKAGE}.{ftype}"
+    return fdp
+
+
+_codec = _native.load("codec_v3")
+_POOL = descriptor_pool.DescriptorPool()
+_POOL.Add(_build_file())
+
+
+def _cls(name: str):
+    return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
+
+
+# The protobuf classes bk uses by name (the others are reached as fields of these).
+Request = _cls("Request")
+Response = _cls("Response")
+AuthMessage = _cls("AuthMessage")
+
+
+class V3DecodeError(ProtocolError):
+    """Bytes that are no v3 Request/Response (malformed protobuf or a missing required field)."""
+
+
+class V3RequestError(BadRequestError):
+    """A v3 Request that parsed but cannot be served as asked (EBADREQ with its header)."""
+
+
+# ---------------------------------------------------------------- frames
+def parse(cls, frame):
+    """A message of `cls` from one frame body; V3DecodeError when it is not one."""
+    msg = cls()
+    try:
+        msg.ParseFromString(frame if type(frame) is bytes else bytes(frame))
+    except (DecodeError, ValueError, TypeError, RuntimeError) as e:
+        raise V3DecodeError(f"not a v3 {cls.DESCRIPTOR.name}: {e}") from None
+    if not msg.IsInitialized():
+        raise V3DecodeError(f"v3 {cls.DESCRIPTOR.name} without " + ", ".join(msg.FindInitializationErrors()))
+    return msg
+
+
+def frame(msg) -> bytes:
+    """`length | serialized message`: one complete v3 frame."""
+    try:
+        body = msg.SerializeToString()
+    except EncodeError as e:
+        raise V3DecodeError(f"cannot encode {msg.DESCRIPTOR.name}: {e}") from None
+    return FRAME_LENGTH.pack(len(body)) + body
+
+
+def v3_status(v2_code: int) -> int:
+    """The v3 StatusCode of a v2 return code (unknown codes: EIO)."""
+    return V3_STATUS.get(v2_code, V3_STATUS[StatusCode.EIO])
+
+
+def v2_status(v3_code: int) -> int:
+    """The v2 return code of a v3 StatusCode (unknown codes: EIO)."""
+    return int(V2_STATUS_BY_V3.get(v3_code, StatusCode.EIO))
+
+
+def response_for(header, v2_code: int = 0):
+    """A Response echoing a request's header (version, operation, txnId, priority) with a status."""
+    resp = Response()
+    resp.header.CopyFrom(header)
+    resp.status = v3_status(v2_code)
+    return resp
+
+
+def error_response(req, v2_code: int):
+    """The error answer to `req` in its operation's layout: Response.status and the body's status
+    (with the ledger and entry ids the body carries), as BookKeeper's processors answer."""
+    resp = response_for(req.header, v2_code)
+    op = req.header.operation
+    body_name = RESPONSE_BODY.get(op)
+    if body_name is None or op in (OperationType.AUTH, OperationType.START_TLS):
+        return resp
+    body = getattr(resp, body_name)
+    body.status = resp.status
+    asked = getattr(req, REQUEST_BODY[op])
+    for field in ("ledgerId", "entryId"):
+        if field in body.DESCRIPTOR.fields_by_name:
+            body.__setattr__(field, getattr(asked, field) if field in asked.DESCRIPTOR.fields_by_name else -1)
+    return resp
+
+
+# ---------------------------------------------------------------- the ADD hot path
+class V3AddRequest(NamedTuple):
+    """A v3 ADD in the shape of messages.AddRequest (same first six fields, so the bookie's
+    batch path and the processor take it as they take a v2 add), plus what its answer echoes."""
+
+    flags: int  # v2 header flags: FLAG_RECOVERY_ADD when AddRequest.flag is RECOVERY_ADD
+    master_key: bytes
+    ledger_id: int
+    entry_id: int
+    body: bytes
+    version: int  # PROTOCOL_VERSION_V3
+    txn_id: int
+    priority: int = 0
+    __repr__ = _safe_repr
+
+
+def add_record(req, key_cache: list) -> "V3AddRequest | bytes":
+    """The V3AddRequest of a parsed ADD Request, or the bytes of its EBADREQ answer.
+
+    `key_cache` is a one-slot list holding the last master key object: equal keys of one
+    connection become one object, which lets the bookie check a run's key once (it
+    compares key objects by identity first)."""
+    add = req.addRequest
+    key = add.masterKey
+    if add.ledgerId < 0 or add.entryId < 0 or len(key) != MASTER_KEY_LENGTH:
+        return frame(error_response(req, BadRequestError.code))
+    if key != key_cache[0]:
+        key_cache[0] = key
+    header = req.header
+    # proto2 enum fields read as their first value when unset: presence decides (as Java's hasFlag)
+    recovery = add.HasField("flag") and add.flag == ADD_FLAG_RECOVERY_ADD
+    return V3AddRequest(FLAG_RECOVERY_ADD if recovery else 0, key_cache[0], add.ledgerId,
+                        add.entryId, add.body, PROTOCOL_VERSION_V3, header.txnId, header.priority)
+
+
+def request_item(req, key_cache: list):
+    """What a server dispatches for a parsed Request: a V3AddRequest for an ADD with its body (or
+    the bytes of its EBADREQ answer), the Request itself for every other operation."""
+    if req.header.operation == OperationType.ADD_ENTRY and req.HasField("addRequest"):
+        return add_record(req, key_cache)
+    return req
+
+
+def encode_add_responses(reqs, v2_code: int) -> bytes:
+    """One buffer of v3 ADD answer frames, one per V3AddRequest, all with status `v2_code`
+    (the codec kernel; tests hold it byte for byte to the protobuf library's serialization)."""
+    return _codec.encode_v3_add_responses(reqs, v3_status(v2_code))
+
+
+def v3_add_request_from_v2(frame, txn_id: int) -> bytes:
+    """The v3 ADD Request frame of a v2 ADD request frame (the kernel), or None for other frames."""
+    return _codec.v3_add_request_from_v2(frame, txn_id)
+
+
+def response_to_v2(body):
+    """The v2 answer message of a v3 Response frame body (what a client's request table matches:
+    ADD/READ by ledger and entry, LAC and info by ledger); ResponseDecodeError when malformed."""
+    try:
+        resp = parse(Response, body)
+    except V3DecodeError as e:
+        raise ResponseDecodeError(str(e)) from None
+    op = resp.header.operation
+    name = RESPONSE_BODY.get(op)
+    b = getattr(resp, name) if name is not None and resp.HasField(name) else None
+    if op == OperationType.GET_BOOKIE_INFO:
+        if b is None:
+            return GetBookieInfoResponse(v2_status(resp.status))
+        return GetBookieInfoResponse(v2_status(b.status), b.freeDiskSpace, b.totalDiskCapacity)
+    if b is None:
+        raise ResponseDecodeError(f"v3 answer to operation {op} with status {resp.status} and no body")
+    rc = v2_status(b.status)
+    if op == OperationType.ADD_ENTRY:
+        return AddResponse(rc, b.ledgerId, b.entryId)
+    if op == OperationType.READ_ENTRY:
+        return ReadResponse(rc, b.ledgerId, b.entryId, (b.body if b.HasField("body") else b"") if rc == 0 else None)
+    if op == OperationType.READ_LAC:
+        return ReadLacResponse(rc, b.ledgerId, b.lacBody or None, b.lastEntryBody or None)
+    if op == OperationType.WRITE_LAC:
+        return WriteLacResponse(rc, b.ledgerId)
+    raise ResponseDecodeError(f"v3 answer to operation {op}: bk's client never asks it")
+
+
+# ---------------------------------------------------------------- AvailabilityOfEntriesOfLedger
+# GET_LIST_OF_ENTRIES_OF_LEDGER's answer (BookKeeper's AvailabilityOfEntriesOfLedger bytes): a
+# 64-byte header `version i32 (0) | group count i32 | zeros`, then per sequence group
+# `first_sequence_start i64 | last_sequence_start i64 | sequence_size i32 | sequence_period i32`:
+# sequences of `sequence_size` consecutive entries starting every `sequence_period` entries
+# from first to last start (period 0: one sequence).
+AVAILABILITY_HEADER_BYTES = 64
+_availability_head = struct.Struct(">ii")
+_sequence_group = struct.Struct(">qqii")
+_MAX_SEQUENCE = (1 << 31) - 1
+
+
+def encode_entries_availability(entry_ids) -> bytes:
+    """The availability bytes of sorted, distinct entry ids: one group per run of consecutive ids
+    (a valid encoding; BookKeeper's writer also merges equally spaced runs of equal size)."""
+    groups = []
+    start = prev = None
+    for e in entry_ids:
+        if start is not None and e == prev + 1 and e - start < _MAX_SEQUENCE:
+            prev = e
+            continue
+        if start is not None:
+            groups.append(_sequence_group.pack(start, start, prev - start + 1, 0))
+        start = prev = e
+    if start is not None:
+        groups.append(_sequence_group.pack(start, start, prev - start + 1, 0))
+    head = _availability_head.pack(0, len(groups)).ljust(AVAILABILITY_HEADER_BYTES, b"\0")
+    return head + b"".join(groups)
+
+
+def decode_entries_availability(data: bytes) -> list[int]:
+    """Entry ids of availability bytes (any valid grouping); V3DecodeError when malformed."""
+    if len(data) < AVAILABILITY_HEADER_BYTES:
+        raise V3DecodeError(f"availability of {len(data)} bytes has no 64-byte header")
+    version, count = _availability_head.unpack_from(data)
+    if version != 0 or count < 0 or len(data) < AVAILABILITY_HEADER_BYTES + count * _sequence_group.size:
+        raise V3DecodeError(f"availability header version {version} with {count} groups over {len(data)} bytes")
+    out = []
+    for i in range(count):
+        first, last, size, period = _sequence_group.unpack_from(data, AVAILABILITY_HEADER_BYTES + i * _sequence_group.size)
+        if size < 1 or last < first or (last > first and period < size):
+            raise V3DecodeError(f"bad sequence group ({first}, {last}, {size}, {period})")
+        start = first
+        while True:
+            out.extend(range(start, start + size))
+            if start >= last:
+                break
+            start += period
+    return out
