@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 from typing import Mapping
 
 from bk.errors import IncorrectParameterError, MetadataExistsError, UnauthorizedAccessError
@@ -48,6 +49,14 @@ DEFAULT_READ_WINDOW_ENTRIES = 256
 DEFAULT_BATCH_READ_ENTRIES = 64
 
 
+def _read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().strip()
+    except OSError as e:
+        raise IncorrectParameterError(f"cannot read {path}: {e}") from None
+
+
 def _password(password) -> bytes:
     if isinstance(password, str):
         raise IncorrectParameterError("ledger passwords are bytes; encode the string first (BookKeeper uses UTF-8)")
@@ -67,6 +76,13 @@ class BookKeeper:
                  delay_ensemble_change: bool = False, protocol: str = "v2", tls_trust_store: str | None = None,
                  tls_certificate_path: str | None = None, tls_key_store: str | None = None,
                  tls_hostname_verification: bool = True, auth_token: str | None = None, auth_plugin=None):
+        # Unset credentials fall back to the environment (BK_CLIENT_AUTH_TOKEN, BK_CLIENT_TLS_TRUST_STORE,
+        # BK_CLIENT_TLS_CERTIFICATE_PATH, BK_CLIENT_TLS_KEY_STORE), as ZooKeeper's do to BK_ZK_*: so
+        # `bk shell` and scripts reach bookies that require a token or TLS without new options each.
+        auth_token = auth_token if auth_token is not None else os.environ.get("BK_CLIENT_AUTH_TOKEN") or None
+        tls_trust_store = tls_trust_store or os.environ.get("BK_CLIENT_TLS_TRUST_STORE") or None
+        tls_certificate_path = tls_certificate_path or os.environ.get("BK_CLIENT_TLS_CERTIFICATE_PATH") or None
+        tls_key_store = tls_key_store or os.environ.get("BK_CLIENT_TLS_KEY_STORE") or None
         for name, value in (("add_timeout_s", add_timeout_s), ("read_timeout_s", read_timeout_s),
                             ("connect_timeout_s", connect_timeout_s)):
             if not value > 0:
@@ -103,6 +119,26 @@ class BookKeeper:
         self._closed = False
 
     # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def for_bookie(cls, config, **options) -> "BookKeeper":
+        """The client a bookie process uses for itself (AutoRecovery, BP-46 repair, HTTP admin):
+        its metadata URI, frame limit and ZooKeeper security, and its own credentials towards
+        its peers: with the token plugin, the shared secret, or a token it signs for its own id
+        with the secret key; with TLS, its certificate and trust store (mutual TLS)."""
+        from bk.meta import store_options
+        from bk.proto.auth import sign_token
+
+        kwargs: dict = {"max_frame_size_bytes": config.max_frame_size_bytes, "store_options": store_options(config)}
+        if config.bookie_auth_provider == "token":
+            if config.auth_token_shared_secret_path:
+                kwargs["auth_token"] = _read_file(config.auth_token_shared_secret_path).decode()
+            elif config.auth_token_secret_key_path:
+                kwargs["auth_token"] = sign_token(config.bookie_id, _read_file(config.auth_token_secret_key_path))
+        if config.tls_certificate_path and config.tls_key_store:
+            kwargs.update(tls_certificate_path=config.tls_certificate_path, tls_key_store=config.tls_key_store,
+                          tls_trust_store=config.tls_trust_store or None)
+        return cls(config.metadata_service_uri, **{**kwargs, **options})
+
     @classmethod
     async def connect(cls, metadata_uri: str, **options) -> "BookKeeper":
         return await cls(metadata_uri, **options).start()

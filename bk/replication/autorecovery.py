@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 
-from bk.meta import store_options
 from bk.meta.underreplication import LedgerUnderreplicationManager
 
 from .auditor import Auditor
@@ -46,8 +45,7 @@ class AutoRecovery:
         from bk.client import BookKeeper
 
         cfg = self.config
-        self.bk = BookKeeper(cfg.metadata_service_uri, max_frame_size_bytes=cfg.max_frame_size_bytes,
-                             store_options=store_options(cfg))
+        self.bk = BookKeeper.for_bookie(cfg)
         await self.bk.start()
         try:
             self.urm = LedgerUnderreplicationManager(self.bk.store)

@@ -44,7 +44,6 @@ from types import SimpleNamespace
 from typing import Callable
 
 from bk.errors import BKError, NoSuchLedgerMetadataError, ReplicationError
-from bk.meta import store_options
 
 from .replicator import EntryCopy, RateLimiter, bookie_entries, ledger_digest, segment_bounds, write_set
 
@@ -118,8 +117,7 @@ class DataIntegrityCheck:
         if self.bk is None:
             from bk.client import BookKeeper
             cfg = self.config
-            self.bk = await BookKeeper(cfg.metadata_service_uri, max_frame_size_bytes=cfg.max_frame_size_bytes,
-                                       store_options=store_options(cfg)).start()
+            self.bk = await BookKeeper.for_bookie(cfg).start()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="bp46-repair")
         return self
 

@@ -164,10 +164,7 @@ class HttpAdminServer:
         async with self._client_lock:
             if self._client is None:
                 from bk.client import BookKeeper
-                from bk.meta import store_options
-                self._client = await BookKeeper(self.config.metadata_service_uri,
-                                                max_frame_size_bytes=self.config.max_frame_size_bytes,
-                                                store_options=store_options(self.config)).start()
+                self._client = await BookKeeper.for_bookie(self.config).start()
             return self._client
 
     def spawn(self, name: str, coro) -> bool:
