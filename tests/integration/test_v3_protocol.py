@@ -250,7 +250,7 @@ def test_bk_client_speaks_v3(cluster):
                 entries = await rh.read_entries(0, 49)  # BATCH_READ is v2-only: a side connection
                 assert [e.data for e in entries] == [b"entry-%d" % i for i in range(50)]
             client = bk.pool.get(cluster.bookie_ids[0])
-            assert client._protocol.v3
+            assert client._core.protocol.v3
             info = await client.call(client.send_bookie_info, 3)
             assert info.rc == 0 and info.total_disk_bytes >= info.free_disk_bytes > 0
     run(main())
@@ -267,7 +267,7 @@ def test_bk_client_in_v2_sends_the_v3_only_operations_in_v3(cluster):
             info = await client.call(client.send_bookie_info, 3)
             lac = await client.call(client.send_read_lac, lh.ledger_id)
             assert info.rc == 0 and lac.rc == 0 and lac.last_entry is not None
-            assert not client._protocol.v3 and client._side_client._protocol.v3
+            assert not client._core.protocol.v3 and client._side_client._core.protocol.v3
     run(main())
 
 
