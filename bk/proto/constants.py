@@ -89,3 +89,18 @@ GET_BOOKIE_INFO_REQUEST_BYTES = 12
 GET_BOOKIE_INFO_RESPONSE_BYTES = 24
 
 INVALID_ENTRY_ID = -1  # READ of entry -1 = "the last entry you have"
+
+
+class DigestType(IntEnum):
+    """Entry digest types (bk.proto.digest computes them). Values are the ledger metadata
+    enum (METADATA.md: CRC32=1, HMAC=2, CRC32C=3, DUMMY=4)."""
+
+    CRC32 = 1
+    MAC = 2
+    HMAC = 2  # METADATA.md's spelling of MAC
+    CRC32C = 3
+    DUMMY = 4
+
+
+# Digest bytes after the ENTRY_HEADER_LENGTH header of a digest-framed entry.
+DIGEST_LENGTH_BYTES = {DigestType.CRC32: 8, DigestType.MAC: 20, DigestType.CRC32C: 4, DigestType.DUMMY: 0}

@@ -20,13 +20,12 @@ import hashlib
 import hmac
 import struct
 import zlib
-from enum import IntEnum
 
 import google_crc32c
 
 from bk import _native
 from bk.errors import BKError, DigestMismatchError
-from bk.proto.constants import ENTRY_HEADER_LENGTH, LAC_HEADER_LENGTH
+from bk.proto.constants import DIGEST_LENGTH_BYTES, ENTRY_HEADER_LENGTH, LAC_HEADER_LENGTH, DigestType
 
 _codec = _native.load("codec")
 _crc32c = _codec.crc32c
@@ -42,19 +41,6 @@ _u64 = struct.Struct(">Q")
 _u32 = struct.Struct(">I")
 
 _MAC_PREFIX = b"mac"
-
-
-class DigestType(IntEnum):
-    """Values are the ledger metadata enum (METADATA.md: CRC32=1, HMAC=2, CRC32C=3, DUMMY=4)."""
-
-    CRC32 = 1
-    MAC = 2
-    HMAC = 2  # METADATA.md's spelling of MAC
-    CRC32C = 3
-    DUMMY = 4
-
-
-DIGEST_LENGTH_BYTES = {DigestType.CRC32: 8, DigestType.MAC: 20, DigestType.CRC32C: 4, DigestType.DUMMY: 0}
 
 
 class UnknownDigestTypeError(BKError, ValueError):
