@@ -214,3 +214,34 @@ def read_log_metadata(path: str, report: ScanReport | None = None) -> EntryLogMe
     if stored is not None:
         return EntryLogMetadata.from_ledgers_map(log_id, stored, "map")
     return EntryLogMetadata.from_ledgers_map(log_id, scan_ledgers_map(path, report), "scan")
+
+
+def log_usage_row(path: str) -> dict:
+    """One log's usage for readers outside the bookie (bk analytics, the HTTP endpoint
+    /api/v1/bookie/entry_log_usage), never raising for a bad file:
+        {"log_id", "total_bytes", "file_bytes", "source": "map" | "scan" | "error",
+         "closed": has a valid ledgers map, "scan_status": "" or why a walk stopped
+         ("torn tail", "bad size <n>") or the error, "invalid_bytes": bytes after the
+         point a walk stopped, "ledgers": {"<ledger id>": bytes}}.
+    Every ledger in the file counts (this reads files, not the bookie's index)."""
+    report = ScanReport()
+    log_id = fmt.parse_log_file_name(os.path.basename(path))
+    try:
+        file_bytes = os.path.getsize(path)
+        meta = read_log_metadata(path, report)
+    except (OSError, ValueError) as e:
+        return {"log_id": log_id, "total_bytes": 0, "file_bytes": 0, "source": "error", "closed": False,
+                "scan_status": f"{type(e).__name__}: {e}", "invalid_bytes": 0, "ledgers": {}}
+    invalid = 0
+    if meta.source == "scan" and not report.clean:
+        header, size = read_header(path)
+        end = header.map_offset if header is not None and 0 < header.map_offset <= size else size
+        invalid = max(0, end - report.stop_offset)
+    return {"log_id": meta.log_id, "total_bytes": meta.total_bytes, "file_bytes": file_bytes,
+            "source": meta.source, "closed": meta.source == "map", "scan_status": report.reason,
+            "invalid_bytes": invalid, "ledgers": {str(lid): n for lid, n in sorted(meta.ledgers.items())}}
+
+
+def entry_log_usage_rows(ledger_dir: str) -> list[dict]:
+    """log_usage_row of every entry log of one ledger dir, by log id."""
+    return [log_usage_row(path) for _log_id, path in list_entry_logs(ledger_dir)]
