@@ -125,8 +125,9 @@ def _analyse(spark, args, progress) -> dict:
     scan = None
     if args.scan:
         progress.set_step("full scan: every entry and its digest")
+        # every known ledger's digest, so each live entry is checked (deleted ones are guessed)
         digests = {r["ledger_id"]: r["digest_type"] for r in _rows(ledgers.select("ledger_id", "digest_type"))
-                   if r["digest_type"] not in (None, "CRC32C")}
+                   if r["digest_type"] is not None}
         entries = spark.read.format("bk_entry_logs").option("ledger_dirs", json.dumps(args.ledger_dirs)) \
             .option("mode", "scan").option("digest_types", json.dumps(digests)).load()
         scan = _rows(A.scan_stats(entries))

@@ -212,14 +212,38 @@ def text_summary(summary: dict, out_dir: str, width: int = 100) -> str:
 
 
 def main(argv=None) -> int:
-    path = (argv or sys.argv[1:])[0]
+    """python -m spark.report OUT/summary.json [--screenshot PNG]: rebuild charts and report.html."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    path = argv[0]
     with open(path) as fh:
         summary = json.load(fh)
     out = os.path.dirname(os.path.abspath(path))
     charts(summary, out)
-    print(write_html(summary, out))
+    page = write_html(summary, out)
+    print(page)
+    if "--screenshot" in argv:
+        print(screenshot(page, argv[argv.index("--screenshot") + 1]))
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
+def screenshot(html_path: str, png_path: str, chromium: str = "chromium", width: int = 1200,
+               height: int = 2400, timeout_s: float = 120.0) -> str:
+    """Render report.html in headless Chromium (a fresh profile dir) to a PNG; RuntimeError if it fails."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bk-chromium-") as profile:
+        cmd = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
+               f"--screenshot={os.path.abspath(png_path)}", "file://" + os.path.abspath(html_path)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if out.returncode != 0 or not os.path.exists(png_path):
+        raise RuntimeError(f"chromium failed ({out.returncode}): {out.stderr[-2000:]}")
+    return png_path
