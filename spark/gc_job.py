@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scan", action="store_true", help="also scan every entry and check its digest (reads all bytes)")
     p.add_argument("--token", default="", help="the bookies' http_server_token (--remote, --urls)")
     p.add_argument("--driver-memory", default="1g", help="local mode driver memory (default 1g)")
+    p.add_argument("--logs-per-partition", type=int, default=0,
+                   help="entry logs per Spark task (default 0: about 4 tasks per core; 1 = one task per log)")
     p.add_argument("--json", action="store_true", help="print summary.json's path and totals as JSON, no progress")
 
 
@@ -63,6 +65,8 @@ def run(args, bar=None) -> dict:
 
     if args.threshold is not None and not 0 < args.threshold <= 1:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
+    if args.scan and not args.ledger_dirs:
+        raise ValueError("--scan reads every byte: it needs --ledger-dirs (the bookies' HTTP endpoint serves usage only)")
     bar = bar or _Quiet()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.monotonic()
@@ -84,9 +88,18 @@ def run(args, bar=None) -> dict:
     return summary
 
 
+def _log_reader(spark, args):
+    """bk_entry_logs over --ledger-dirs, grouped so a Python task's own cost does not dominate."""
+    reader = spark.read.format("bk_entry_logs").option("ledger_dirs", json.dumps(args.ledger_dirs))
+    per = getattr(args, "logs_per_partition", 0) or 0
+    if per > 0:
+        return reader.option("logs_per_partition", str(per))
+    return reader.option("max_partitions", str(4 * spark.sparkContext.defaultParallelism))
+
+
 def _usage_df(spark, args):
     if args.ledger_dirs:
-        return spark.read.format("bk_entry_logs").option("ledger_dirs", json.dumps(args.ledger_dirs)).load()
+        return _log_reader(spark, args).load()
     reader = spark.read.format("bk_remote_entry_logs").option("token", args.token)
     if args.urls:
         return reader.option("urls", json.dumps(args.urls)).load()
@@ -128,8 +141,7 @@ def _analyse(spark, args, progress) -> dict:
         # every known ledger's digest, so each live entry is checked (deleted ones are guessed)
         digests = {r["ledger_id"]: r["digest_type"] for r in _rows(ledgers.select("ledger_id", "digest_type"))
                    if r["digest_type"] is not None}
-        entries = spark.read.format("bk_entry_logs").option("ledger_dirs", json.dumps(args.ledger_dirs)) \
-            .option("mode", "scan").option("digest_types", json.dumps(digests)).load()
+        entries = _log_reader(spark, args).option("mode", "scan").option("digest_types", json.dumps(digests)).load()
         scan = _rows(A.scan_stats(entries))
     totals = {k: sum(b[k] for b in bookies) for k in ("total_bytes", "live_bytes", "reclaimable_bytes",
                                                       "deleted_bytes", "over_replicated_bytes", "file_bytes")}

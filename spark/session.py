@@ -39,8 +39,7 @@ def get_session(master: str | None = None, app_name: str = "bk-analytics", drive
                    .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
         if is_local:  # a cluster's operator sizes their own driver and shuffle
             builder = (builder.config("spark.driver.memory", driver_memory)
-                       .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8))
-                       .config("spark.default.parallelism", str(shuffle_partitions or 8)))
+                       .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8)))
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")
     from .sources import register
