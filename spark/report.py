@@ -22,6 +22,14 @@ def human(n: float) -> str:
     return f"{n:.1f} PB"
 
 
+def _unit(max_bytes: float) -> tuple[float, str]:
+    """(divisor, name) so the largest value on a chart reads between 1 and 1000."""
+    for div, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if max_bytes >= div:
+            return div, name
+    return 1.0, "bytes"
+
+
 def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
@@ -44,10 +52,12 @@ def charts(summary: dict, out_dir: str) -> list[str]:
         im = ax.imshow(grid, aspect="auto", cmap="viridis", extent=(0, 1, len(bookies), 0))
         fig.colorbar(im, ax=ax, label="entry logs")
         ax.set_ylabel(f"bookie (1..{len(bookies)})")
-    else:
-        centers = [(i + 0.5) / bins for i in range(bins)]
-        for b in bookies:
-            ax.plot(centers, hist["per_bookie"].get(b, [0] * bins), marker="o", ms=3, label=b)
+    else:  # side-by-side bars per usage bin, one colour per bookie
+        width = 1.0 / bins / max(1, len(bookies))
+        for j, b in enumerate(bookies):
+            ax.bar([i / bins + j * width for i in range(bins)], hist["per_bookie"].get(b, [0] * bins),
+                   width=width, align="edge", label=b)
+        ax.set_xlim(0, 1)
         ax.set_ylabel("entry logs")
         ax.legend(fontsize=7, ncol=2)
     ax.axvline(summary["plan"]["threshold"], color="red", ls="--", lw=1, label="plan threshold")
@@ -57,14 +67,15 @@ def charts(summary: dict, out_dir: str) -> list[str]:
     # 2. live / reclaimable bytes per bookie (stacked)
     fig, ax = plt.subplots(figsize=(9, 4.2), dpi=100)
     x = range(len(bookies))
-    live = [b["live_bytes"] / 1e9 for b in summary["bookies"]]
-    rec = [b["reclaimable_bytes"] / 1e9 for b in summary["bookies"]]
+    div, unit = _unit(max([b["total_bytes"] for b in summary["bookies"]] + [1]))
+    live = [b["live_bytes"] / div for b in summary["bookies"]]
+    rec = [b["reclaimable_bytes"] / div for b in summary["bookies"]]
     ax.bar(x, live, color="#4c72b0", label="live")
     ax.bar(x, rec, bottom=live, color="#dd8452", label="reclaimable (deleted ledgers)")
     ax.set_xticks(list(x))
     ax.set_xticklabels(bookies if not many else [str(i + 1) for i in x], rotation=60 if not many else 0,
                        fontsize=7, ha="right" if not many else "center")
-    ax.set_ylabel("GB")
+    ax.set_ylabel(unit)
     ax.set_title("Bytes per bookie: live and reclaimable")
     ax.legend(fontsize=8)
     paths.append(_save(fig, out_dir, CHARTS[1]))
@@ -72,12 +83,13 @@ def charts(summary: dict, out_dir: str) -> list[str]:
     fig, ax = plt.subplots(figsize=(9, 4.2), dpi=100)
     total = summary["what_if"]["total"]
     ts = [r["threshold"] for r in total]
-    ax.plot(ts, [r["bytes_reclaimed"] / 1e9 for r in total], marker="o", label="bytes reclaimed")
-    ax.plot(ts, [r["bytes_rewritten"] / 1e9 for r in total], marker="s", label="bytes rewritten")
+    div, unit = _unit(max([max(r["bytes_reclaimed"], r["bytes_rewritten"]) for r in total] + [1]))
+    ax.plot(ts, [r["bytes_reclaimed"] / div for r in total], marker="o", label="bytes reclaimed")
+    ax.plot(ts, [r["bytes_rewritten"] / div for r in total], marker="s", label="bytes rewritten")
     ax.axvline(summary["what_if"]["recommended_threshold"], color="green", ls=":", label="recommended")
     ax.axvline(summary["plan"]["threshold"], color="red", ls="--", lw=1, label="plan threshold")
     ax.set_xlabel("compaction threshold")
-    ax.set_ylabel("GB (all bookies)")
+    ax.set_ylabel(f"{unit} (all bookies)")
     ax.set_title("What a compaction would free and cost")
     ax.legend(fontsize=8)
     paths.append(_save(fig, out_dir, CHARTS[2]))
@@ -226,9 +238,6 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
@@ -247,3 +256,7 @@ def screenshot(html_path: str, png_path: str, chromium: str = "chromium", width:
     if out.returncode != 0 or not os.path.exists(png_path):
         raise RuntimeError(f"chromium failed ({out.returncode}): {out.stderr[-2000:]}")
     return png_path
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

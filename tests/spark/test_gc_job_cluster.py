@@ -170,6 +170,15 @@ def test_analyse_compact_by_plan_analyse_again(spark, chromium, cluster, tmp_pat
     print(f"plan: {len(plan['logs'])} logs, reclaims {plan['bytes_reclaimed']}, rewrites {plan['bytes_rewritten']};"
           f" bookies freed {done['bytes_freed']}")
 
+    # a bad plan body is refused with a clear error, and changes nothing
+    import urllib.error
+    import urllib.request
+    url = cluster.bookies[0].http_url + "/api/v1/bookie/gc/compact"
+    req = urllib.request.Request(url, data=b'{"logIds": "all"}', method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(req, timeout=30)
+    assert bad.value.code == 400 and b"logIds" in bad.value.read()
+
     # analyse again, over the bookies' HTTP endpoints this time
     second = run(job_args(cluster, out, remote=True, threshold=0.95))
     again = {b["bookie_id"]: b for b in second["bookies"]}
