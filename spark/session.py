@@ -8,6 +8,7 @@ to this interpreter unless the operator set it.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -18,6 +19,7 @@ DEFAULT_MASTER = "local[*]"
 def get_session(master: str | None = None, app_name: str = "bk-analytics", driver_memory: str = "1g",
                 shuffle_partitions: int | None = None):
     """The process's SparkSession (created once, then reused), with bk's data sources registered."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines would interleave with progress
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
