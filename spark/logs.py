@@ -29,7 +29,6 @@ import zlib
 import google_crc32c
 import pyarrow as pa
 
-from bk.entrylog import format as fmt
 from bk.entrylog import usage
 from bk.meta.cookie import read_directory_cookie
 from bk.proto.constants import DIGEST_LENGTH_BYTES, ENTRY_HEADER_LENGTH, DigestType

@@ -58,6 +58,7 @@ def charts(summary: dict, out_dir: str) -> list[str]:
             ax.bar([i / bins + j * width for i in range(bins)], hist["per_bookie"].get(b, [0] * bins),
                    width=width, align="edge", label=b)
         ax.set_xlim(0, 1)
+        ax.yaxis.get_major_locator().set_params(integer=True)  # counts of logs
         ax.set_ylabel("entry logs")
         ax.legend(fontsize=7, ncol=2)
     ax.axvline(summary["plan"]["threshold"], color="red", ls="--", lw=1, label="plan threshold")

@@ -59,9 +59,9 @@ def bookie_ids(n: int) -> list[str]:
 
 def plan_cluster(bookies: int, logs: int, log_bytes: int, deleted: float, ensemble: int, seed: int,
                  over_replicated: float = 0.0, under_replicated: float = 0.0, entry_bytes: int = 0):
-    """The layout without writing it: (ledgers, per-bookie logs). ledgers: id -> dict(ensemble
-    (metadata), holders (who has the bytes), bytes, deleted, entries); logs: bookie index ->
-    [ [(ledger, bytes, first_entry, entries)] per log ]."""
+    """The layout without writing it: (bookie ids, ledgers, per-bookie logs). ledgers: id ->
+    dict(ensemble (what the metadata names), holders (who has the bytes), bytes, deleted);
+    logs: bookie index -> [[(ledger, bytes)] per log]."""
     rng = random.Random(seed)
     ids = bookie_ids(bookies)
     total = logs * log_bytes * (1 - 0.002)  # what the bookies hold, replicas included
@@ -145,7 +145,6 @@ def write_log(path: str, log_id: int, contents: list[tuple[int, int]], mode: str
             fh.seek(fmt.HEADER_BYTES + sum(usage.values()))
         else:
             payload = (os.urandom(61) * (entry_bytes // 61 + 1))[:entry_bytes]
-            body_crc = google_crc32c.value(payload)
             unit = ENTRY_OVERHEAD_BYTES + entry_bytes
             size_field = _SIZE.pack(unit - fmt.SIZE_FIELD_BYTES)
             buf = bytearray()
@@ -161,7 +160,6 @@ def write_log(path: str, log_id: int, contents: list[tuple[int, int]], mode: str
                         buf.clear()
                 usage[lid] = usage.get(lid, 0) + n // unit * unit
             fh.write(buf)
-            del body_crc
         map_offset = fh.tell()
         fh.write(fmt.encode_ledgers_map(usage))
         fh.seek(fmt.header_map_fields_offset())

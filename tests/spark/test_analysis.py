@@ -1,8 +1,5 @@
 """The plan, what-if and recommendation rules on hand-made per-log rows (no Spark session)."""
-import pytest
-
-
-from spark import analysis as A  # noqa: E402
+from spark import analysis as A
 
 
 def log(bookie, log_id, total, live, closed=True, source="map"):
