@@ -139,11 +139,13 @@ def top_owners(rows: DataFrame, n: int = TOP_N) -> DataFrame:
     ).withColumnRenamed("owner_name", "owner").orderBy(F.desc("bytes"), "owner").limit(n)
 
 
-def under_replicated(rows: DataFrame, ledgers: DataFrame) -> DataFrame:
+def under_replicated(rows: DataFrame, ledgers: DataFrame, entries: DataFrame | None = None) -> DataFrame:
     """(ledger, segment, bookie) where an analysed bookie is named by a segment's ensemble,
     should hold some of its entries (the write set: entry e goes to ensemble indexes
-    (e + k) % E, k < write quorum) and holds no byte of the ledger. Open-ended segments
-    (the last of an open ledger) are not judged."""
+    (e + k) % E, k < write quorum) and holds none of them. With a full scan (`entries`)
+    that is judged per segment, from the entry ids the bookie holds; from ledgers maps
+    alone, per ledger (the bookie holds no byte of the ledger at all). Open-ended
+    segments (the last of an open ledger) are not judged."""
     seg = ledgers.select("ledger_id", "ensemble_size", "write_quorum_size", F.explode("segments").alias("s")) \
         .select("ledger_id", "ensemble_size", "write_quorum_size", F.col("s.first_entry_id").alias("first_entry_id"),
                 F.col("s.last_entry_id").alias("last_entry_id"), F.posexplode("s.bookies").alias("idx", "bookie_id"))
@@ -152,9 +154,20 @@ def under_replicated(rows: DataFrame, ledgers: DataFrame) -> DataFrame:
                          (F.pmod(F.col("idx") - F.col("first_entry_id"), F.col("ensemble_size"))
                           <= n + F.col("write_quorum_size") - 2))
     analysed = rows.select("bookie_id").distinct()
-    present = rows.where(F.col("ledger_id").isNotNull() & (F.col("bytes") > 0)).select("bookie_id", "ledger_id").distinct()
-    return expected.join(F.broadcast(analysed), "bookie_id").join(present, ["bookie_id", "ledger_id"], "left_anti") \
-        .select("ledger_id", "first_entry_id", "last_entry_id", "bookie_id").orderBy("ledger_id", "first_entry_id", "bookie_id")
+    expected = expected.join(F.broadcast(analysed), "bookie_id")
+    if entries is None:
+        present = rows.where(F.col("ledger_id").isNotNull() & (F.col("bytes") > 0)) \
+            .select("bookie_id", "ledger_id").distinct()
+        missing = expected.join(present, ["bookie_id", "ledger_id"], "left_anti")
+    else:
+        held = entries.where(F.col("status") == "ok").select("bookie_id", "ledger_id", "entry_id").alias("h")
+        e = expected.alias("x")
+        missing = e.join(held, (F.col("x.bookie_id") == F.col("h.bookie_id")) &
+                         (F.col("x.ledger_id") == F.col("h.ledger_id")) &
+                         F.col("h.entry_id").between(F.col("x.first_entry_id"), F.col("x.last_entry_id")),
+                         "left_anti")
+    return missing.select("ledger_id", "first_entry_id", "last_entry_id", "bookie_id") \
+        .orderBy("ledger_id", "first_entry_id", "bookie_id")
 
 
 def scan_stats(entries: DataFrame) -> DataFrame:

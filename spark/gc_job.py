@@ -127,22 +127,27 @@ def _analyse(spark, args, progress) -> dict:
     threshold = args.threshold if args.threshold is not None else recommended
     plan_rows = A.plan(entry_logs, threshold)
     hist = A.usage_histogram(entry_logs)
-    progress.set_step("where the space goes")
-    under = A.under_replicated(rows, ledgers)
-    under_count = under.count()
-    space = {"top_ledgers": _rows(A.top_ledgers(rows)), "top_owners": _rows(A.top_owners(rows)),
-             "deleted_unreclaimed_bytes": sum(b["deleted_bytes"] for b in bookies),
-             "over_replicated_bytes": sum(b["over_replicated_bytes"] for b in bookies),
-             "under_replicated_count": under_count,
-             "under_replicated_segments": _rows(under.limit(MAX_LISTED_UNDER_REPLICATED))}
+    entries = None
     scan = None
     if args.scan:
         progress.set_step("full scan: every entry and its digest")
         # every known ledger's digest, so each live entry is checked (deleted ones are guessed)
         digests = {r["ledger_id"]: r["digest_type"] for r in _rows(ledgers.select("ledger_id", "digest_type"))
                    if r["digest_type"] is not None}
-        entries = _log_reader(spark, args).option("mode", "scan").option("digest_types", json.dumps(digests)).load()
+        entries = _log_reader(spark, args).option("mode", "scan").option("digest_types", json.dumps(digests)) \
+            .load().cache()
         scan = _rows(A.scan_stats(entries))
+    progress.set_step("where the space goes")
+    under = A.under_replicated(rows, ledgers, entries)
+    under_count = under.count()
+    space = {"top_ledgers": _rows(A.top_ledgers(rows)), "top_owners": _rows(A.top_owners(rows)),
+             "deleted_unreclaimed_bytes": sum(b["deleted_bytes"] for b in bookies),
+             "over_replicated_bytes": sum(b["over_replicated_bytes"] for b in bookies),
+             "under_replicated_count": under_count,
+             "under_replicated_judged_by": "segment entries (full scan)" if entries is not None else "ledger bytes",
+             "under_replicated_segments": _rows(under.limit(MAX_LISTED_UNDER_REPLICATED))}
+    if entries is not None:
+        entries.unpersist()
     totals = {k: sum(b[k] for b in bookies) for k in ("total_bytes", "live_bytes", "reclaimable_bytes",
                                                       "deleted_bytes", "over_replicated_bytes", "file_bytes")}
     totals["ledgers_in_metadata"] = ledger_count

@@ -36,3 +36,30 @@ def test_recommendation():
     assert A.recommend(total) == 0.35
     _, nothing = A.what_if([log("a", 1, 100, 100)])
     assert A.recommend(nothing) == A.DEFAULT_THRESHOLD
+
+
+def test_under_replicated_per_segment_with_a_scan_and_per_ledger_without(spark):
+    """Ledger 7, E=3 WQ=2, segments [0..9] and [10..19] both on a, b, c. Bookie c holds its share
+    of the first segment only: a full scan names (7, 10, c); ledgers maps cannot (c holds bytes
+    of ledger 7). Ledger 8's one-entry segment is due on a and b only (entry 0 -> indexes 0, 1):
+    c holding none of it is no gap. Bookie d is named but never analysed: not judged."""
+    from spark.metadata import LEDGERS_META_DDL
+
+    seg = lambda first, last, bookies: {"first_entry_id": first, "last_entry_id": last, "bookies": bookies}  # noqa
+    base = {"state": "CLOSED", "ensemble_size": 3, "write_quorum_size": 2, "ack_quorum_size": 2, "length": 0,
+            "ctime_ms": 0, "digest_type": "CRC32C", "custom_metadata": {}, "owner": None}
+    ledgers = spark.createDataFrame([
+        {**base, "ledger_id": 7, "last_entry_id": 19, "segments": [seg(0, 9, ["a", "b", "c"]), seg(10, 19, ["a", "b", "c"])]},
+        {**base, "ledger_id": 8, "last_entry_id": 0, "segments": [seg(0, 0, ["a", "b", "c"])]},
+        {**base, "ledger_id": 9, "last_entry_id": 4, "segments": [seg(0, 4, ["a", "b", "d"])]},
+    ], LEDGERS_META_DDL)
+    held = {"a": [(7, e) for e in range(20) if e % 3 in (0, 2)] + [(8, 0), (9, 0)],
+            "b": [(7, e) for e in range(20) if e % 3 in (0, 1)] + [(8, 0), (9, 1)],
+            "c": [(7, e) for e in range(10) if e % 3 in (1, 2)]}
+    entries = spark.createDataFrame(
+        [(b, lid, eid, "ok") for b, items in held.items() for lid, eid in items],
+        "bookie_id string, ledger_id bigint, entry_id bigint, status string")
+    rows = entries.groupBy("bookie_id", "ledger_id").count().withColumnRenamed("count", "bytes")
+    by_scan = [tuple(r) for r in A.under_replicated(rows, ledgers, entries).collect()]
+    assert by_scan == [(7, 10, 19, "c")]
+    assert A.under_replicated(rows, ledgers).collect() == [], "ledger-level: c holds bytes of ledger 7"
