@@ -49,9 +49,10 @@ STATUS_KEYS = ("last_run_start_ms", "last_run_duration_ms", "passes", "bytes_fre
 
 
 class _Request:
-    def __init__(self, force_major: bool, force_minor: bool):
+    def __init__(self, force_major: bool, force_minor: bool, only_logs: tuple[int, ...] | None = None):
         self.force_major = force_major
         self.force_minor = force_minor
+        self.only_logs = only_logs  # compact exactly these logs (a plan), not by threshold
         self.done = threading.Event()
         self.result: dict | None = None
 
@@ -113,12 +114,17 @@ class GarbageCollector:
                 break
             with self._lock:
                 requests, self._requests = self._requests, []
-            forced = bool(requests)
-            result = self.run_pass(force_major=any(r.force_major for r in requests),
-                                   force_minor=any(r.force_minor for r in requests), forced=forced)
-            for req in requests:
-                req.result = result
-                req.done.set()
+            plain = [r for r in requests if r.only_logs is None]
+            if plain or not requests:
+                result = self.run_pass(force_major=any(r.force_major for r in plain),
+                                       force_minor=any(r.force_minor for r in plain), forced=bool(plain))
+                for req in plain:
+                    req.result = result
+                    req.done.set()
+            for req in requests:  # each plan runs its own pass (its figures are its own)
+                if req.only_logs is not None and not self._stopping:
+                    req.result = self.run_pass(only_logs=req.only_logs, forced=True)
+                    req.done.set()
         log.debug("GC thread stopped (gc_wait_time_ms=%d)", cfg.gc_wait_time_ms)
 
     def _next_wait_s(self) -> float:
@@ -131,9 +137,26 @@ class GarbageCollector:
     def trigger(self, force_major: bool = False, force_minor: bool = False, timeout_s: float | None = None) -> dict:
         """Run a pass now (blocking until it ends) and return its figures. A pass
         already running finishes first; requests made meanwhile share the next one."""
+        return self._request(_Request(force_major, force_minor), timeout_s)
+
+    def compact_logs(self, log_ids, timeout_s: float | None = None) -> dict:
+        """Run a pass that compacts exactly `log_ids` (a compaction plan, bk analytics gc)
+        instead of the logs under a threshold: first the pass's usual steps (finish
+        interrupted compactions, scan and compare, whole empty logs), so deleted ledgers
+        are gone from the index and their bytes are not copied; then each listed log
+        through the same safe compaction. The figures add `plan`: per requested log,
+        "compacted", "deleted" (it had no live ledger left), "not found" (already gone,
+        or never this bookie's), "current" (the log being written: never compacted),
+        "error" or "stopped"."""
+        ids = tuple(sorted({int(i) for i in log_ids}))
+        if any(i < 0 for i in ids):
+            raise ValueError("log ids are non-negative")
+        return self._request(_Request(False, False, ids), timeout_s)
+
+    def _request(self, req: _Request, timeout_s: float | None) -> dict:
         if self._thread is None:
-            return self.run_pass(force_major=force_major, force_minor=force_minor, forced=True)
-        req = _Request(force_major, force_minor)
+            return self.run_pass(force_major=req.force_major, force_minor=req.force_minor, forced=True,
+                                 only_logs=req.only_logs)
         with self._lock:
             self._requests.append(req)
         self._wake.set()
@@ -167,17 +190,18 @@ class GarbageCollector:
         return rows
 
     # ------------------------------------------------------------ one pass
-    def run_pass(self, force_major: bool = False, force_minor: bool = False, forced: bool = False) -> dict:
+    def run_pass(self, force_major: bool = False, force_minor: bool = False, forced: bool = False,
+                 only_logs: tuple[int, ...] | None = None) -> dict:
         with self._pass_lock:
             with self._lock:
                 self._status["running"] = True
             try:
-                return self._pass(force_major, force_minor, forced)
+                return self._pass(force_major, force_minor, forced, only_logs)
             finally:
                 with self._lock:
                     self._status["running"] = False
 
-    def _pass(self, force_major: bool, force_minor: bool, forced: bool) -> dict:
+    def _pass(self, force_major: bool, force_minor: bool, forced: bool, only_logs=None) -> dict:
         t0_ms, t0 = int(time.time() * 1000), time.monotonic()
         out = {"ok": True, "start_ms": t0_ms, "ledgers_deleted": [], "over_replicated_deleted": [],
                "logs_deleted": [], "logs_compacted": [], "compaction": None, "bytes_freed": 0,
@@ -191,7 +215,10 @@ class GarbageCollector:
                 self._scan_and_compare(out)
             self._drop_dead_ledgers()
             self._delete_empty_logs(out)
-            self._compact(force_major, force_minor, forced, out, stop)
+            if only_logs is None:
+                self._compact(force_major, force_minor, forced, out, stop)
+            else:
+                self._compact_listed(only_logs, out, stop)
         except BKError as e:  # storage trouble: report it, the next pass tries again
             out["errors"].append(f"{type(e).__name__}: {e}")
             log.error("GC pass failed: %s", e)
@@ -361,6 +388,36 @@ class GarbageCollector:
             self._last_major_s = self._last_minor_s = time.monotonic()
         else:
             self._last_minor_s = time.monotonic()
+
+    def _compact_listed(self, log_ids, out: dict, stop) -> None:
+        """Compact exactly `log_ids` (emptiest first), each through the compactor's safe path."""
+        out["compaction"] = "plan"
+        plan = out["plan"] = {}
+        full = self._disks_full()
+        if full and not self.config.is_force_gc_allow_when_no_space:
+            for log_id in log_ids:
+                plan[log_id] = "suspended: every ledger dir is over disk_usage_threshold"
+            return
+        current = self.storage.entry_logger.current_log_id
+        with self._lock:
+            known = {log_id: m.usage for log_id, m in self._logs.items()}
+        for log_id in log_ids:
+            if log_id in out["logs_deleted"]:
+                plan[log_id] = "deleted"
+            elif log_id == current:
+                plan[log_id] = "current"
+            elif log_id not in known:
+                plan[log_id] = "not found"
+        for log_id in sorted((i for i in log_ids if i not in plan), key=lambda i: (known[i], i)):
+            if stop():
+                plan[log_id] = "stopped"
+                continue
+            r = self.compactor.compact(log_id, self._is_live, stop)
+            self._account_compaction(r, out)
+            plan[log_id] = "compacted" if r.deleted else ("error" if r.error else "stopped")
+            with self._lock:
+                if r.deleted:
+                    self._logs.pop(log_id, None)
 
     def _account_compaction(self, r, out: dict) -> None:
         out["bytes_rewritten"] += r.bytes_copied

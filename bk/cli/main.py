@@ -4,6 +4,7 @@
     bk autorecovery --conf bookie.toml                     run AutoRecovery next to a bookie
     bk standalone [--bookies 3] [--data-dir DIR]           local ZooKeeper + bookies
     bk shell [--metadata-uri URI] <command> ...            admin and test commands
+    bk analytics gc --metadata-uri URI --out DIR ...       storage analytics on Spark
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     autorecovery_cmd.add_parser(sub)
     standalone_cmd.add_parser(sub)
     shell_cmd.add_parser(sub)
+    from . import analytics as analytics_cmd
+    analytics_cmd.add_parser(sub)
     return p
 
 

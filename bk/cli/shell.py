@@ -26,7 +26,8 @@ from bk.errors import BKError, ConfigError
 
 COMMANDS = {}
 # modules of more commands (bk.cli.<name>): add yours here, one line
-SHELL_MODULES = ("shell_recovery", "shell_ops", "shell_local", "shell_integrity", "shell_cookie", "shell_gc", "shell_format")
+SHELL_MODULES = ("shell_recovery", "shell_ops", "shell_local", "shell_integrity", "shell_cookie", "shell_gc", "shell_format",
+                 "shell_compact")
 
 
 def _at_least(lowest: int):

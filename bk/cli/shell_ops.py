@@ -55,10 +55,7 @@ async def bookie_space(bkc, bookie_id: str) -> tuple[int | None, int | None]:
 
 
 def _http_url(info) -> str | None:
-    for ep in getattr(info, "endpoints", ()):
-        if ep.protocol == "http":
-            return f"http://{ep.host}:{ep.port}"
-    return None
+    return info.http_url() if info is not None else None
 
 
 @command("bookieinfo")

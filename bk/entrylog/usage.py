@@ -138,12 +138,13 @@ def read_ledgers_map(path: str) -> dict[int, int] | None:
         return None
 
 
-def scan_records(path: str, max_entry_bytes: int = 0xFFFFFFFF,
-                 report: ScanReport | None = None) -> Iterator[tuple[int, int, int, int]]:
-    """(ledger_id, entry_id, offset, size) of each whole record, from the header to the
-    ledgers map (closed log) or the end of the file; stops at a torn or garbage record
-    and notes it in `report`. A pure-Python walk, for readers outside the bookie (the
-    bookie scans with its kernel, bk.entrylog.files.LogScan)."""
+def iter_records(path: str, max_entry_bytes: int = 0xFFFFFFFF, report: ScanReport | None = None,
+                 chunk_bytes: int = SCAN_READ_BYTES) -> Iterator[tuple[int, memoryview]]:
+    """(offset, entry bytes) of each whole record, from the header to the ledgers map
+    (closed log) or the end of the file; stops at a torn or garbage record and notes it
+    in `report`. Reads `chunk_bytes` at a time; each entry is a view into the current
+    chunk, valid until the next iteration. A pure-Python walk, for readers outside the
+    bookie (the bookie scans with its kernel, bk.entrylog.files.LogScan)."""
     report = report if report is not None else ScanReport()
     header, file_size = read_header(path)
     mapped = header is not None and 0 < header.map_offset <= file_size
@@ -153,23 +154,45 @@ def scan_records(path: str, max_entry_bytes: int = 0xFFFFFFFF,
         report.clean, report.reason = end == 0, "" if end == 0 else "torn header"
         return
     head_bytes = fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES
-    with open(path, "rb", buffering=SCAN_READ_BYTES) as fh:
+    buf, view, base = b"", memoryview(b""), pos  # buf holds the file's bytes [base, base + len(buf))
+    with open(path, "rb", buffering=0) as fh:
+        if hasattr(os, "posix_fadvise"):  # a front-to-back read: ask for the larger readahead
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while pos < end:
-            fh.seek(pos)  # within the read buffer for small records: no syscall
-            head = fh.read(head_bytes)
-            size = _SIZE.unpack_from(head)[0] if len(head) >= fmt.SIZE_FIELD_BYTES else -1
+            rel = pos - base
+            if len(buf) - rel < head_bytes:
+                fh.seek(pos)
+                buf, base, rel = fh.read(min(chunk_bytes, end - pos)), pos, 0
+                view = memoryview(buf)
+            avail = len(buf) - rel
+            size = _SIZE.unpack_from(buf, rel)[0] if avail >= fmt.SIZE_FIELD_BYTES else -1
             if size < 0 or (fmt.MIN_ENTRY_BYTES <= size <= max_entry_bytes and
-                            (pos + fmt.SIZE_FIELD_BYTES + size > end or len(head) < head_bytes)):
+                            (pos + fmt.SIZE_FIELD_BYTES + size > end or avail < head_bytes)):
                 report.clean, report.reason = False, "torn tail"
                 return
             if not fmt.MIN_ENTRY_BYTES <= size <= max_entry_bytes:
                 report.clean, report.reason = False, f"bad size {size}"
                 return
-            lid, eid = _IDS.unpack_from(head, fmt.SIZE_FIELD_BYTES)
+            record_bytes = fmt.SIZE_FIELD_BYTES + size
+            if avail < record_bytes:  # the record runs past this chunk: read it whole
+                fh.seek(pos)
+                buf, base, rel = fh.read(min(max(chunk_bytes, record_bytes), end - pos)), pos, 0
+                view = memoryview(buf)
+                if len(buf) < record_bytes:  # the file shrank under us
+                    report.clean, report.reason = False, "torn tail"
+                    return
             report.records += 1
-            yield lid, eid, pos, size
-            pos += fmt.SIZE_FIELD_BYTES + size
+            yield pos, view[rel + fmt.SIZE_FIELD_BYTES: rel + record_bytes]
+            pos += record_bytes
             report.stop_offset = pos
+
+
+def scan_records(path: str, max_entry_bytes: int = 0xFFFFFFFF,
+                 report: ScanReport | None = None) -> Iterator[tuple[int, int, int, int]]:
+    """(ledger_id, entry_id, offset, size) of each whole record (iter_records' walk)."""
+    for pos, entry in iter_records(path, max_entry_bytes, report):
+        lid, eid = _IDS.unpack_from(entry)
+        yield lid, eid, pos, len(entry)
 
 
 def scan_ledgers_map(path: str, report: ScanReport | None = None) -> dict[int, int]:
@@ -193,3 +216,34 @@ def read_log_metadata(path: str, report: ScanReport | None = None) -> EntryLogMe
     if stored is not None:
         return EntryLogMetadata.from_ledgers_map(log_id, stored, "map")
     return EntryLogMetadata.from_ledgers_map(log_id, scan_ledgers_map(path, report), "scan")
+
+
+def log_usage_row(path: str) -> dict:
+    """One log's usage for readers outside the bookie (bk analytics, the HTTP endpoint
+    /api/v1/bookie/entry_log_usage), never raising for a bad file:
+        {"log_id", "total_bytes", "file_bytes", "source": "map" | "scan" | "error",
+         "closed": has a valid ledgers map, "scan_status": "" or why a walk stopped
+         ("torn tail", "bad size <n>") or the error, "invalid_bytes": bytes after the
+         point a walk stopped, "ledgers": {"<ledger id>": bytes}}.
+    Every ledger in the file counts (this reads files, not the bookie's index)."""
+    report = ScanReport()
+    log_id = fmt.parse_log_file_name(os.path.basename(path))
+    try:
+        file_bytes = os.path.getsize(path)
+        meta = read_log_metadata(path, report)
+    except (OSError, ValueError) as e:
+        return {"log_id": log_id, "total_bytes": 0, "file_bytes": 0, "source": "error", "closed": False,
+                "scan_status": f"{type(e).__name__}: {e}", "invalid_bytes": 0, "ledgers": {}}
+    invalid = 0
+    if meta.source == "scan" and not report.clean:
+        header, size = read_header(path)
+        end = header.map_offset if header is not None and 0 < header.map_offset <= size else size
+        invalid = max(0, end - report.stop_offset)
+    return {"log_id": meta.log_id, "total_bytes": meta.total_bytes, "file_bytes": file_bytes,
+            "source": meta.source, "closed": meta.source == "map", "scan_status": report.reason,
+            "invalid_bytes": invalid, "ledgers": {str(lid): n for lid, n in sorted(meta.ledgers.items())}}
+
+
+def entry_log_usage_rows(ledger_dir: str) -> list[dict]:
+    """log_usage_row of every entry log of one ledger dir, by log id."""
+    return [log_usage_row(path) for _log_id, path in list_entry_logs(ledger_dir)]

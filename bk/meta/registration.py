@@ -51,6 +51,13 @@ class BookieServiceInfo:
         object.__setattr__(self, "properties", tuple(sorted((str(k), str(v)) for k, v in props)))
         object.__setattr__(self, "endpoints", tuple(self.endpoints))
 
+    def http_url(self) -> str | None:
+        """The base URL of the bookie's HTTP admin server (its `http` endpoint), or None."""
+        for ep in self.endpoints:
+            if ep.protocol == "http":
+                return f"http://{ep.host}:{ep.port}"
+        return None
+
     @classmethod
     def for_bookie(cls, bookie_id: str, properties: Mapping[str, str] | None = None) -> "BookieServiceInfo":
         """BookKeeper's legacy info: one `bookie-rpc` endpoint named `bookie` at host:port."""

@@ -33,3 +33,18 @@ StatusCode.__doc__ = "v2 return codes; V3_STATUS maps each to its v3 protobuf St
 # v2 code -> v3 protobuf StatusCode value, and back.
 V3_STATUS: dict[StatusCode, int] = {StatusCode.EOK: 0, **{StatusCode(cls.code): cls.v3_code for cls in STATUS_CLASSES}}
 V2_STATUS_BY_V3: dict[int, StatusCode] = {v3: v2 for v2, v3 in V3_STATUS.items()}
+
+
+class DigestType(IntEnum):
+    """Values are the ledger metadata enum (METADATA.md: CRC32=1, HMAC=2, CRC32C=3, DUMMY=4)."""
+
+    CRC32 = 1
+    MAC = 2
+    HMAC = 2  # METADATA.md's spelling of MAC
+    CRC32C = 3
+    DUMMY = 4
+
+
+# Digest bytes after the ENTRY_HEADER_LENGTH header of a digest-framed entry (pure: spark/ reads it).
+DIGEST_LENGTH_BYTES = {DigestType.CRC32: layout.CRC32_DIGEST_LENGTH, DigestType.MAC: layout.MAC_DIGEST_LENGTH,
+                       DigestType.CRC32C: layout.CRC32C_DIGEST_LENGTH, DigestType.DUMMY: layout.DUMMY_DIGEST_LENGTH}

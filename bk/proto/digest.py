@@ -20,14 +20,13 @@ import hashlib
 import hmac
 import struct
 import zlib
-from enum import IntEnum
 
 import google_crc32c
 
 from bk import _native
 from bk.proto import layout
 from bk.errors import BKError, DigestMismatchError
-from bk.proto.constants import ENTRY_HEADER_LENGTH, LAC_HEADER_LENGTH
+from bk.proto.constants import DIGEST_LENGTH_BYTES, ENTRY_HEADER_LENGTH, LAC_HEADER_LENGTH, DigestType
 
 _codec = _native.load("codec")
 _crc32c = _codec.crc32c
@@ -43,20 +42,6 @@ _u64 = struct.Struct(">Q")
 _u32 = struct.Struct(">I")
 
 _MAC_PREFIX = b"mac"
-
-
-class DigestType(IntEnum):
-    """Values are the ledger metadata enum (METADATA.md: CRC32=1, HMAC=2, CRC32C=3, DUMMY=4)."""
-
-    CRC32 = 1
-    MAC = 2
-    HMAC = 2  # METADATA.md's spelling of MAC
-    CRC32C = 3
-    DUMMY = 4
-
-
-DIGEST_LENGTH_BYTES = {DigestType.CRC32: layout.CRC32_DIGEST_LENGTH, DigestType.MAC: layout.MAC_DIGEST_LENGTH,
-                       DigestType.CRC32C: layout.CRC32C_DIGEST_LENGTH, DigestType.DUMMY: layout.DUMMY_DIGEST_LENGTH}
 
 
 class UnknownDigestTypeError(BKError, ValueError):

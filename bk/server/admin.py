@@ -15,6 +15,8 @@ Ops (each calls the bookie's Python API, which a later HTTP endpoint can call to
     gc_trigger   {"force_major": bool, "force_minor": bool}  -> GarbageCollector.trigger()
     gc_status    {}                                           -> GarbageCollector.status()
     entry_logs   {}                                           -> GarbageCollector.entry_log_usage()
+    gc_compact_logs {"log_ids": [int, ...]}                   -> GarbageCollector.compact_logs()
+                 (a compaction plan: `bk shell compact --plan`, docs/ANALYTICS.md)
 """
 from __future__ import annotations
 
@@ -42,7 +44,15 @@ def gc_ops(gc) -> dict:
                                            force_minor=bool(a.get("force_minor"))),
         "gc_status": lambda a: gc.status(),
         "entry_logs": lambda a: {"entry_logs": gc.entry_log_usage()},
+        "gc_compact_logs": lambda a: gc.compact_logs(_log_ids(a.get("log_ids"))),
     }
+
+
+def _log_ids(value) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                              for i in value):
+        raise ValueError("log_ids must be a list of non-negative integers")
+    return value
 
 
 class AdminServer:

@@ -192,6 +192,35 @@ async def gc_details(admin, request):
     return json_response([collector.status()])
 
 
+@route("/api/v1/bookie/gc/compact", "PUT")
+async def gc_compact(admin, request):
+    """A compaction plan (bk analytics gc -> bk shell compact --plan): body {"logIds": [int, ...]};
+    compacts exactly those logs through the GC's safe path and answers the pass's figures
+    with "plan": {log id: outcome} (bk.bookie.gc.GarbageCollector.compact_logs)."""
+    collector = admin.server.bookie.gc
+    if collector is None:
+        raise HttpError(503, "garbage collection is not running on this bookie")
+    ids = (await json_body(request)).get("logIds")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise HttpError(400, 'give {"logIds": [non-negative integers]} as the body')
+    return json_response(await asyncio.to_thread(collector.compact_logs, ids))
+
+
+def _entry_log_usage(config) -> dict:
+    from bk.entrylog.usage import entry_log_usage_rows
+    return {d: entry_log_usage_rows(d) for d in config.ledger_dirs}
+
+
+@route("/api/v1/bookie/entry_log_usage", "GET")
+async def entry_log_usage(admin, request):
+    """Every entry log's usage read from the files (ledgers map, or a walk of the records
+    when the log has none), bk's own endpoint for analytics on a Spark cluster that cannot
+    read this bookie's disks (spark/sources.py bk_remote_entry_logs; docs/ANALYTICS.md):
+    {"bookie_id", "ledger_dirs": {dir: [usage row, ...]}}. Read-only; files only, no lock."""
+    dirs = await asyncio.to_thread(_entry_log_usage, admin.config)
+    return json_response({"bookie_id": admin.server.bookie_id, "ledger_dirs": dirs})
+
+
 # ---------------------------------------------------------------- the cluster
 @route("/api/v1/bookie/list_bookies", "GET")
 async def list_bookies(admin, request):

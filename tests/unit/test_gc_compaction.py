@@ -256,3 +256,54 @@ def test_read_only_accepts_recovery_adds_and_refuses_write_lac(tmp_path):
             with pytest.raises(BookieReadOnlyError):
                 await b.write_lac(1, ledger_key(1, 1), b"lac")
     eventloop.run(main())
+
+
+def test_compact_logs_compacts_exactly_the_planned_logs(tmp_path):
+    """A compaction plan (bk analytics gc -> bk shell compact): the pass's scan-and-compare
+    runs first, then exactly the listed logs are compacted, whatever their usage and
+    whatever the thresholds say; the others, the current log and unknown ids are left."""
+    cfg = make_config(tmp_path, major_compaction_threshold=0.0, minor_compaction_threshold=0.0)
+
+    async def main():
+        async with Bookie(cfg) as b:
+            await fill(b, [1, 2, 3], 150)
+            el = b.storage.entry_logger
+            closed = sorted(el.closed_log_ids())
+            assert len(closed) >= 4
+            planned, kept = closed[:2], closed[2:]
+            current = el.current_log_id
+            b.gc.policy = DeletePolicy([2])
+            out = await off_loop(b.gc.compact_logs, planned + [current, 0xFFFF])
+            assert out["ok"], out
+            assert out["ledgers_deleted"] == [2], "scan and compare ran first"
+            assert out["compaction"] == "plan"
+            assert out["plan"] == {**{i: "compacted" for i in planned}, current: "current", 0xFFFF: "not found"}
+            assert sorted(out["logs_compacted"]) == planned and out["bytes_rewritten"] > 0
+            left = set(el.log_ids())
+            assert not left & set(planned) and set(kept) <= left, "only the planned logs went"
+            for lid in (1, 3):
+                await check_ledger(b, lid, 150)
+            with pytest.raises(ValueError):
+                b.gc.compact_logs([-1])
+    eventloop.run(main())
+
+
+def test_admin_socket_compacts_a_plan(tmp_path):
+    from bk.server.admin import AdminServer, admin_call, gc_ops
+
+    cfg = make_config(tmp_path, major_compaction_threshold=0.0, minor_compaction_threshold=0.0)
+
+    async def main():
+        async with Bookie(cfg) as b:
+            await fill(b, [1, 2], 120)
+            first = sorted(b.storage.entry_logger.closed_log_ids())[0]
+            server = AdminServer(str(tmp_path / "a.sock"), gc_ops(b.gc))
+            assert await server.start()
+            try:
+                out = await off_loop(admin_call, server.path, "gc_compact_logs", log_ids=[first])
+                assert out["plan"] == {str(first): "compacted"}
+                with pytest.raises(Exception, match="log_ids must be"):
+                    await off_loop(admin_call, server.path, "gc_compact_logs", log_ids="1")
+            finally:
+                await server.stop()
+    eventloop.run(main())

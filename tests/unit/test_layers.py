@@ -39,6 +39,46 @@ LEAF_MODULES = {"bk.proto.layout": {"_native"}}
 THIRD_PARTY_HOME = {"kazoo": {"meta"}, "lmdb": {"index"}, "prometheus_client": {"metrics"}, "aiohttp": {"server"}}
 
 
+# spark/ (top level, its own layer): bk's pure format modules, bk.meta's API and the CLI's
+# progress helper; never bk._native, the server, the bookie or kazoo.
+SPARK_ROOT = ROOT.parent / "spark"
+SPARK_ALLOWED_BK = {"bk.entrylog.format", "bk.entrylog.usage", "bk.proto.constants", "bk.errors", "bk.cli.progress",
+                    "bk.entrylog"}  # `from bk.entrylog import format, usage`: the package loads lazily
+SPARK_FORBIDDEN_THIRD_PARTY = {"kazoo", "lmdb", "aiohttp", "uvloop"}
+
+
+def _spark_allows(name: str) -> bool:
+    return name in SPARK_ALLOWED_BK or name == "bk.meta" or name.startswith("bk.meta.")
+
+
+@pytest.mark.parametrize("path", sorted(SPARK_ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(SPARK_ROOT)))
+def test_spark_imports_only_pure_modules_and_meta(path):
+    for name in _imports(path):
+        if name == "bk" or name.startswith("bk."):
+            assert _spark_allows(name), f"spark/{path.name} must not import {name} (pure formats and bk.meta only)"
+        assert name.split(".")[0] not in SPARK_FORBIDDEN_THIRD_PARTY, f"spark/{path.name} imports {name}"
+
+
+def test_spark_pure_modules_stay_pure():
+    """What spark/ may import from bk must not pull in _native, the server or kazoo itself."""
+    for mod in ("entrylog/format.py", "entrylog/usage.py", "proto/constants.py", "cli/progress.py"):
+        for name in _imports(ROOT / mod):
+            assert not name.startswith(("bk._native", "bk.server", "bk.bookie", "bk.index", "kazoo", "lmdb")), \
+                f"bk/{mod} imports {name}: spark/ relies on it being pure"
+
+
+def test_spark_loads_no_native_server_or_kazoo():
+    """At run time too: importing spark's modules (all but the pyspark-bound ones) loads none of them."""
+    import subprocess
+    import sys
+    code = ("import sys, spark.logs, spark.metadata, spark.synth, spark.report, spark.gc_job; "
+            "print([m for m in sys.modules if m.startswith(('bk._native', 'bk.server', 'bk.bookie', 'bk.index',"
+            " 'kazoo', 'lmdb'))])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def _layer(path: pathlib.Path) -> str:
     rel = path.relative_to(ROOT)
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
