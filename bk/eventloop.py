@@ -35,3 +35,15 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
     """asyncio.run on uvloop (Python 3.11 has no loop_factory on asyncio.run)."""
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(coro)
+
+
+async def cancel_and_wait(task: "asyncio.Task | None") -> None:
+    """Cancel a background task and wait until it has finished; its cancellation (and any
+    error it ended with, already logged by its owner) is not the caller's concern."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass

@@ -21,6 +21,7 @@ import logging
 from typing import Awaitable, Callable
 
 from bk import metrics
+from bk.eventloop import cancel_and_wait
 from bk.errors import BKError, MetadataFormatError, MetadataNotFoundError, MetadataStoreError
 from bk.meta import EventType, formats
 from bk.meta.cluster import paths_for
@@ -87,12 +88,7 @@ class AuditorElector:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
         await self._step_down()
         await self._withdraw()
 

@@ -43,6 +43,7 @@ from functools import partial
 from types import SimpleNamespace
 from typing import Callable
 
+from bk.eventloop import cancel_and_wait
 from bk.errors import BKError, NoSuchLedgerMetadataError, ReplicationError
 
 from .replicator import EntryCopy, RateLimiter, bookie_entries, ledger_digest, segment_bounds, write_set
@@ -133,12 +134,7 @@ class DataIntegrityCheck:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(task)
         if self.status.state == "running":
             self.status.state = "stopped"
             log.warning("repair stopped with %d of %d ledgers left; it resumes at the next start",

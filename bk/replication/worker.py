@@ -29,6 +29,7 @@ import logging
 import time
 
 from bk import metrics
+from bk.eventloop import cancel_and_wait
 from bk.errors import BKError, NoSuchLedgerMetadataError
 from bk.meta.underreplication import LedgerUnderreplicationManager, UnderreplicatedLedger
 
@@ -72,12 +73,7 @@ class ReplicationWorker:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
 
     @property
     def running(self) -> bool:
