@@ -346,9 +346,19 @@ class LedgerStorage:
         if entry is not None:
             return entry
         location = self.index.get_location(ledger_id, entry_id)
+        if location is None:
+            # A flush commits the index before it drops the cache half, so an entry stored
+            # when this read began is always in one of them: missed in the index, then in
+            # the caches, it moved in between and the index has it now. Without this last
+            # lookup a read racing a checkpoint answered "no such entry" for a stored entry
+            # (seen with the BP-46 repair: copy, checkpoint, limbo cleared mid-read).
+            entry = self.get_cached(ledger_id, entry_id)
+            if entry is not None:
+                return entry
+            location = self.index.get_location(ledger_id, entry_id)
         while True:
             if location is None:
-                return self.get_cached(ledger_id, entry_id)
+                return None
             try:
                 return self._read_at(ledger_id, entry_id, location)
             except StorageError:  # CorruptedStorageError included

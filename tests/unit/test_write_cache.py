@@ -111,3 +111,35 @@ def test_storage_says_the_checkpoint_is_behind_once_the_active_half_is_half_full
     finally:
         storage.stop()
         storage.close_index()
+
+
+def test_a_read_racing_a_checkpoint_finds_the_entry_it_moved(tmp_path):
+    """While a read is between its first cache lookup and its index lookup, the entry is
+    added and a checkpoint moves it from the write cache to the index: the read's second
+    cache lookup misses it too. It must still be found, never answered "not stored" (a BP-46
+    repair copies an entry, checkpoints and clears limbo while reads of it are in flight)."""
+    from bk.bookie.ledger_storage import LedgerStorage
+    from bk.config import load_config
+    config = load_config(env={}, overrides={"ledger_dirs": [str(tmp_path / "ledgers")],
+                                            "journal_dirs": [str(tmp_path / "journal")]})
+    storage = LedgerStorage(config)
+    real = storage.index.get_location
+    try:
+        storage.create_ledger(1)
+        calls = []
+
+        def lookup_racing_a_checkpoint(ledger_id, entry_id):
+            calls.append(entry_id)
+            found = real(ledger_id, entry_id)
+            if len(calls) == 1:  # this lookup ran before the copy was committed
+                assert found is None
+                assert storage.put(1, 0, _entry(1, 0, b"x" * 100))
+                storage.checkpoint()
+            return found
+        storage.index.get_location = lookup_racing_a_checkpoint
+        assert storage.read_from_storage(1, 0) == _entry(1, 0, b"x" * 100)
+        assert len(calls) == 2
+    finally:
+        storage.index.get_location = real
+        storage.stop()
+        storage.close_index()
