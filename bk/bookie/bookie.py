@@ -465,8 +465,10 @@ class Bookie:
 
     async def clear_limbo(self, ledger_ids) -> None:
         """Phase two found these ledgers whole: answer explicit negatives for them again.
-        Durable on return. The caller made their copied entries durable first (checkpoint),
-        so a cleared limbo never stands in front of an entry a crash could still take."""
+        Durable on return. The copied entries are in the write cache (visible to reads) before
+        limbo clears in memory, and the cleared state is persisted by the same checkpoint that
+        writes them (or a later one), so a cleared limbo never stands in front of an entry a
+        crash could still take. A read that began while in limbo looks again (read_entry)."""
         storage = self.storage
         for ledger_id in ledger_ids:
             desc = storage.get_ledger(ledger_id)
@@ -524,15 +526,23 @@ class Bookie:
             if last is None:
                 raise NoSuchEntryError(ledger_id=ledger_id, entry_id=-1)
             entry_id = last
-        entry = storage.get_cached(ledger_id, entry_id)
-        if entry is None:
-            entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
-                                                     ledger_id, entry_id)
+        while True:
+            # Limbo is read before the lookup: the BP-46 repair stores its copies and then
+            # clears limbo while a lookup may be running in a read thread, so a miss only
+            # proves "no such entry" if limbo was already clear when the lookup began
+            # (seed 10023 of the journal-off random test answered ENOENTRY without this).
+            limbo_before = desc.limbo
+            entry = storage.get_cached(ledger_id, entry_id)
             if entry is None:
-                if desc.limbo:
-                    raise LedgerLimboError(ledger_id=ledger_id, entry_id=entry_id)
+                entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
+                                                         ledger_id, entry_id)
+            if entry is not None:
+                return entry
+            if desc.limbo:
+                raise LedgerLimboError(ledger_id=ledger_id, entry_id=entry_id)
+            if not limbo_before:
                 raise NoSuchEntryError(ledger_id=ledger_id, entry_id=entry_id)
-        return entry
+            # limbo was cleared during the lookup: what the repair stored is visible now
 
     # ------------------------------------------------------------ admin
     async def delete_ledger(self, ledger_id: int) -> bool:

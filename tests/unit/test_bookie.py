@@ -2,6 +2,7 @@
 import asyncio
 import hashlib
 import os
+import threading
 
 import pytest
 
@@ -593,6 +594,46 @@ def test_batch_journal_off_answers_at_once_and_read_only_refuses(tmp_path):
             b.add_entries_cb(reqs, a.cb, None)
             assert await a.wait(reqs) == [BookieReadOnlyError, BadRequestError, BookieReadOnlyError]
             assert b.storage.last_entry_id(1) == 1
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_seed_10023_read_racing_limbo_clear_never_answers_no_such_entry(tmp_path):
+    """Journal-off random test, seed 10023: a read of a missing entry began while the ledger
+    was in limbo; while its lookup ran in a read thread the BP-46 repair stored the copy and
+    cleared limbo, and the read answered ENOENTRY for an entry the bookie now held."""
+    cfg = make_config(tmp_path)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            await b.add_entry(7, 0, entry(7, 0), KEY)
+            await b.mark_for_integrity_check([(7, KEY)])
+            storage = b.storage
+            real = storage.read_from_storage
+            in_lookup, repaired = threading.Event(), threading.Event()
+
+            def slow_lookup(ledger_id, entry_id):
+                result = real(ledger_id, entry_id)  # misses: the copy is not there yet
+                in_lookup.set()
+                repaired.wait(10)
+                return result
+
+            storage.read_from_storage = slow_lookup
+            reading = asyncio.ensure_future(b.read_entry(7, 1))
+            await asyncio.to_thread(in_lookup.wait, 10)
+            # the repair: the copy as a recovery add, then limbo cleared (in memory first)
+            await b.add_entry(7, 1, entry(7, 1), KEY, recovery=True)
+            clearing = asyncio.ensure_future(b.clear_limbo([7]))
+            await asyncio.sleep(0)
+            assert not b.is_limbo(7)
+            storage.read_from_storage = real
+            repaired.set()
+            assert await reading == entry(7, 1)
+            await clearing
+            with pytest.raises(NoSuchEntryError):  # limbo clear before the lookup: a real miss
+                await b.read_entry(7, 2)
         finally:
             await b.stop()
     run(main())
