@@ -84,6 +84,11 @@ class Bookie:
         self.read_only = config.force_read_only
         self.gc: GarbageCollector | None = None  # started with the storage (bk.bookie.gc)
         self.was_unclean_shutdown = False
+        # BP-46: the last stop was unclean and the data-integrity check is on, so phase one
+        # (mark_for_integrity_check) must complete before the unclean-shutdown flag may be
+        # cleared: a start that fails or is stopped before that (metadata store down, SIGTERM)
+        # leaves the flag set, or the next start would serve as if nothing had been lost.
+        self.phase_one_due = False
         self.replayed_records = 0
         self.cut_journal_tails: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,6 +131,7 @@ class Bookie:
                 self.was_unclean_shutdown = True
             if self.was_unclean_shutdown:
                 log.warning("bookie %s was not shut down cleanly", self.bookie_id)
+            self.phase_one_due = self.was_unclean_shutdown and cfg.data_integrity_checking
             storage.set_flag_now(UNCLEAN_SHUTDOWN, True)
             self.journals = [Journal(d, cfg, loop=self._loop, index=i) for i, d in enumerate(cfg.journal_dirs)]
             start_marks = [storage.index.get_log_mark(i) or LogMark(0, 0) for i in range(len(self.journals))]
@@ -180,7 +186,11 @@ class Bookie:
             journal.stop()
         storage = self.storage
         storage.stop()
-        storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
+        if self.phase_one_due:
+            log.warning("stopping before the data-integrity check's phase one completed: the unclean-shutdown"
+                        " flag stays set, so the next start runs it again")
+        else:
+            storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
         storage.close_index()
 
     async def __aenter__(self) -> "Bookie":
@@ -457,6 +467,7 @@ class Bookie:
                 storage.update_ledger(desc, fenced=True, limbo=True)
             count += 1
         await asyncio.to_thread(storage.checkpoint)
+        self.phase_one_due = False  # durable: a clean stop may clear the unclean-shutdown flag now
         return count
 
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:

@@ -637,3 +637,30 @@ def test_seed_10023_read_racing_limbo_clear_never_answers_no_such_entry(tmp_path
         finally:
             await b.stop()
     run(main())
+
+
+def test_a_stop_before_phase_one_completed_keeps_the_unclean_shutdown_flag(tmp_path):
+    """BP-46: a journal-off bookie that crashed must run phase one before it may forget the
+    crash. A start that failed in phase one (metadata store down) or was stopped by SIGTERM
+    before it completed stops cleanly, and the next start must still see an unclean stop."""
+    cfg = make_config(tmp_path, journal_write_data=False)
+    assert cfg.data_integrity_checking
+
+    async def main():
+        b = await started(cfg)
+        await b.add_entry(3, 0, entry(3, 0), KEY)
+        halt_without_checkpoint(b)  # the crash
+        b = await started(cfg)
+        assert b.was_unclean_shutdown and b.phase_one_due
+        await b.stop()  # phase one never ran: the server's start failed before it
+        b = await started(cfg)
+        assert b.was_unclean_shutdown, "a clean stop before phase one must not clear the flag"
+        await b.mark_for_integrity_check([(3, KEY)])
+        assert not b.phase_one_due
+        await b.stop()
+        b = await started(cfg)
+        try:
+            assert not b.was_unclean_shutdown and b.needs_integrity_check and b.is_limbo(3)
+        finally:
+            await b.stop()
+    run(main())
