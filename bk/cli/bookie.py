@@ -60,7 +60,23 @@ async def serve(cfg: BookieConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    # A start can wait long (phase one over a large cluster, the old session's expiry
+    # before registering): a stop asked for meanwhile abandons it at once. The server's
+    # start tears down what it began; BP-46's unclean-shutdown flag survives an
+    # abandoned phase one (Bookie.phase_one_due).
+    starting = asyncio.ensure_future(server.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.warning("stop requested while bookie %s was starting: abandoning the start", cfg.bookie_id)
+        starting.cancel()
+        try:
+            await starting
+        except asyncio.CancelledError:
+            pass
+        return 0
+    stopping.cancel()
+    starting.result()  # a failed start raises here
     eventloop.tune_gc()  # start-up objects out of the GC's sight; fewer young collections
     http = f", HTTP admin {server.http.url}" if server.http is not None else ""
     print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri}{http})", flush=True)
