@@ -12,7 +12,16 @@ Backpressure: when more than `max_pending_requests_per_connection` requests or
 `max_pending_bytes_per_connection` bytes are in flight, or the socket's send
 buffer is full (the client is not reading), the connection stops reading; it
 resumes at half the limit. Requests beyond twice the request limit (possible
-inside one large read) are refused with ETOOMANYREQUESTS. A batch is
+inside one large read) are refused with ETOOMANYREQUESTS.
+
+Responses are bounded too (`max_response_bytes_per_connection`): the transport's
+high-water mark is that limit, so a client that does not read its answers stops
+having its requests read once that many response bytes wait unwritten (queued
+here or in the transport), and reads that carry entries start only while the
+unwritten bytes are under the limit (`read_slot`: at most
+`num_read_worker_threads` such reads of one connection at once), so responses
+already in flight cannot pile up behind a full socket: a connection holds at
+most the limit plus one entry per read slot. A batch is
 accounted as a whole (`begin_many`/`end_many`) only when all of it fits under
 that limit; otherwise its adds are admitted one at a time, so refusals are
 exactly those of one-by-one dispatch.
@@ -28,6 +37,7 @@ this class through `auth_request_v2/v3` and `start_tls_v3`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from bk.errors import ProtocolError
@@ -52,6 +62,11 @@ class BookieConnection(asyncio.Protocol):
         self.decoder = FrameDecoder(cfg.max_frame_size_bytes)
         self.max_pending = cfg.max_pending_requests_per_connection
         self.max_pending_bytes = cfg.max_pending_bytes_per_connection
+        self.max_response_bytes = cfg.max_response_bytes_per_connection
+        self._out_bytes = 0  # bytes in self._out (answers queued for this iteration's write)
+        self._room = asyncio.Event()  # set while the unwritten responses are within the limit
+        self._room.set()
+        self._read_slots = asyncio.Semaphore(cfg.num_read_worker_threads)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.pending = 0
@@ -72,6 +87,9 @@ class BookieConnection(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # pause_writing once the unwritten answers exceed the response limit (resume_writing
+        # at a quarter of it, the transport's default low-water mark)
+        transport.set_write_buffer_limits(high=self.max_response_bytes)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.server.connections.add(self)
@@ -80,7 +98,9 @@ class BookieConnection(asyncio.Protocol):
         self.closed = True
         self.server.connections.discard(self)
         self._out.clear()
+        self._out_bytes = 0
         self._add_rows.clear()
+        self._room.set()  # reads waiting for room finish; their answers are dropped
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -116,7 +136,26 @@ class BookieConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self.has_room():
+            self._room.set()
         self._maybe_resume()
+
+    def has_room(self) -> bool:
+        """Whether the responses not yet written (queued here or in the transport) are
+        within max_response_bytes_per_connection (always, once closed)."""
+        return (self.closed or self._out_bytes + self.transport.get_write_buffer_size()
+                <= self.max_response_bytes)
+
+    @contextlib.asynccontextmanager
+    async def read_slot(self):
+        """Around a read that answers with entries: wait for one of the connection's read
+        slots and for room in its output. A slot is released before its answer is sent,
+        but the sender sends in the same step, before the next holder runs its check."""
+        async with self._read_slots:
+            while not self.has_room():
+                self._room.clear()
+                await self._room.wait()
+            yield
 
     def _feed_detecting(self, data) -> list:
         """Requests while the connection may still speak v3 (FrameDecoder.feed_v3_requests)."""
@@ -213,6 +252,7 @@ class BookieConnection(asyncio.Protocol):
             self._out.append(encode_add_responses(self._add_rows))
             self._add_rows = []
         self._out.append(frame)
+        self._out_bytes += len(frame)
         self._schedule_flush()
 
     def send_add_result(self, rc: int, req) -> None:
@@ -248,6 +288,7 @@ class BookieConnection(asyncio.Protocol):
             self._out.append(encode_add_responses(self._add_rows))
             self._add_rows = []
         self._out.append(frames)
+        self._out_bytes += len(frames)
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
@@ -264,7 +305,10 @@ class BookieConnection(asyncio.Protocol):
             self._add_rows = []
         if self._out:
             out, self._out = self._out, []
+            self._out_bytes = 0
             self.transport.writelines(out)  # a writev: big read responses are not copied into one buffer
+            if not self._writing_paused and not self._room.is_set() and self.has_room():
+                self._room.set()  # written at once (no pause_writing, so no resume_writing)
 
     def flush_now(self) -> None:
         """Hand every queued response to the transport now (START_TLS's plain-text answer)."""
@@ -283,6 +327,7 @@ class BookieConnection(asyncio.Protocol):
     def upgraded(self, transport) -> None:
         """The TLS transport replaces the plain one (bk.server.tls)."""
         self.transport = transport
+        transport.set_write_buffer_limits(high=self.max_response_bytes)
         if self._reading_paused:  # start_tls resumes reading; backpressure still applies
             transport.pause_reading()
 

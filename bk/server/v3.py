@@ -82,14 +82,22 @@ class V3Processor:
         if not conn.begin(0):
             conn.send(v3.frame(v3.error_response(req, TooManyRequestsError.code)))
             return
-        task = asyncio.ensure_future(self._run(handler, req, conn))
+        # A plain read answers with an entry: it runs in one of the connection's read slots
+        # (BookieConnection.read_slot); a long poll or a fencing read is not held there.
+        gated = op == Op.READ_ENTRY and not req.readRequest.HasField("previousLAC") and not (
+            req.readRequest.HasField("flag") and req.readRequest.flag == v3.READ_FLAG_FENCE_LEDGER)
+        task = asyncio.ensure_future(self._run(handler, req, conn, gated))
         tasks = self.processor._tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _run(self, handler, req, conn) -> None:
+    async def _run(self, handler, req, conn, gated: bool) -> None:
         try:
-            resp = await handler(req)
+            if gated:
+                async with conn.read_slot():
+                    resp = await handler(req)
+            else:
+                resp = await handler(req)
         except _Refuse as r:
             resp = v3.error_response(req, r.code)
         except BookieError as err:
