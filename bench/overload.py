@@ -55,7 +55,7 @@ from .stats import MiB
 KiB = 1024
 MARGIN_BYTES = 64 * MiB  # allocator slack, Python heap growth, kernel-side accounting
 IDLE_CONNECTION_BUDGET_BYTES = 16 * KiB  # stated per idle connection (measured: docs/OVERLOAD.md)
-READ_TASK_BUDGET_BYTES = 4 * KiB  # one read waiting for its slot: a task, its coroutine, the request
+READ_WAIT_BUDGET_BYTES = 1 * KiB  # one read waiting for a read slot: its request and a deque cell
 AFTER_FLOOD_ADDS = 1000  # paced adds once the flood stopped: every one must succeed
 STORM_KEEP = 200  # the storm's kept-open connections are dropped in groups of this many
 KEY = master_key(b"overload")
@@ -268,6 +268,17 @@ def _send_reads(port: int, ledger_id: int, entries: int, reads: int) -> tuple[so
     return s, sent
 
 
+def slow_reader_budget_bytes(target: Target, reads: int, entry_bytes: int) -> int:
+    """What one non-reading connection may hold: the response limit, one answer per read
+    slot and the one that crossed the limit, and its waiting reads (at most twice the
+    request limit are taken in; beyond that they are refused)."""
+    s = target.settings
+    taken = min(reads, 2 * s.get("max_pending_requests_per_connection", 10_000))
+    slots = s.get("num_read_worker_threads", 2) + 1
+    return (settings_bytes(s, "max_response_bytes_per_connection") + slots * (entry_bytes + 64)
+            + taken * READ_WAIT_BUDGET_BYTES)
+
+
 async def slow_reader(target: Target, readers: int, reads: int, entries: int, entry_bytes: int,
                       hold_s: float) -> dict:
     ledger_id = await write_big_ledger(target.uri, entries, entry_bytes)
@@ -283,8 +294,7 @@ async def slow_reader(target: Target, readers: int, reads: int, entries: int, en
     good_result = await good
     for s, _sent in conns:
         s.close()
-    slots = settings_bytes(target.settings, "max_response_bytes_per_connection") + 2 * (entry_bytes + 64)
-    budget = readers * (slots + reads * READ_TASK_BUDGET_BYTES)
+    budget = readers * slow_reader_budget_bytes(target, reads, entry_bytes)
     return await m.result(budget, readers=readers, reads_per_reader=reads, entry_bytes=entry_bytes,
                     unbounded_answer_mib=round(readers * reads * entry_bytes / MiB), good_client=good_result,
                     senders_blocked=sum(1 for _s, sent in conns if sent < 0))

@@ -12,19 +12,20 @@ Backpressure: when more than `max_pending_requests_per_connection` requests or
 `max_pending_bytes_per_connection` bytes are in flight, or the socket's send
 buffer is full (the client is not reading), the connection stops reading; it
 resumes at half the limit. Requests beyond twice the request limit (possible
-inside one large read) are refused with ETOOMANYREQUESTS.
-
-Responses are bounded too (`max_response_bytes_per_connection`): the transport's
-high-water mark is that limit, so a client that does not read its answers stops
-having its requests read once that many response bytes wait unwritten (queued
-here or in the transport), and reads that carry entries start only while the
-unwritten bytes are under the limit (`read_slot`: at most
-`num_read_worker_threads` such reads of one connection at once), so responses
-already in flight cannot pile up behind a full socket: a connection holds at
-most the limit plus one entry per read slot. A batch is
+inside one large read) are refused with ETOOMANYREQUESTS. A batch is
 accounted as a whole (`begin_many`/`end_many`) only when all of it fits under
 that limit; otherwise its adds are admitted one at a time, so refusals are
 exactly those of one-by-one dispatch.
+
+Responses are bounded too (`max_response_bytes_per_connection`, docs/OVERLOAD.md):
+the transport's high-water mark is that limit, so a client that does not read
+its answers stops having its requests read once that many bytes wait unwritten
+(queued here or in the transport). Requests already read cannot pile answers up
+behind it either: a read that answers with entries starts (`run_read`) only in
+one of the connection's `num_read_worker_threads` read slots and only while the
+unwritten bytes are within the limit; until then it waits as its request alone.
+So a connection holds at most the limit plus one answer per read slot (plus its
+requests in flight, bounded by the request limits above).
 
 Protocol detection (BookKeeper's BookieProtoEncoding.RequestDecoder): every frame
 is first parsed as a v3 Request until one fails to parse; from that frame on the
@@ -37,8 +38,8 @@ this class through `auth_request_v2/v3` and `start_tls_v3`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections import deque
 
 from bk.errors import ProtocolError
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
@@ -64,9 +65,9 @@ class BookieConnection(asyncio.Protocol):
         self.max_pending_bytes = cfg.max_pending_bytes_per_connection
         self.max_response_bytes = cfg.max_response_bytes_per_connection
         self._out_bytes = 0  # bytes in self._out (answers queued for this iteration's write)
-        self._room = asyncio.Event()  # set while the unwritten responses are within the limit
-        self._room.set()
-        self._read_slots = asyncio.Semaphore(cfg.num_read_worker_threads)
+        self._read_slots = cfg.num_read_worker_threads  # reads answering with entries at once
+        self._reads_running = 0
+        self._reads_waiting: deque = deque()  # (start, req) of reads begun, not started (run_read)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.pending = 0
@@ -100,7 +101,10 @@ class BookieConnection(asyncio.Protocol):
         self._out.clear()
         self._out_bytes = 0
         self._add_rows.clear()
-        self._room.set()  # reads waiting for room finish; their answers are dropped
+        waiting = len(self._reads_waiting)
+        if waiting:  # never started: nobody will answer them
+            self._reads_waiting.clear()
+            self.end_many(waiting, 0)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -136,8 +140,8 @@ class BookieConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        if self.has_room():
-            self._room.set()
+        if self._reads_waiting:
+            self._start_reads()
         self._maybe_resume()
 
     def has_room(self) -> bool:
@@ -146,16 +150,27 @@ class BookieConnection(asyncio.Protocol):
         return (self.closed or self._out_bytes + self.transport.get_write_buffer_size()
                 <= self.max_response_bytes)
 
-    @contextlib.asynccontextmanager
-    async def read_slot(self):
-        """Around a read that answers with entries: wait for one of the connection's read
-        slots and for room in its output. A slot is released before its answer is sent,
-        but the sender sends in the same step, before the next holder runs its check."""
-        async with self._read_slots:
-            while not self.has_room():
-                self._room.clear()
-                await self._room.wait()
-            yield
+    def run_read(self, start, req) -> None:
+        """A read that answers with entries, already counted by begin(): `start(req, self)`
+        now if a read slot is free and the output has room, else once both are (in
+        arrival order). The started read calls read_done() once its answer is sent."""
+        if self._reads_running < self._read_slots and not self._reads_waiting and self.has_room():
+            self._reads_running += 1
+            start(req, self)
+        else:
+            self._reads_waiting.append((start, req))
+
+    def read_done(self) -> None:
+        self._reads_running -= 1
+        if self._reads_waiting:
+            self._start_reads()
+
+    def _start_reads(self) -> None:
+        waiting = self._reads_waiting
+        while waiting and self._reads_running < self._read_slots and self.has_room():
+            self._reads_running += 1
+            start, req = waiting.popleft()
+            start(req, self)
 
     def _feed_detecting(self, data) -> list:
         """Requests while the connection may still speak v3 (FrameDecoder.feed_v3_requests)."""
@@ -307,8 +322,8 @@ class BookieConnection(asyncio.Protocol):
             out, self._out = self._out, []
             self._out_bytes = 0
             self.transport.writelines(out)  # a writev: big read responses are not copied into one buffer
-            if not self._writing_paused and not self._room.is_set() and self.has_room():
-                self._room.set()  # written at once (no pause_writing, so no resume_writing)
+            if self._reads_waiting and not self._writing_paused:
+                self._start_reads()  # written at once (no pause_writing, so no resume_writing)
 
     def flush_now(self) -> None:
         """Hand every queued response to the transport now (START_TLS's plain-text answer)."""

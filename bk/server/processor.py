@@ -136,14 +136,19 @@ class RequestProcessor:
     # ------------------------------------------------------------ everything else
     def _spawn(self, handler, gated: bool = False):
         """`handler(req)` as a task answering on `conn`; `gated`: it answers with entries,
-        so it runs in one of the connection's read slots (BookieConnection.read_slot)."""
-        def start(req, conn) -> None:
-            if not conn.begin(0):
-                conn.send(encode_response(self._overloaded(req), req.version))
-                return
+        so it starts in one of the connection's read slots (BookieConnection.run_read)."""
+        def start_task(req, conn) -> None:
             task = asyncio.ensure_future(self._run(handler, req, conn, gated))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+        def start(req, conn) -> None:
+            if not conn.begin(0):
+                conn.send(encode_response(self._overloaded(req), req.version))
+            elif gated:
+                conn.run_read(start_task, req)
+            else:
+                start_task(req, conn)
         return start
 
     def _spawn_read(self, req: ReadRequest, conn) -> None:
@@ -160,18 +165,18 @@ class RequestProcessor:
         # A fencing read (recovery) is not held behind a slow client's output.
         (self._spawn_fencing_read if req.flags & FLAG_DO_FENCING else self._spawn_gated_read)(req, conn)
 
-    async def _run(self, handler, req, conn, gated: bool = False) -> None:
+    async def _run(self, handler, req, conn, gated: bool) -> None:
         try:
-            if gated:
-                async with conn.read_slot():
-                    response = await handler(req)
-            else:
+            try:
                 response = await handler(req)
-        except Exception as err:  # every request gets an answer
-            response = self._error(req, _code(err))
+            except Exception as err:  # every request gets an answer
+                response = self._error(req, _code(err))
+            finally:
+                conn.end(0)
+            conn.send(encode_response(response, req.version))
         finally:
-            conn.end(0)
-        conn.send(encode_response(response, req.version))
+            if gated:  # after the send: the next read's room check counts this answer
+                conn.read_done()
 
     @staticmethod
     def _error(req, rc: int):
