@@ -9,7 +9,7 @@ well-behaved client (bk's BookKeeper client, E=WQ=AQ=1) writes and reads back
 a ledger on it:
 
 - idle: `--idle-connections` TCP connections that never send a byte;
-  memory per idle connection = (RSS with them - RSS before) / count.
+  memory per idle connection = (RssAnon with them - RssAnon before) / count.
 - slow-reader: `--slow-readers` connections each send `--slow-reads` reads of
   `--big-entry-bytes` entries and never read an answer (a tiny receive buffer).
 - storm: `--storm-threads` threads open connections as fast as they can for
@@ -17,8 +17,9 @@ a ledger on it:
   kept open in groups of STORM_KEEP then dropped together.
 - flood-journal / flood-no-journal: `--flood-connections` connections send
   adds of `--flood-entry-bytes` as fast as the bookie reads them, beyond its
-  write cache, for `--flood-s` seconds; then more adds on a fresh connection,
-  and every acknowledged entry is read back byte for byte.
+  write cache, for `--flood-s` seconds; then AFTER_FLOOD_ADDS paced adds on a
+  fresh connection, which must all succeed, and every acknowledged entry is
+  read back byte for byte.
 
 Every scenario reports the bookie's memory before and at its peak (/proc/<pid>/status,
 sampled every 50 ms) against a bound, its open descriptors and sockets before and
@@ -26,7 +27,7 @@ after (/proc/<pid>/fd), and whether the bookie is still up. The bound is on the
 anonymous resident memory (RssAnon; see Measured for why not the mapped index
 file's pages, which VmRSS adds and which are reported): RssAnon before the
 scenario + the bookie's caches (write + read) + what the scenario's clients may
-hold by the per-connection limits (`per_connection_budget_mib`) + MARGIN_BYTES. The
+hold by the per-connection limits (`clients_budget_mib`) + MARGIN_BYTES. The
 integration tests (tests/integration/test_overload.py) run the same
 scenarios at smaller sizes and assert the bound, the descriptors and the data.
 """
@@ -54,7 +55,7 @@ from .procmem import RssSampler, read_status_kib
 from .stats import MiB
 
 KiB = 1024
-MARGIN_BYTES = 64 * MiB  # allocator slack, Python heap growth, kernel-side accounting
+MARGIN_BYTES = 64 * MiB  # allocator slack (freed malloc arenas of the bookie's threads), LMDB's write txn
 IDLE_CONNECTION_BUDGET_BYTES = 16 * KiB  # stated per idle connection (measured: docs/OVERLOAD.md)
 READ_WAIT_BUDGET_BYTES = 1 * KiB  # one read waiting for a read slot: its request and a deque cell
 AFTER_FLOOD_ADDS = 1000  # paced adds once the flood stopped: every one must succeed
@@ -63,8 +64,8 @@ KEY = master_key(b"overload")
 PASSWORD = b"pw"
 _ENTRY_HEADER = struct.Struct(">qqq")  # ledger id, entry id, LAC: the part of an entry the bookie checks
 
-# the bookie under test (LocalCluster's 32 MiB caches; the add flood waits briefly for room
-# so refusals show up in a short run)
+# the bookie under test: small caches, and adds wait only briefly for write-cache room so
+# that refusals show up in a short flood
 BOOKIE_SETTINGS = dict(write_cache_max_size_bytes="16MiB", read_cache_max_size_bytes="16MiB",
                        write_cache_full_wait_ms=50, max_response_bytes_per_connection=4 * MiB,
                        max_pending_bytes_per_connection=8 * MiB, flush_interval_ms=500,
@@ -216,7 +217,7 @@ class Measured:
         return {"alive": t.alive, "anon_before_mib": mib(self.anon_before), "anon_peak_mib": mib(peak["RssAnon"]),
                 "anon_bound_mib": mib(bound), "within_bound": peak["RssAnon"] <= bound,
                 "rss_before_mib": mib(self.rss_before), "rss_peak_mib": mib(peak["VmRSS"]),
-                "rss_after_mib": mib(rss_bytes(t.pid)), "per_connection_budget_mib": round(budget_bytes / MiB, 2),
+                "rss_after_mib": mib(rss_bytes(t.pid)), "clients_budget_mib": round(budget_bytes / MiB, 2),
                 "fds_before": self.fds_before, "fds_after": fds_after, "sockets_before": self.sockets_before,
                 "sockets_after": sockets_after, **figures}
 

@@ -37,7 +37,16 @@ def target(zk_server, tmp_path_factory):
         yield t
 
 
+def open_files_limits(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/limits") as fh:
+        line = next(ln for ln in fh if ln.startswith("Max open files"))
+    soft, hard = line.split()[3:5]
+    return int(soft), int(hard) if hard.isdigit() else hard
+
+
 def test_ten_thousand_idle_connections(target):
+    soft, hard = open_files_limits(target.pid)
+    assert soft == hard, "the bookie raises its soft open-files limit to the hard one at start"
     overload.raise_nofile()
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     count = min(IDLE_CONNECTIONS, soft - 500)  # this process holds one end of each
