@@ -22,6 +22,7 @@ import logging
 import os
 import struct
 import time
+from collections import deque
 from hmac import compare_digest
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
@@ -95,6 +96,8 @@ class Bookie:
         self._read_pool: ThreadPoolExecutor | None = None
         self._write_data = config.journal_write_data
         self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
+        self._room_queue: deque = deque()  # add_entry_cb arguments of adds waiting for write-cache room
+        self._room_task: asyncio.Task | None = None  # retries them (_retry_when_room)
         self._running = False
 
     # ------------------------------------------------------------ lifecycle
@@ -244,8 +247,7 @@ class Bookie:
                     metrics.REJECTED_WRITE_REQUESTS.inc()
                     raise TooManyRequestsError("write cache full: the bookie cannot flush fast enough",
                                                ledger_id=ledger_id, entry_id=entry_id)
-                self._loop.create_task(self._add_when_room(ledger_id, entry_id, entry, master_key,
-                                                           recovery, cb, ctx, _deadline))
+                self._wait_for_room((ledger_id, entry_id, entry, master_key, recovery, cb, ctx, _deadline))
                 return
             if lac > desc.lac:
                 desc.lac = lac
@@ -374,11 +376,28 @@ class Bookie:
         self.storage.update_ledger(desc, master_key=bytes(master_key))
         self._journal(desc.ledger_id).log(meta_body(desc.ledger_id, MASTER_KEY, master_key), _ignore, None)
 
-    async def _add_when_room(self, ledger_id, entry_id, entry, master_key, recovery, cb, ctx, deadline):
-        await self.storage.wait_for_room(max(0.0, deadline - time.monotonic()))
-        # Everything is checked again (fence included): the ledger may have been
-        # fenced while this add waited, and then it must not be acknowledged.
-        self.add_entry_cb(ledger_id, entry_id, entry, master_key, recovery, cb, ctx, deadline)
+    def _wait_for_room(self, args: tuple) -> None:
+        """An add that found both write-cache halves full waits in a queue as its arguments
+        only: a task each cost ~3 KiB, so a flood of small adds (20,000 waiting per
+        connection) held far more than their bytes (docs/OVERLOAD.md)."""
+        self._room_queue.append(args)
+        if self._room_task is None:
+            self._room_task = self._loop.create_task(self._retry_when_room())
+
+    async def _retry_when_room(self) -> None:
+        """Once a flush frees a half, or the oldest waiting add's deadline passed, every
+        waiting add is tried once more in arrival order through add_entry_cb: everything
+        is checked again (fence included: the ledger may have been fenced while the add
+        waited, and then it must not be acknowledged); one that still finds no room
+        queues itself again, or is refused with ETOOMANYREQUESTS past its deadline."""
+        queue = self._room_queue
+        try:
+            while queue:
+                await self.storage.wait_for_room(max(0.0, queue[0][-1] - time.monotonic()))
+                for _ in range(len(queue)):
+                    self.add_entry_cb(*queue.popleft())
+        finally:
+            self._room_task = None
 
     async def add_entry(self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes,
                         recovery: bool = False) -> None:

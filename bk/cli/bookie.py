@@ -52,9 +52,28 @@ def run(args) -> int:
     return eventloop.run(serve(cfg))
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Soft RLIMIT_NOFILE up to the hard limit (every client connection is a descriptor),
+    as servers do at start; returns and logs (soft, hard)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, target, e)
+    log.info("open-files limit %d (hard %s)", soft, "unlimited" if hard == resource.RLIM_INFINITY else hard)
+    return soft, hard
+
+
 async def serve(cfg: BookieConfig) -> int:
     from bk.server import BookieServer
 
+    if cfg.raise_open_files_limit:
+        raise_open_files_limit()
     server = BookieServer(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

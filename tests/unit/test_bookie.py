@@ -397,6 +397,30 @@ def test_write_cache_full_waits_then_too_many_requests_and_loses_nothing(tmp_pat
     _with_failing_checkpoints(tmp_path, add_all)
 
 
+def test_adds_waiting_for_room_are_not_a_task_each_and_all_are_answered(tmp_path):
+    # issue 17's add flood: each add that found the write cache full got a task (~3 KiB),
+    # so a connection's 20,000 waiting small adds held far more than their bytes.
+    async def add_all(b, payload):
+        outcome = {}
+
+        def done(eid, err):
+            outcome[eid] = err
+        for eid in range(40):  # 2.4 MB: the cache (2 MiB) fills and checkpoints fail
+            b.add_entry_cb(14, eid, entry(14, eid, payload), KEY, False, done, eid)
+        tasks_before = len(asyncio.all_tasks())
+        for eid in range(40, 1040):
+            b.add_entry_cb(14, eid, entry(14, eid, payload), KEY, False, done, eid)
+        assert len(asyncio.all_tasks()) <= tasks_before + 1  # one retrier, not a task per add
+        while len(outcome) < 1040:
+            await asyncio.sleep(0.01)
+        assert set(map(type, outcome.values())) <= {type(None), TooManyRequestsError}
+        acked = sorted(eid for eid, err in outcome.items() if err is None)
+        refused = sorted(eid for eid, err in outcome.items() if err is not None)
+        assert acked and refused
+        return acked, refused[0]
+    _with_failing_checkpoints(tmp_path, add_all)
+
+
 def test_many_ledgers_large_volume_and_rotation(tmp_path):
     cfg = make_config(tmp_path, entry_log_size_limit_bytes="256KiB", journal_max_size_bytes="256KiB",
                       write_cache_max_size_bytes="2MiB", flush_interval_ms=100)
