@@ -30,7 +30,8 @@ from bk.config import BookieConfig
 from bk.entrylog import format as fmt
 from bk.entrylog.files import LogScan, ReadFiles
 from bk.errors import ConfigError, CorruptedStorageError, StorageError
-from bk.fileio import DurableFile, ensure_dir, remove_file
+from bk import fileio
+from bk.fileio import DiskUsage, DurableFile, disk_space, ensure_dir, remove_file
 
 log = logging.getLogger("bk.entrylog")
 
@@ -48,18 +49,9 @@ def _never() -> bool:
     return False
 
 
-class DiskUsage(NamedTuple):
-    total_bytes: int
-    free_bytes: int
-    usage: float  # fraction of the disk in use, 0..1
-
-
 def _dir_space(path: str) -> DiskUsage:
     """Disk space of the filesystem holding `path` (tests replace this function)."""
-    st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    free = st.f_bavail * st.f_frsize
-    return DiskUsage(total, free, (1.0 - free / total) if total else 1.0)
+    return disk_space(path)
 
 
 class _LogInfo(NamedTuple):
@@ -396,6 +388,8 @@ class EntryLogger:
 
     def _pread(self, h, n: int, offset: int) -> bytes:
         try:
+            if fileio.faults is not None:
+                fileio.check_read(h.path)
             return os.pread(h.fd, n, offset)
         except OSError as e:
             raise StorageError(f"I/O error reading {h.path}@{offset}: {e.strerror}") from e

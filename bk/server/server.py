@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from bk import metrics
 from bk.bookie import Bookie
 from bk.config import BookieConfig
 from bk.errors import BKError
+from bk.fileio import disk_space
 from bk.meta import open_store, store_options
 from bk.meta.cluster import is_initialized
 from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
@@ -268,12 +268,12 @@ class BookieServer:
         writable_dirs = 0
         for d in {*cfg.ledger_dirs, *cfg.journal_dirs}:
             try:
-                st = os.statvfs(d)
+                space = disk_space(d)  # bk.fileio: an injected full disk (tests) reports itself here
             except OSError:
                 worst = 1.0
                 continue
-            if st.f_blocks:
-                usage = 1.0 - st.f_bavail / st.f_blocks
+            if space.total_bytes:
+                usage = space.usage
                 worst = max(worst, usage)
                 if d in cfg.ledger_dirs and usage < cfg.disk_usage_threshold:
                     writable_dirs += 1
