@@ -51,6 +51,11 @@ class ClusterNotInitializedError(BKError):
     pass
 
 
+def _log_register_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not re-register after a read-only change: %s", task.exception())
+
+
 def _log_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("could not publish the repair status: %s", task.exception())
@@ -122,6 +127,7 @@ class BookieServer:
             if self._properties:  # the repair's progress changed while the registration waited
                 await self._register(force=True)
             self._monitor = asyncio.ensure_future(self._disk_monitor())
+            self.bookie.on_state_change = self._read_only_changed
             self.started = True
             if cfg.autorecovery_enabled:
                 from bk.replication import AutoRecovery
@@ -257,12 +263,13 @@ class BookieServer:
         metrics.LEDGERS_COUNT.set_function(lambda: len(storage.ledger_ids()))
         metrics.JOURNAL_QUEUE_SIZE.set_function(lambda: sum(j.queued_records() for j in bookie.journals))
         metrics.LEDGER_WRITABLE_DIRS.set_function(lambda: self._writable_dirs)
+        metrics.STORAGE_FAILED.set_function(lambda: 0 if bookie.storage_failure is None else 1)
 
     def _check_disks(self) -> None:
         """Read-only above disk_usage_threshold; writable again below the low-water mark."""
         cfg = self.config
         if self._forced_read_only:
-            self.bookie.set_read_only(True)
+            self.bookie.set_read_only(True, "set by the operator")
             return
         worst = 0.0
         writable_dirs = 0
@@ -279,9 +286,16 @@ class BookieServer:
                     writable_dirs += 1
         self._writable_dirs = writable_dirs
         if worst >= cfg.disk_usage_threshold:
-            self.bookie.set_read_only(True)
+            self.bookie.set_read_only(True, f"disk usage {worst:.0%} >= disk_usage_threshold")
         elif worst < cfg.disk_usage_lwm_threshold:
-            self.bookie.set_read_only(False)
+            self.bookie.set_read_only(False)  # also ends a full disk seen by a write (docs/DISK-FAULTS.md)
+
+    def _read_only_changed(self) -> None:
+        """A disk fault turned the bookie read-only (or the checker writable): tell ZooKeeper
+        now, not at the next disk check, so clients stop picking it for new ensembles."""
+        if self.registration is not None and self._registered_readonly is not None and not self.shutting_down:
+            task = asyncio.ensure_future(self._register())
+            task.add_done_callback(_log_register_failure)
 
     async def _disk_monitor(self) -> None:
         interval_s = self.config.disk_check_interval_ms / 1000.0

@@ -1,0 +1,330 @@
+"""What the storage engine does on disk faults (docs/DISK-FAULTS.md), with faults injected
+at bk.fileio (bk.testing.diskfaults): fsyncgate (no acknowledgement and no durability
+claim after a failed fsync), full disks, failed index commits, read errors and corrupt
+records. Runs with the native kernels and again with BK_NO_NATIVE=1."""
+import asyncio
+import errno
+import hashlib
+import os
+
+import pytest
+
+from bk.bookie import UNCLEAN_SHUTDOWN, Bookie
+from bk.config import load_config
+from bk.entrylog import EntryLogger
+from bk.errors import (BookieReadOnlyError, CorruptedStorageError, DiskFullError, NoSuchEntryError, StorageError,
+                       SyncFailedError)
+from bk.index import Index
+from bk.testing.diskfaults import DiskFaults, flip_entry_bit, truncate_entry
+
+KEY = hashlib.sha1(b"diskfaults").digest()
+
+
+def entry(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
+    payload = (f"payload-{ledger_id}-{entry_id}-".encode() * (size // 10 + 1))[:size]
+    return (ledger_id.to_bytes(8, "big") + entry_id.to_bytes(8, "big", signed=True)
+            + (-1).to_bytes(8, "big", signed=True) + len(payload).to_bytes(8, "big") + payload)
+
+
+def make_config(tmp_path, **kw):
+    base = dict(journal_dirs=[str(tmp_path / "journal")], ledger_dirs=[str(tmp_path / "ledgers")],
+                flush_interval_ms=60_000, write_cache_max_size_bytes="4MiB")
+    base.update(kw)
+    return load_config(overrides=base, env={})
+
+
+@pytest.fixture
+def faults():
+    f = DiskFaults.install()
+    yield f
+    DiskFaults.uninstall()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def started(cfg) -> Bookie:
+    b = Bookie(cfg)
+    await b.start()
+    return b
+
+
+async def settle():
+    for _ in range(3):  # let call_soon_threadsafe reports from the storage threads run
+        await asyncio.sleep(0.01)
+
+
+# ------------------------------------------------------------------ entry logger
+def test_entry_log_whose_fsync_failed_is_never_fsynced_again(tmp_path, faults):
+    d = str(tmp_path / "l")
+    el = EntryLogger([d], make_config(tmp_path, ledger_dirs=[d]))
+    first = el.add_entries([entry(1, 0)])
+    el.flush()
+    poisoned = el.current_log_id
+    second = el.add_entries([entry(1, 1)])
+    rule = faults.fail(op="fsync", path_prefix=d, count=1)
+    with pytest.raises(SyncFailedError):
+        el.flush()
+    assert el.current_log_id == poisoned and el._current is None  # abandoned
+    # the retry writes again, into a new log, and only that one is fsynced
+    again = el.add_entries([entry(1, 1)])
+    el.flush()
+    assert faults.hits(rule) == 1
+    assert el.current_log_id != poisoned and again[0] >> 32 == el.current_log_id
+    assert el.read_entry(1, 0, first[0]) == entry(1, 0)  # synced before the failure: still there
+    assert el.read_entry(1, 1, again[0]) == entry(1, 1)
+    # what the failed fsync covered is gone (dropped page cache): a reader of the old
+    # location gets an error, never wrong bytes
+    with pytest.raises(CorruptedStorageError):
+        el.read_entry(1, 1, second[0])
+    assert poisoned in el.closed_log_ids()
+    el.close()
+
+
+def test_entry_log_fsync_failure_at_rotation_and_full_disk_at_create(tmp_path, faults):
+    d = str(tmp_path / "l")
+    cfg = make_config(tmp_path, ledger_dirs=[d], entry_log_size_limit_bytes="64KiB")
+    el = EntryLogger([d], cfg)
+    el.add_entries([entry(1, 0, 30_000)])
+    faults.fail(op="fsync", path_prefix=d, count=1)  # the close of the full log
+    with pytest.raises(SyncFailedError):
+        el.add_entries([entry(1, 1, 30_000), entry(1, 2, 30_000)])
+    assert not el._unsynced  # no fsync is owed to a poisoned log
+    full = faults.full_disk(d)
+    with pytest.raises(DiskFullError):
+        el.add_entries([entry(1, 3)])
+    faults.heal(full)
+    locs = el.add_entries([entry(1, 3)])  # the id of the failed create is not reused
+    el.flush()
+    assert el.read_entry(1, 3, locs[0]) == entry(1, 3)
+    el.close()
+
+
+# ------------------------------------------------------------------ journal
+def test_journal_fsync_eio_no_ack_and_read_only_for_good(tmp_path, faults):
+    cfg = make_config(tmp_path)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            await b.add_entry(1, 0, entry(1, 0), KEY)
+            rule = faults.fail(op="fsync", errno=errno.EIO, path_prefix=cfg.journal_dirs[0], count=1)
+            with pytest.raises(StorageError):
+                await b.add_entry(1, 1, entry(1, 1), KEY)
+            assert faults.hits(rule) == 1
+            await settle()
+            assert b.read_only and b.storage_failure and "journal 0" in b.read_only_reason
+            # the fault is gone, but a journal whose fsync failed acknowledges nothing again,
+            # and neither the disk checker nor the operator makes the bookie writable
+            b.set_read_only(False)
+            assert b.read_only
+            with pytest.raises(BookieReadOnlyError):
+                await b.add_entry(1, 2, entry(1, 2), KEY)
+            with pytest.raises(StorageError):  # a recovery add still goes to the dead journal
+                await b.add_entry(1, 2, entry(1, 2), KEY, recovery=True)
+            assert await b.read_entry(1, 0) == entry(1, 0)  # acknowledged data is served
+        finally:
+            await b.stop()
+    run(main())
+    # a clean stop checkpointed everything; the acknowledged entry survives a restart
+    assert Bookie(cfg).config is cfg
+
+    async def again():
+        b = await started(cfg)
+        try:
+            assert not b.was_unclean_shutdown and not b.read_only
+            assert await b.read_entry(1, 0) == entry(1, 0)
+        finally:
+            await b.stop()
+    run(again())
+
+
+def test_journal_full_disk_read_only_then_writable_and_nothing_lost(tmp_path, faults):
+    cfg = make_config(tmp_path)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            for e in range(5):
+                await b.add_entry(1, e, entry(1, e), KEY)
+            rule = faults.fail(op="write", errno=errno.ENOSPC, path_prefix=cfg.journal_dirs[0], count=1,
+                               partial_bytes=11)
+            with pytest.raises(DiskFullError):
+                await b.add_entry(1, 5, entry(1, 5), KEY)
+            await settle()
+            assert faults.hits(rule) == 1
+            assert b.read_only and b.disk_full and b.storage_failure is None
+            with pytest.raises(BookieReadOnlyError):
+                await b.add_entry(1, 6, entry(1, 6), KEY)
+            b.set_read_only(False)  # the disk checker saw room again
+            assert not b.read_only
+            for e in range(5, 10):
+                await b.add_entry(1, e, entry(1, e), KEY)
+        finally:
+            await b.stop()
+    run(main())
+
+    async def again():  # replay sees no hole where the short write was cut away
+        b = await started(cfg)
+        try:
+            for e in range(10):
+                assert await b.read_entry(1, e) == entry(1, e)
+        finally:
+            await b.stop()
+    run(again())
+
+
+# ------------------------------------------------------------------ checkpoint
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
+def test_checkpoint_fsync_failure_never_claims_lost_entries(tmp_path, faults, journal):
+    """fsyncgate at the checkpoint: the entry-log fsync fails and the page cache drops the
+    data it covered. The old code fsynced the same file again, succeeded, committed the
+    index and moved the journal mark: every entry of that checkpoint read back as zeros.
+    Now the half is written again into a new log; every acknowledged entry reads back."""
+    cfg = make_config(tmp_path, journal_write_data=journal)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            for e in range(50):
+                await b.add_entry(7, e, entry(7, e, 500), KEY)
+            rule = faults.fail(op="fsync", path_prefix=cfg.ledger_dirs[0], count=1)
+            with pytest.raises(SyncFailedError):
+                await b.checkpoint()
+            await settle()
+            assert faults.hits(rule) == 1
+            assert b.read_only and "checkpoint" in b.storage_failure
+            await b.checkpoint()  # the retry
+            for e in range(50):
+                assert await b.read_entry(7, e) == entry(7, e, 500)
+        finally:
+            await b.stop()
+    run(main())
+
+    async def again():
+        b = await started(cfg)
+        try:
+            assert not b.was_unclean_shutdown  # the final checkpoint succeeded
+            for e in range(50):
+                assert await b.read_entry(7, e) == entry(7, e, 500)
+        finally:
+            await b.stop()
+    run(again())
+
+
+def test_checkpoint_that_never_succeeds_leaves_the_unclean_flag_set(tmp_path, faults):
+    """Journal off (BP-46): acknowledged entries held only in memory when the final
+    checkpoint fails. The stop must not claim a clean shutdown: the next start runs
+    the integrity check (limbo), which never answers 'no such entry' for them."""
+    cfg = make_config(tmp_path, journal_write_data=False)
+
+    async def main():
+        b = await started(cfg)
+        for e in range(10):
+            await b.add_entry(3, e, entry(3, e), KEY)
+        faults.fail(op="fsync", path_prefix=cfg.ledger_dirs[0], count=None)
+        await b.stop()  # logs the failure, does not raise
+    run(main())
+    faults.heal()
+    index = Index(cfg.resolved_index_dir, cfg)
+    try:
+        assert index.get_flag(UNCLEAN_SHUTDOWN) is True
+    finally:
+        index.close()
+
+    async def again():
+        b = await started(cfg)
+        try:
+            assert b.was_unclean_shutdown
+        finally:
+            await b.stop()
+    run(again())
+
+
+def test_index_commit_failure_read_only_and_retry_keeps_everything(tmp_path, faults):
+    cfg = make_config(tmp_path)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            for e in range(20):
+                await b.add_entry(2, e, entry(2, e), KEY)
+            faults.fail(op="commit", errno=errno.EIO, count=1)
+            with pytest.raises(StorageError):
+                await b.checkpoint()
+            await settle()
+            assert b.read_only and b.storage_failure
+            for e in range(20):  # still served, from the write cache
+                assert await b.read_entry(2, e) == entry(2, e)
+            await b.checkpoint()
+            for e in range(20):
+                assert await b.read_entry(2, e) == entry(2, e)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_checkpoint_full_disk_read_only_until_room(tmp_path, faults):
+    cfg = make_config(tmp_path, journal_dirs=[str(tmp_path / "journal")])
+
+    async def main():
+        b = await started(cfg)
+        try:
+            for e in range(20):
+                await b.add_entry(4, e, entry(4, e), KEY)
+            full = faults.full_disk(cfg.ledger_dirs[0])
+            with pytest.raises(DiskFullError):
+                await b.checkpoint()
+            await settle()
+            assert b.read_only and b.disk_full and b.storage_failure is None
+            faults.heal(full)
+            await b.checkpoint()
+            b.set_read_only(False)
+            assert not b.read_only
+            await b.add_entry(4, 20, entry(4, 20), KEY)
+            for e in range(21):
+                assert await b.read_entry(4, e) == entry(4, e)
+        finally:
+            await b.stop()
+    run(main())
+
+
+# ------------------------------------------------------------------ reads
+@pytest.mark.parametrize("damage", ["ids", "size", "truncate", "read-eio"])
+def test_damaged_entry_is_an_error_never_no_such_entry(tmp_path, faults, damage):
+    cfg = make_config(tmp_path, read_ahead_batch_size=1)
+
+    async def fill():
+        b = await started(cfg)
+        try:
+            for e in range(10):
+                await b.add_entry(9, e, entry(9, e), KEY)
+        finally:
+            await b.stop()
+    run(fill())
+    victim = 9 if damage == "truncate" else 4  # truncation cuts the log: the last entry
+    if damage == "truncate":
+        truncate_entry(cfg.ledger_dirs, 9, victim)
+    elif damage == "read-eio":
+        faults.fail(op="read", errno=errno.EIO, path_prefix=cfg.ledger_dirs[0], count=None)
+    else:
+        flip_entry_bit(cfg.ledger_dirs, 9, victim, part=damage)
+
+    async def read():
+        b = await started(cfg)
+        try:
+            with pytest.raises(StorageError) as ei:
+                await b.read_entry(9, victim)
+            assert not isinstance(ei.value, NoSuchEntryError)
+            if damage == "truncate":  # "the last entry" is the damaged one too
+                with pytest.raises(StorageError):
+                    await b.read_entry(9, -1)
+            if damage != "read-eio":
+                for e in range(10):
+                    if e != victim:
+                        assert await b.read_entry(9, e) == entry(9, e)
+        finally:
+            await b.stop()
+    run(read())
+    assert os.path.isdir(cfg.ledger_dirs[0])
