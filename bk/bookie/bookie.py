@@ -547,8 +547,14 @@ class Bookie:
             entry_id = last
         entry = storage.get_cached(ledger_id, entry_id)
         if entry is None:
-            entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
-                                                     ledger_id, entry_id)
+            try:
+                entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
+                                                         ledger_id, entry_id)
+            except CorruptedStorageError as e:  # EIO: the reader asks another replica
+                metrics.READ_ENTRY_CORRUPTED.inc()
+                log.error("bookie %s: ledger %d entry %d is damaged on disk: %s", self.bookie_id,
+                          ledger_id, entry_id, e)
+                raise
             if entry is None:
                 if desc.limbo:
                     raise LedgerLimboError(ledger_id=ledger_id, entry_id=entry_id)

@@ -391,7 +391,14 @@ class LedgerStorage:
         if not run or run[0][0] != ledger_id or run[0][1] != entry_id:
             # read_run does not know which ids to expect; the strict read does.
             return self.entry_logger.read_entry(ledger_id, entry_id, location)
-        self.read_cache.put_many((lid, eid, e) for lid, eid, e, _ in run if lid == ledger_id)
+        ahead = [r for r in run[1:] if r[0] == ledger_id]
+        if ahead:
+            # A record's ids are its entry's first bytes: a damaged one (or a stale copy left
+            # by compaction) can claim an entry that lives elsewhere. Only records the index
+            # places exactly here are cached, so a flipped id never shadows a healthy entry.
+            where = self.index.get_locations([(lid, eid) for lid, eid, _, _ in ahead])
+            ahead = [(lid, eid, e) for (lid, eid, e, loc), want in zip(ahead, where) if want == loc]
+        self.read_cache.put_many([(ledger_id, entry_id, run[0][2]), *ahead])
         return run[0][2]
 
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:

@@ -328,3 +328,33 @@ def test_damaged_entry_is_an_error_never_no_such_entry(tmp_path, faults, damage)
             await b.stop()
     run(read())
     assert os.path.isdir(cfg.ledger_dirs[0])
+
+
+def test_record_with_flipped_ids_never_shadows_a_healthy_entry(tmp_path):
+    """Regression: read-ahead cached every record of the run under the ids the record
+    claims. Entry 4 with its id bit flipped claims to be entry 5: a read of entry 3 put
+    entry 4's bytes in the read cache as entry 5 (the read cache keeps the first copy),
+    and the healthy entry 5 was then served wrong. Read-ahead now caches only records
+    the index places where they were read."""
+    cfg = make_config(tmp_path)
+
+    async def fill():
+        b = await started(cfg)
+        try:
+            for e in range(10):
+                await b.add_entry(9, e, entry(9, e), KEY)
+        finally:
+            await b.stop()
+    run(fill())
+    flip_entry_bit(cfg.ledger_dirs, 9, 4, part="ids", bit=0)  # entry id 4 -> 5
+
+    async def read():
+        b = await started(cfg)
+        try:
+            assert await b.read_entry(9, 3) == entry(9, 3)  # reads ahead over the damaged record
+            assert await b.read_entry(9, 5) == entry(9, 5)
+            with pytest.raises(CorruptedStorageError):
+                await b.read_entry(9, 4)
+        finally:
+            await b.stop()
+    run(read())
