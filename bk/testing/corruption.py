@@ -71,7 +71,9 @@ def flip_entry_bit(ledger_dirs, ledger_id: int, entry_id: int, part: str = "payl
     part "payload": the entry's last byte (the bookie serves it; the client's digest
     check fails); "ids": the low byte of the entry id in the record (the bookie's own
     check fails: another entry id than the index promised); "size": the size field's
-    high byte (the record's length is out of range)."""
+    high byte (the record's length is out of range). A flipped id can make a record claim
+    another entry's ids (4 -> 5 with bit 0), and a later call for that entry finds it too:
+    pick a bit that leads past the ledger's last entry to damage neighbours one by one."""
     if part not in _PARTS:
         raise ValueError(f"part must be one of {_PARTS}")
     copies = entry_records(ledger_dirs, ledger_id, entry_id)
