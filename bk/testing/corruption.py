@@ -68,23 +68,25 @@ def flip_entry_bit(ledger_dirs, ledger_id: int, entry_id: int, part: str = "payl
                    bit: int = 0) -> list[tuple[str, int]]:
     """Flip one bit of every stored copy of the entry; returns the (path, offset) flipped.
 
-    part "payload": the entry's last byte (the bookie serves it; the client's digest
-    check fails); "ids": the low byte of the entry id in the record (the bookie's own
-    check fails: another entry id than the index promised); "size": the size field's
-    high byte (the record's length is out of range). A flipped id can make a record claim
-    another entry's ids (4 -> 5 with bit 0), and a later call for that entry finds it too:
-    pick a bit that leads past the ledger's last entry to damage neighbours one by one."""
+    part "payload": bit `bit % 8` of the entry's last byte (the bookie serves it; the
+    client's digest check fails); "ids": bit `bit` (0..63, 0 the lowest) of the entry id
+    in the record (the bookie's own check fails: another entry id than the index
+    promised); "size": a high bit of the size field (the record's length is out of range).
+    A flipped id can make a record claim another entry's ids (4 -> 5 with bit 0), and a
+    later call for that entry finds it too: a high bit (40) damages neighbours one by one."""
     if part not in _PARTS:
         raise ValueError(f"part must be one of {_PARTS}")
     copies = entry_records(ledger_dirs, ledger_id, entry_id)
     if not copies:
         raise LookupError(f"ledger {ledger_id} entry {entry_id} is in no entry log under {list(ledger_dirs)}")
     done = []
+    if part == "ids" and not 0 <= bit < 64:
+        raise ValueError("an entry id has bits 0..63")
     for path, offset, size in copies:
-        at = {"payload": offset + fmt.SIZE_FIELD_BYTES + size - 1,
-              "ids": offset + fmt.SIZE_FIELD_BYTES + 15,
-              "size": offset}[part]
-        flip_bit(path, at, bit if part != "size" else 6)
+        at, which = {"payload": (offset + fmt.SIZE_FIELD_BYTES + size - 1, bit % 8),
+                     "ids": (offset + fmt.SIZE_FIELD_BYTES + 15 - bit // 8, bit % 8),  # big-endian id
+                     "size": (offset, 6)}[part]
+        flip_bit(path, at, which)
         done.append((path, at))
     return done
 

@@ -310,11 +310,11 @@ def test_damaged_entries_are_eio_and_readers_use_another_replica(zk_server, tmp_
         c.stop_bookie(0)  # clean stop: everything is in the entry logs
         ledgers = [os.path.join(bookie_dir(c, 0), "ledgers")]
         for e in (3, 4, 5):  # one of three entries is read from bookie 0 first
-            flip_entry_bit(ledgers, closed_id, e, part="ids", bit=6)  # claims e + 64: no real entry
+            flip_entry_bit(ledgers, closed_id, e, part="ids", bit=40)  # claims e + 2**40: no real entry
         for e in (10, 11, 12):
             flip_entry_bit(ledgers, closed_id, e, part="payload")
         for e in (n - 3, n - 2, n - 1):  # the last entries of the open ledger: recovery reads them
-            flip_entry_bit(ledgers, open_id, e, part="ids", bit=6)
+            flip_entry_bit(ledgers, open_id, e, part="ids", bit=40)
         c.start_bookie(0)
         got = run(answers(victim, closed_id, [3, 4, 5]))
         assert got == {3: EIO, 4: EIO, 5: EIO}  # never ENOENTRY: the bookie may have lost them
@@ -337,5 +337,40 @@ def test_damaged_entries_are_eio_and_readers_use_another_replica(zk_server, tmp_
                 return whole, singles, recovered
         whole, singles, recovered = run(read_back())
         assert whole == singles == recovered == [payload(i) for i in range(n)]
+    finally:
+        c.stop()
+
+
+def test_bp46_repair_copies_a_damaged_entry_from_another_replica(zk_server, tmp_path):
+    """Journal off: bookie 0 crashes with every entry only in its write cache and repairs
+    itself from its peers (BP-46 phase two); bookie 1's copies of some entries are damaged
+    (EIO), so the repair must take those from bookie 2 and never store a bad copy."""
+    c = make_cluster(zk_server, tmp_path, 3, journal_write_data=False, flush_interval_ms=30_000,
+                     data_integrity_repair_retry_max_s=1.0).start()
+    try:
+        n = 60
+
+        async def write():
+            async with BookKeeper(c.metadata_uri, **FAST) as bkc:
+                lh = await bkc.create_ledger(3, 3, 3, password=PW)
+                for i in range(n):
+                    await lh.add_entry(payload(i))
+                await lh.close()
+                return lh.ledger_id
+        ledger_id = run(write())
+        c.kill(0)  # its entries were only in the write cache: lost
+        c.stop_bookie(1)  # clean: its entries are in its entry logs
+        damaged = range(20, 26)
+        for e in damaged:
+            flip_entry_bit([os.path.join(bookie_dir(c, 1), "ledgers")], ledger_id, e, part="ids", bit=40)
+        c.start_bookie(1)
+        assert set(run(answers(c.bookies[1].bookie_id, ledger_id, damaged)).values()) == {EIO}
+        c.start_bookie(0)  # unclean: phase one (fence, limbo), then the repair copies from 1 and 2
+        victim = c.bookies[0].bookie_id
+        got = run(answers(victim, ledger_id, range(n)))
+        assert ENOENTRY not in got.values() and set(got.values()) <= {EOK, EUNKNOWN}
+        wait_for(lambda: set(run(answers(victim, ledger_id, range(n))).values()) == {EOK}, 90, "the BP-46 repair")
+        # the repair did meet the damaged copies (write sets rotate: bookie 1 comes first for some)
+        assert metric(c, 1, "bookie_read_entry_corrupted") > len(damaged)
     finally:
         c.stop()
