@@ -580,13 +580,13 @@ class Bookie:
             self.disk_full = None
         self._update_read_only()
 
-    def _update_read_only(self) -> None:
+    def _update_read_only(self, notify: bool = True) -> None:
         read_only = self._read_only_wanted or self.disk_full is not None or self.storage_failure is not None
         if read_only != self.read_only:
+            self.read_only = read_only
             log.warning("bookie %s is now %s", self.bookie_id,
                         f"read-only: {self.read_only_reason}" if read_only else "writable")
-            self.read_only = read_only
-            if self.on_state_change is not None:
+            if notify and self.on_state_change is not None:  # on the loop only
                 self.on_state_change()
 
     @property
@@ -602,14 +602,14 @@ class Bookie:
         """The journal writer or the flush thread reports a failed write/fsync/commit."""
         loop = self._loop
         if loop is None or loop.is_closed():
-            self._storage_error(where, exc)
+            self._storage_error(where, exc, notify=False)
             return
         try:
             loop.call_soon_threadsafe(self._storage_error, where, exc)
-        except RuntimeError:  # the loop closed meanwhile
-            self._storage_error(where, exc)
+        except RuntimeError:  # the loop closed meanwhile: nobody left to tell
+            self._storage_error(where, exc, notify=False)
 
-    def _storage_error(self, where: str, exc: StorageError) -> None:
+    def _storage_error(self, where: str, exc: StorageError, notify: bool = True) -> None:
         metrics.STORAGE_ERRORS.inc()
         if isinstance(exc, DiskFullError):
             if self.disk_full is None:
@@ -620,7 +620,7 @@ class Bookie:
             log.error("bookie %s: %s failed (%s); read-only until restarted (docs/DISK-FAULTS.md)",
                       self.bookie_id, where, exc)
             self.storage_failure = f"{where}: {exc}"
-        self._update_read_only()
+        self._update_read_only(notify)
 
     def stats(self) -> dict:
         return {**self.storage.stats(), "read_only": self.read_only}

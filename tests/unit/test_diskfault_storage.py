@@ -101,6 +101,26 @@ def test_entry_log_fsync_failure_at_rotation_and_full_disk_at_create(tmp_path, f
     el.close()
 
 
+def test_failed_directory_fsync_at_log_creation_does_not_stop_checkpoints(tmp_path, faults):
+    """Regression: a failed fsync of the log directory while creating a new entry log
+    escaped as a raw OSError (the flush thread catches StorageError only, so it died: no
+    checkpoint ever again), and left the new file behind, so every later attempt to create
+    that log id failed with EEXIST. Now it is a SyncFailedError, and the id is skipped."""
+    d = str(tmp_path / "l")
+    el = EntryLogger([d], make_config(tmp_path, ledger_dirs=[d]))
+    el.add_entries([entry(1, 0)])
+    el.flush()
+    log_dir = os.path.join(d, "current")
+    rule = faults.fail(op="fsync", path_prefix=log_dir, after=1, count=1)  # the close's fsync passes
+    with pytest.raises(StorageError):
+        el._rotate()  # close the current log, create the next: its directory fsync fails
+    assert faults.hits(rule) == 1
+    locs = el.add_entries([entry(1, 1)])
+    el.flush()
+    assert el.read_entry(1, 1, locs[0]) == entry(1, 1)
+    el.close()
+
+
 # ------------------------------------------------------------------ journal
 def test_journal_fsync_eio_no_ack_and_read_only_for_good(tmp_path, faults):
     cfg = make_config(tmp_path)
@@ -179,9 +199,9 @@ def test_journal_full_disk_read_only_then_writable_and_nothing_lost(tmp_path, fa
 @pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
 def test_checkpoint_fsync_failure_never_claims_lost_entries(tmp_path, faults, journal):
     """fsyncgate at the checkpoint: the entry-log fsync fails and the page cache drops the
-    data it covered. The old code fsynced the same file again, succeeded, committed the
-    index and moved the journal mark: every entry of that checkpoint read back as zeros.
-    Now the half is written again into a new log; every acknowledged entry reads back."""
+    data it covered. The half is kept and written again, into a new log (that file is
+    never fsynced again); every acknowledged entry reads back, before and after a restart,
+    and the stop after the good retry is clean."""
     cfg = make_config(tmp_path, journal_write_data=journal)
 
     async def main():
