@@ -183,3 +183,76 @@ def test_flip_bit(tmp_path):
     p.write_bytes(struct.pack(">q", 0))
     flip_bit(str(p), 7, 3)
     assert struct.unpack(">q", p.read_bytes())[0] == 8
+
+
+def _bookie_files(tmp_path, checkpoint: bool):
+    """Ten entries of ledger 1 through a real Bookie: in the entry log (checkpoint) or
+    only in the journal (a halt without checkpoint)."""
+    import asyncio
+
+    from bk.bookie import Bookie
+    from bk.config import load_config
+    from bk.testing.powerloss import halt_without_checkpoint
+
+    cfg = load_config(env={}, overrides=dict(journal_dirs=[str(tmp_path / "j")], ledger_dirs=[str(tmp_path / "l")],
+                                             flush_interval_ms=600_000))
+    key = b"k" * 20
+
+    async def main():
+        b = Bookie(cfg)
+        await b.start()
+        for e in range(10):
+            await b.add_entry(1, e, struct.pack(">qqq", 1, e, -1) + b"payload-%d" % e, key)
+        if checkpoint:
+            await b.stop()
+        else:
+            halt_without_checkpoint(b)
+    asyncio.run(main())
+    return cfg
+
+
+def test_corruption_helpers_find_the_entry(tmp_path):
+    from bk.testing.corruption import entry_records, journal_records
+    from bk.testing.diskfaults import flip_entry_bit, flip_journal_bit, truncate_entry
+
+    cfg = _bookie_files(tmp_path / "a", checkpoint=True)
+    (path, offset, size), = entry_records(cfg.ledger_dirs, 1, 4)
+    before = open(path, "rb").read()
+    assert before[offset + 4:offset + 20] == struct.pack(">qq", 1, 4)
+    [(p, at)] = flip_entry_bit(cfg.ledger_dirs, 1, 4, part="ids", bit=40)
+    after = open(path, "rb").read()
+    assert p == path and struct.unpack(">q", after[offset + 12:offset + 20])[0] == 4 ^ (1 << 40)
+    assert sum(a != b for a, b in zip(before, after)) == 1
+    assert entry_records(cfg.ledger_dirs, 1, 4) == []  # it now claims another entry
+    with pytest.raises(LookupError):
+        flip_entry_bit(cfg.ledger_dirs, 1, 4)
+    flip_entry_bit(cfg.ledger_dirs, 1, 5, part="payload")
+    assert open(path, "rb").read()[offset:offset + 4] == before[offset:offset + 4]
+    p, new_size = truncate_entry(cfg.ledger_dirs, 1, 9)
+    assert os.path.getsize(p) == new_size
+
+    cfg = _bookie_files(tmp_path / "b", checkpoint=False)
+    [(jpath, joff, n)] = journal_records(cfg.journal_dirs, 1, 3)
+    [(p, at)] = flip_journal_bit(cfg.journal_dirs, 1, 3)
+    assert p == jpath and at == joff + 8 + n - 1
+    assert journal_records(cfg.journal_dirs, 1, 3)  # the ids are intact, the CRC is not
+
+
+def test_flipped_journal_bit_before_the_tail_stops_the_start(tmp_path):
+    """A journal record damaged with valid records after it is corruption, not a torn tail:
+    the bookie refuses to start rather than skip acknowledged entries."""
+    import asyncio
+
+    from bk.bookie import Bookie
+    from bk.errors import CorruptedStorageError
+    from bk.testing.diskfaults import flip_journal_bit
+
+    cfg = _bookie_files(tmp_path, checkpoint=False)
+    flip_journal_bit(cfg.journal_dirs, 1, 3)
+
+    async def start():
+        b = Bookie(cfg)
+        await b.start()
+        await b.stop()
+    with pytest.raises(CorruptedStorageError):
+        asyncio.run(start())
