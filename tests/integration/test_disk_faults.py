@@ -281,10 +281,7 @@ def test_journal_write_enospc_fails_the_add_and_recovers(zk_server, tmp_path):
         c.faults.heal()  # counts are per process: a restarted bookie would meet the rule again
         c.kill(0)  # nothing checkpointed (60 s interval): a restart replays the journal
         c.start_bookie(0)
-        digest = DigestManager(42, "CRC32C", PW)
-        for e in range(5):
-            r = run(read_rc(victim, 42, e))
-            assert r.rc == EOK and bytes(digest.verify_entry(e, r.body)[2]) == payload(e)
+        assert set(run(answers(victim, 42, range(5))).values()) == {EOK}
     finally:
         c.stop()
 

@@ -50,6 +50,22 @@ async def started(cfg) -> Bookie:
     return b
 
 
+def with_bookie(cfg, body):
+    """Start a bookie, `await body(b)`, stop it; returns what body returned."""
+    async def main():
+        b = await started(cfg)
+        try:
+            return await body(b)
+        finally:
+            await b.stop()
+    return run(main())
+
+
+async def add_range(b, ledger_id: int, entries, size: int = 100) -> None:
+    for e in entries:
+        await b.add_entry(ledger_id, e, entry(ledger_id, e, size), KEY)
+
+
 async def settle():
     for _ in range(3):  # let call_soon_threadsafe reports from the storage threads run
         await asyncio.sleep(0.01)
@@ -148,16 +164,11 @@ def test_journal_fsync_eio_no_ack_and_read_only_for_good(tmp_path, faults):
             await b.stop()
     run(main())
     # a clean stop checkpointed everything; the acknowledged entry survives a restart
-    assert Bookie(cfg).config is cfg
 
-    async def again():
-        b = await started(cfg)
-        try:
-            assert not b.was_unclean_shutdown and not b.read_only
-            assert await b.read_entry(1, 0) == entry(1, 0)
-        finally:
-            await b.stop()
-    run(again())
+    async def again(b):
+        assert not b.was_unclean_shutdown and not b.read_only
+        assert await b.read_entry(1, 0) == entry(1, 0)
+    with_bookie(cfg, again)
 
 
 def test_journal_full_disk_read_only_then_writable_and_nothing_lost(tmp_path, faults):
@@ -166,8 +177,7 @@ def test_journal_full_disk_read_only_then_writable_and_nothing_lost(tmp_path, fa
     async def main():
         b = await started(cfg)
         try:
-            for e in range(5):
-                await b.add_entry(1, e, entry(1, e), KEY)
+            await add_range(b, 1, range(5))
             rule = faults.fail(op="write", errno=errno.ENOSPC, path_prefix=cfg.journal_dirs[0], count=1,
                                partial_bytes=11)
             with pytest.raises(DiskFullError):
@@ -185,14 +195,10 @@ def test_journal_full_disk_read_only_then_writable_and_nothing_lost(tmp_path, fa
             await b.stop()
     run(main())
 
-    async def again():  # replay sees no hole where the short write was cut away
-        b = await started(cfg)
-        try:
-            for e in range(10):
-                assert await b.read_entry(1, e) == entry(1, e)
-        finally:
-            await b.stop()
-    run(again())
+    async def again(b):  # replay sees no hole where the short write was cut away
+        for e in range(10):
+            assert await b.read_entry(1, e) == entry(1, e)
+    with_bookie(cfg, again)
 
 
 # ------------------------------------------------------------------ checkpoint
@@ -207,8 +213,7 @@ def test_checkpoint_fsync_failure_never_claims_lost_entries(tmp_path, faults, jo
     async def main():
         b = await started(cfg)
         try:
-            for e in range(50):
-                await b.add_entry(7, e, entry(7, e, 500), KEY)
+            await add_range(b, 7, range(50), 500)
             rule = faults.fail(op="fsync", path_prefix=cfg.ledger_dirs[0], count=1)
             with pytest.raises(SyncFailedError):
                 await b.checkpoint()
@@ -222,15 +227,11 @@ def test_checkpoint_fsync_failure_never_claims_lost_entries(tmp_path, faults, jo
             await b.stop()
     run(main())
 
-    async def again():
-        b = await started(cfg)
-        try:
-            assert not b.was_unclean_shutdown  # the final checkpoint succeeded
-            for e in range(50):
-                assert await b.read_entry(7, e) == entry(7, e, 500)
-        finally:
-            await b.stop()
-    run(again())
+    async def again(b):
+        assert not b.was_unclean_shutdown  # the final checkpoint succeeded
+        for e in range(50):
+            assert await b.read_entry(7, e) == entry(7, e, 500)
+    with_bookie(cfg, again)
 
 
 def test_checkpoint_that_never_succeeds_leaves_the_unclean_flag_set(tmp_path, faults):
@@ -253,13 +254,9 @@ def test_checkpoint_that_never_succeeds_leaves_the_unclean_flag_set(tmp_path, fa
     finally:
         index.close()
 
-    async def again():
-        b = await started(cfg)
-        try:
-            assert b.was_unclean_shutdown
-        finally:
-            await b.stop()
-    run(again())
+    async def again(b):
+        assert b.was_unclean_shutdown
+    with_bookie(cfg, again)
 
 
 def test_index_commit_failure_read_only_and_retry_keeps_everything(tmp_path, faults):
@@ -268,8 +265,7 @@ def test_index_commit_failure_read_only_and_retry_keeps_everything(tmp_path, fau
     async def main():
         b = await started(cfg)
         try:
-            for e in range(20):
-                await b.add_entry(2, e, entry(2, e), KEY)
+            await add_range(b, 2, range(20))
             faults.fail(op="commit", errno=errno.EIO, count=1)
             with pytest.raises(StorageError):
                 await b.checkpoint()
@@ -291,8 +287,7 @@ def test_checkpoint_full_disk_read_only_until_room(tmp_path, faults):
     async def main():
         b = await started(cfg)
         try:
-            for e in range(20):
-                await b.add_entry(4, e, entry(4, e), KEY)
+            await add_range(b, 4, range(20))
             full = faults.full_disk(cfg.ledger_dirs[0])
             with pytest.raises(DiskFullError):
                 await b.checkpoint()
@@ -315,14 +310,7 @@ def test_checkpoint_full_disk_read_only_until_room(tmp_path, faults):
 def test_damaged_entry_is_an_error_never_no_such_entry(tmp_path, faults, damage):
     cfg = make_config(tmp_path, read_ahead_batch_size=1)
 
-    async def fill():
-        b = await started(cfg)
-        try:
-            for e in range(10):
-                await b.add_entry(9, e, entry(9, e), KEY)
-        finally:
-            await b.stop()
-    run(fill())
+    with_bookie(cfg, lambda b: add_range(b, 9, range(10)))
     victim = 9 if damage == "truncate" else 4  # truncation cuts the log: the last entry
     if damage == "truncate":
         truncate_entry(cfg.ledger_dirs, 9, victim)
@@ -331,22 +319,18 @@ def test_damaged_entry_is_an_error_never_no_such_entry(tmp_path, faults, damage)
     else:
         flip_entry_bit(cfg.ledger_dirs, 9, victim, part=damage)
 
-    async def read():
-        b = await started(cfg)
-        try:
-            with pytest.raises(StorageError) as ei:
-                await b.read_entry(9, victim)
-            assert not isinstance(ei.value, NoSuchEntryError)
-            if damage == "truncate":  # "the last entry" is the damaged one too
-                with pytest.raises(StorageError):
-                    await b.read_entry(9, -1)
-            if damage != "read-eio":
-                for e in range(10):
-                    if e != victim:
-                        assert await b.read_entry(9, e) == entry(9, e)
-        finally:
-            await b.stop()
-    run(read())
+    async def read(b):
+        with pytest.raises(StorageError) as ei:
+            await b.read_entry(9, victim)
+        assert not isinstance(ei.value, NoSuchEntryError)
+        if damage == "truncate":  # "the last entry" is the damaged one too
+            with pytest.raises(StorageError):
+                await b.read_entry(9, -1)
+        if damage != "read-eio":
+            for e in range(10):
+                if e != victim:
+                    assert await b.read_entry(9, e) == entry(9, e)
+    with_bookie(cfg, read)
     assert os.path.isdir(cfg.ledger_dirs[0])
 
 
@@ -358,23 +342,12 @@ def test_record_with_flipped_ids_never_shadows_a_healthy_entry(tmp_path):
     the index places where they were read."""
     cfg = make_config(tmp_path)
 
-    async def fill():
-        b = await started(cfg)
-        try:
-            for e in range(10):
-                await b.add_entry(9, e, entry(9, e), KEY)
-        finally:
-            await b.stop()
-    run(fill())
+    with_bookie(cfg, lambda b: add_range(b, 9, range(10)))
     flip_entry_bit(cfg.ledger_dirs, 9, 4, part="ids", bit=0)  # entry id 4 -> 5
 
-    async def read():
-        b = await started(cfg)
-        try:
-            assert await b.read_entry(9, 3) == entry(9, 3)  # reads ahead over the damaged record
-            assert await b.read_entry(9, 5) == entry(9, 5)
-            with pytest.raises(CorruptedStorageError):
-                await b.read_entry(9, 4)
-        finally:
-            await b.stop()
-    run(read())
+    async def read(b):
+        assert await b.read_entry(9, 3) == entry(9, 3)  # reads ahead over the damaged record
+        assert await b.read_entry(9, 5) == entry(9, 5)
+        with pytest.raises(CorruptedStorageError):
+            await b.read_entry(9, 4)
+    with_bookie(cfg, read)
