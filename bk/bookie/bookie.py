@@ -550,10 +550,12 @@ class Bookie:
             try:
                 entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
                                                          ledger_id, entry_id)
-            except CorruptedStorageError as e:  # EIO: the reader asks another replica
-                metrics.READ_ENTRY_CORRUPTED.inc()
-                log.error("bookie %s: ledger %d entry %d is damaged on disk: %s", self.bookie_id,
-                          ledger_id, entry_id, e)
+            except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
+                if isinstance(e, CorruptedStorageError):
+                    metrics.READ_ENTRY_CORRUPTED.inc()
+                else:
+                    metrics.STORAGE_ERRORS.inc()
+                log.error("bookie %s: ledger %d entry %d cannot be read: %s", self.bookie_id, ledger_id, entry_id, e)
                 raise
             if entry is None:
                 if desc.limbo:
