@@ -335,7 +335,14 @@ class LedgerStorage:
                 self.checkpoint()
                 self.last_checkpoint_error = None
                 backoff_s = 0.0
-            except StorageError as e:  # disk full, I/O error, index full: keep the data, retry
+            except Exception as e:  # disk full, I/O error, index full: keep the data, retry
+                if not isinstance(e, StorageError):
+                    # a bug below (a raw OSError once): this thread must live on, a dead flush
+                    # thread silently ends every checkpoint; the bookie is told like for I/O errors
+                    log.exception("unexpected error in a checkpoint")
+                    e = StorageError(f"unexpected error in a checkpoint: {e!r}")
+                    if self.on_error is not None:
+                        self.on_error(e)
                 self.last_checkpoint_error = e
                 backoff_s = min(max(backoff_s * 2, 0.1), 5.0)
                 log.error("checkpoint failed (will retry in %.1fs): %s", backoff_s, e)

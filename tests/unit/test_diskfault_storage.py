@@ -351,3 +351,32 @@ def test_record_with_flipped_ids_never_shadows_a_healthy_entry(tmp_path):
         with pytest.raises(CorruptedStorageError):
             await b.read_entry(9, 4)
     with_bookie(cfg, read)
+
+
+def test_unexpected_error_in_a_checkpoint_does_not_kill_the_flush_thread(tmp_path):
+    """Regression (found with the directory-fsync fault, where a raw OSError escaped): the
+    flush thread caught StorageError only, so any other exception ended it and no
+    checkpoint ran again. Now it lives on, retries, and the bookie turns read-only."""
+    cfg = make_config(tmp_path, flush_interval_ms=50)
+
+    async def body(b):
+        await add_range(b, 6, range(10))
+        real = b.storage.entry_logger.add_entries
+        b.storage.entry_logger.add_entries = lambda entries: (_ for _ in ()).throw(OSError(5, "raw"))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if b.storage.last_checkpoint_error is not None:
+                break
+        await settle()
+        assert b.read_only and "unexpected error" in b.storage_failure
+        assert b.storage._thread.is_alive()
+        b.storage.entry_logger.add_entries = real
+        done = b.storage.checkpoints
+        for _ in range(100):  # the flush thread's own retry succeeds
+            await asyncio.sleep(0.02)
+            if b.storage.checkpoints > done:
+                break
+        assert b.storage.checkpoints > done and b.storage.last_checkpoint_error is None
+        for e in range(10):
+            assert await b.read_entry(6, e) == entry(6, e)
+    with_bookie(cfg, body)
