@@ -24,7 +24,10 @@ them with the same verbs (one control file per bookie, or one shared with path p
 A process re-reads the control file when it changes (one stat per file operation, only
 while BK_DISK_FAULTS is set), so a rule applies from the next operation on; every fault
 it injects is appended to `<path>.hits` (`rule id, op, errno, path`, tab-separated).
-Counts (`count`, `after`) are per process.
+Counts (`count`, `after`) are per process: a restarted bookie meets a rule afresh (heal
+first if it should not). One DiskFaultControl (one thread) writes a given control file.
+After a full disk is healed, a bookie turns writable at its next disk check
+(`disk_check_interval_ms`).
 
 Rules (`fail`): `op` is "write" (any write, including creating a file), "fsync" (file and
 directory fsyncs), "read" (entry-log reads), "commit" (the index's LMDB commit) or "any";
