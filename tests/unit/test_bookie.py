@@ -566,6 +566,10 @@ def test_batch_journal_failure_fails_the_whole_run(tmp_path, monkeypatch):
             with pytest.raises((StorageError, BookieReadOnlyError)):  # nothing after it is acknowledged
                 await b.add_entry(1, 21, entry(1, 21), KEY)
             monkeypatch.undo()
+            for _ in range(1000):  # the writer thread's report reaches the loop (bounded, 10 s)
+                if b.read_only:
+                    break
+                await asyncio.sleep(0.01)
             assert b.read_only and "journal 0" in b.read_only_reason  # and it says why
         finally:
             await b.stop()

@@ -66,8 +66,11 @@ async def add_range(b, ledger_id: int, entries, size: int = 100) -> None:
         await b.add_entry(ledger_id, e, entry(ledger_id, e, size), KEY)
 
 
-async def settle():
-    for _ in range(3):  # let call_soon_threadsafe reports from the storage threads run
+async def settle(b, timeout_s: float = 10.0):
+    """Until the storage threads' report reached the loop (the bookie turned read-only);
+    bounded, never a fixed sleep: a loaded machine may schedule the writer thread late."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not b.read_only and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)
 
 
@@ -149,7 +152,7 @@ def test_journal_fsync_eio_no_ack_and_read_only_for_good(tmp_path, faults):
             with pytest.raises(StorageError):
                 await b.add_entry(1, 1, entry(1, 1), KEY)
             assert faults.hits(rule) == 1
-            await settle()
+            await settle(b)
             assert b.read_only and b.storage_failure and "journal 0" in b.read_only_reason
             # the fault is gone, but a journal whose fsync failed acknowledges nothing again,
             # and neither the disk checker nor the operator makes the bookie writable
@@ -182,7 +185,7 @@ def test_journal_full_disk_read_only_then_writable_and_nothing_lost(tmp_path, fa
                                partial_bytes=11)
             with pytest.raises(DiskFullError):
                 await b.add_entry(1, 5, entry(1, 5), KEY)
-            await settle()
+            await settle(b)
             assert faults.hits(rule) == 1
             assert b.read_only and b.disk_full and b.storage_failure is None
             with pytest.raises(BookieReadOnlyError):
@@ -217,7 +220,7 @@ def test_checkpoint_fsync_failure_never_claims_lost_entries(tmp_path, faults, jo
             rule = faults.fail(op="fsync", path_prefix=cfg.ledger_dirs[0], count=1)
             with pytest.raises(SyncFailedError):
                 await b.checkpoint()
-            await settle()
+            await settle(b)
             assert faults.hits(rule) == 1
             assert b.read_only and "checkpoint" in b.storage_failure
             await b.checkpoint()  # the retry
@@ -269,7 +272,7 @@ def test_index_commit_failure_read_only_and_retry_keeps_everything(tmp_path, fau
             faults.fail(op="commit", errno=errno.EIO, count=1)
             with pytest.raises(StorageError):
                 await b.checkpoint()
-            await settle()
+            await settle(b)
             assert b.read_only and b.storage_failure
             for e in range(20):  # still served, from the write cache
                 assert await b.read_entry(2, e) == entry(2, e)
@@ -291,7 +294,7 @@ def test_checkpoint_full_disk_read_only_until_room(tmp_path, faults):
             full = faults.full_disk(cfg.ledger_dirs[0])
             with pytest.raises(DiskFullError):
                 await b.checkpoint()
-            await settle()
+            await settle(b)
             assert b.read_only and b.disk_full and b.storage_failure is None
             faults.heal(full)
             await b.checkpoint()
@@ -363,16 +366,16 @@ def test_unexpected_error_in_a_checkpoint_does_not_kill_the_flush_thread(tmp_pat
         await add_range(b, 6, range(10))
         real = b.storage.entry_logger.add_entries
         b.storage.entry_logger.add_entries = lambda entries: (_ for _ in ()).throw(OSError(5, "raw"))
-        for _ in range(100):
+        for _ in range(500):  # bounded (10 s): a loaded machine is slow
             await asyncio.sleep(0.02)
             if b.storage.last_checkpoint_error is not None:
                 break
-        await settle()
+        await settle(b)
         assert b.read_only and "unexpected error" in b.storage_failure
         assert b.storage._thread.is_alive()
         b.storage.entry_logger.add_entries = real
         done = b.storage.checkpoints
-        for _ in range(100):  # the flush thread's own retry succeeds
+        for _ in range(500):  # the flush thread's own retry succeeds (bounded, 10 s)
             await asyncio.sleep(0.02)
             if b.storage.checkpoints > done:
                 break
