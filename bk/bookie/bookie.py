@@ -14,6 +14,12 @@ Rules kept here (REPLICATION.md, "Rules a bookie must keep"):
   constant time; a mismatch is EUA and changes nothing.
 - Explicit negatives (ENOLEDGER/ENOENTRY) are never answered for a ledger in
   limbo: those become EUNKNOWNLEDGERSTATE.
+- Disk faults (docs/DISK-FAULTS.md): a failed fsync, write or index commit (journal,
+  entry log, checkpoint) turns the bookie read-only for good (`storage_failure`, until
+  a restart): the affected adds were never acknowledged, and nothing new is taken on
+  a disk that lies. A full disk (a write found no space) turns it read-only until the
+  disk checker sees room again (`disk_full`). The unclean-shutdown flag is cleared at
+  stop only after a final checkpoint succeeded.
 """
 from __future__ import annotations
 
@@ -30,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from bk import metrics
 from bk._native import load
 from bk.config import BookieConfig
-from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, CorruptedStorageError, LedgerFencedError,
-                       LedgerLimboError, NoSuchEntryError, NoSuchLedgerError, TooManyRequestsError,
-                       UnauthorizedAccessError)
+from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, CorruptedStorageError, DiskFullError,
+                       LedgerFencedError, LedgerLimboError, NoSuchEntryError, NoSuchLedgerError, StorageError,
+                       TooManyRequestsError, UnauthorizedAccessError)
 from bk.fileio import ensure_dir
 from bk.index import NEEDS_INTEGRITY_CHECK, UNCLEAN_SHUTDOWN
 from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
@@ -83,6 +89,11 @@ class Bookie:
         self.storage: LedgerStorage | None = None
         self.journals: list[Journal] = []
         self.read_only = config.force_read_only
+        self._read_only_wanted = config.force_read_only  # by the operator or the disk checker
+        self._read_only_why = "force_read_only is set" if config.force_read_only else None
+        self.disk_full: str | None = None  # a write found no space: why (cleared when space is back)
+        self.storage_failure: str | None = None  # an fsync/write/commit failed: why (until restart)
+        self.on_state_change = None  # called on the loop when read_only changes (the server re-registers)
         self.gc: GarbageCollector | None = None  # started with the storage (bk.bookie.gc)
         self.was_unclean_shutdown = False
         # BP-46: the last stop was unclean and the data-integrity check is on, so phase one
@@ -105,9 +116,11 @@ class Bookie:
         """Open storage, replay the journals, start the writer/flush threads."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._open_and_replay)
-        for journal in self.journals:
+        for i, journal in enumerate(self.journals):
+            journal.on_error = lambda exc, i=i: self._storage_error_from_thread(f"journal {i}", exc)
             journal.start()
         storage = self.storage
+        storage.on_error = lambda exc: self._storage_error_from_thread("checkpoint", exc)
         storage.set_checkpoint_hooks(
             lambda: [j.last_mark() for j in self.journals],
             lambda marks: [j.gc(m) for j, m in zip(self.journals, marks)],
@@ -188,12 +201,20 @@ class Bookie:
         for journal in self.journals:
             journal.stop()
         storage = self.storage
-        storage.stop()
-        if self.phase_one_due:
-            log.warning("stopping before the data-integrity check's phase one completed: the unclean-shutdown"
-                        " flag stays set, so the next start runs it again")
+        try:
+            storage.stop()
+        except StorageError as e:
+            # Entries may be acknowledged (journal off) or journaled that are not in a durable
+            # entry log: the flag stays set, so the next start replays the journal from the
+            # persisted marks and, with the journal off, runs the BP-46 integrity check.
+            log.error("bookie %s: the final checkpoint failed (%s); leaving the unclean-shutdown flag set",
+                      self.bookie_id, e)
         else:
-            storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
+            if self.phase_one_due:
+                log.warning("stopping before the data-integrity check's phase one completed: the"
+                            " unclean-shutdown flag stays set, so the next start runs it again")
+            else:
+                storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
         storage.close_index()
 
     async def __aenter__(self) -> "Bookie":
@@ -564,8 +585,17 @@ class Bookie:
             limbo_before = desc.limbo
             entry = storage.get_cached(ledger_id, entry_id)
             if entry is None:
-                entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
-                                                         ledger_id, entry_id)
+                try:
+                    entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
+                                                             ledger_id, entry_id)
+                except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
+                    if isinstance(e, CorruptedStorageError):
+                        metrics.READ_ENTRY_CORRUPTED.inc()
+                    else:
+                        metrics.STORAGE_ERRORS.inc()
+                    log.error("bookie %s: ledger %d entry %d cannot be read: %s", self.bookie_id, ledger_id,
+                              entry_id, e)
+                    raise
             if entry is not None:
                 return entry
             if desc.limbo:
@@ -584,11 +614,56 @@ class Bookie:
     async def checkpoint(self) -> None:
         await asyncio.to_thread(self.storage.checkpoint)
 
-    def set_read_only(self, read_only: bool) -> None:
-        read_only = read_only or self.config.force_read_only
+    def set_read_only(self, read_only: bool, why: str = "set by the operator") -> None:
+        """The operator's or the disk checker's wish. Writable again also ends a full disk
+        (the checker saw room); it never ends a storage failure (see the module docstring)."""
+        self._read_only_wanted = read_only or self.config.force_read_only
+        self._read_only_why = (why if read_only else "force_read_only is set") if self._read_only_wanted else None
+        if not read_only:
+            self.disk_full = None
+        self._update_read_only()
+
+    def _update_read_only(self, notify: bool = True) -> None:
+        read_only = self._read_only_wanted or self.disk_full is not None or self.storage_failure is not None
         if read_only != self.read_only:
-            log.warning("bookie %s is now %s", self.bookie_id, "read-only" if read_only else "writable")
-        self.read_only = read_only
+            self.read_only = read_only
+            log.warning("bookie %s is now %s", self.bookie_id,
+                        f"read-only: {self.read_only_reason}" if read_only else "writable")
+            if notify and self.on_state_change is not None:  # on the loop only
+                self.on_state_change()
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why the bookie is read-only (None when writable); a storage failure first."""
+        if self.storage_failure is not None:
+            return f"storage failure: {self.storage_failure}"
+        if self.disk_full is not None:
+            return f"disk full: {self.disk_full}"
+        return self._read_only_why if self.read_only else None
+
+    def _storage_error_from_thread(self, where: str, exc: StorageError) -> None:
+        """The journal writer or the flush thread reports a failed write/fsync/commit."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._storage_error(where, exc, notify=False)
+            return
+        try:
+            loop.call_soon_threadsafe(self._storage_error, where, exc)
+        except RuntimeError:  # the loop closed meanwhile: nobody left to tell
+            self._storage_error(where, exc, notify=False)
+
+    def _storage_error(self, where: str, exc: StorageError, notify: bool = True) -> None:
+        metrics.STORAGE_ERRORS.inc()
+        if isinstance(exc, DiskFullError):
+            if self.disk_full is None:
+                log.error("bookie %s: %s found the disk full (%s); read-only until the disk checker sees room",
+                          self.bookie_id, where, exc)
+            self.disk_full = f"{where}: {exc}"
+        elif self.storage_failure is None:
+            log.error("bookie %s: %s failed (%s); read-only until restarted (docs/DISK-FAULTS.md)",
+                      self.bookie_id, where, exc)
+            self.storage_failure = f"{where}: {exc}"
+        self._update_read_only(notify)
 
     def stats(self) -> dict:
         return {**self.storage.stats(), "read_only": self.read_only}

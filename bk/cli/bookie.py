@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 
 from bk import eventloop
@@ -47,6 +48,9 @@ def run(args) -> int:
     from .logs import setup_logging
 
     cfg = load_config(args.conf, overrides=args.overrides)
+    if os.environ.get("BK_DISK_FAULTS"):  # tests only: injected disk faults (bk.testing.diskfaults)
+        from bk.testing.diskfaults import install_from_env
+        install_from_env()
     setup_logging(args.log_level or cfg.log_level, log_file=cfg.log_file, log_format=cfg.log_format,
                   max_bytes=cfg.log_file_max_size_bytes, backups=cfg.log_file_backups, bookie_id=cfg.bookie_id)
     return eventloop.run(serve(cfg))

@@ -22,7 +22,8 @@ from time import monotonic
 
 from bk import metrics
 
-from bk.errors import BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, TooManyRequestsError
+from bk.errors import (BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, StorageError,
+                       TooManyRequestsError)
 from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest,
                       BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
                       ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
@@ -234,10 +235,12 @@ class RequestProcessor:
         while len(entries) < max(1, req.max_count):
             try:
                 entry = await bookie.read_entry(req.ledger_id, eid)
-            except (NoSuchEntryError, LedgerLimboError):
-                if not entries:  # the first entry's own answer (EUNKNOWNLEDGERSTATE in limbo)
+            except (NoSuchEntryError, LedgerLimboError, StorageError):
+                if not entries:  # the first entry's own answer (EUNKNOWNLEDGERSTATE in limbo, EIO)
                     raise
-                break  # serve what this bookie has; the reader asks again from there
+                # serve what this bookie has; the reader asks again from there (and gets the
+                # error of a damaged entry then, and reads it from another replica)
+                break
             if entries and size + BATCH_READ_ENTRY_LENGTH_BYTES + len(entry) > max_size:
                 break
             entries.append(entry)

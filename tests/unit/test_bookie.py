@@ -352,32 +352,39 @@ def test_read_only_refuses_adds(tmp_path):
 
 
 def _with_failing_checkpoints(tmp_path, add_all) -> None:
-    """A bookie with a 2 MiB write cache whose checkpoints fail (a broken entry-log disk):
+    """A bookie with a 2 MiB write cache whose checkpoints cannot finish (a stalled
+    entry-log disk; a failing one would turn the bookie read-only, test_diskfault_storage):
     `await add_all(b, payload)` adds 60 KB entries of ledger 14 until the cache is full
     and returns (acked entry ids, the first refused id). Then the disk recovers: every
     acked entry is readable after a checkpoint, the refused one was never stored, and it
     can be added now."""
+    import threading
     cfg = make_config(tmp_path, write_cache_max_size_bytes="2MiB", write_cache_full_wait_ms=200,
                       flush_interval_ms=50)
 
     async def main():
         b = await started(cfg)
+        stalled = threading.Event()
         try:
             real = b.storage.entry_logger.add_entries
 
-            def broken(entries):
-                raise StorageError("simulated disk failure")
-            b.storage.entry_logger.add_entries = broken
+            def stalls(entries):
+                stalled.wait()
+                return real(entries)
+            b.storage.entry_logger.add_entries = stalls
             payload = b"x" * 60_000
             acked, refused = await add_all(b, payload)
-            b.storage.entry_logger.add_entries = real  # the disk recovers
+            stalled.set()  # the disk recovers
+            b.storage.entry_logger.add_entries = real
             await b.checkpoint()
+            assert not b.read_only
             for eid in acked:
                 assert await b.read_entry(14, eid) == entry(14, eid, payload)
             with pytest.raises(NoSuchEntryError):
                 await b.read_entry(14, refused)
             await b.add_entry(14, refused, entry(14, refused, payload), KEY)
         finally:
+            stalled.set()
             await b.stop()
     run(main())
 
@@ -392,7 +399,6 @@ def test_write_cache_full_waits_then_too_many_requests_and_loses_nothing(tmp_pat
             except TooManyRequestsError:
                 refused.append(eid)
         assert acked and refused
-        assert b.storage.last_checkpoint_error is not None
         return acked, refused[0]
     _with_failing_checkpoints(tmp_path, add_all)
 
@@ -582,9 +588,14 @@ def test_batch_journal_failure_fails_the_whole_run(tmp_path, monkeypatch):
             a = Answers()
             b.add_entries_cb(reqs, a.cb, None)
             assert await a.wait(reqs) == [StorageError] * 20 and a.calls == 1
-            with pytest.raises(StorageError):  # and nothing after it is acknowledged
+            with pytest.raises((StorageError, BookieReadOnlyError)):  # nothing after it is acknowledged
                 await b.add_entry(1, 21, entry(1, 21), KEY)
             monkeypatch.undo()
+            for _ in range(1000):  # the writer thread's report reaches the loop (bounded, 10 s)
+                if b.read_only:
+                    break
+                await asyncio.sleep(0.01)
+            assert b.read_only and "journal 0" in b.read_only_reason  # and it says why
         finally:
             await b.stop()
     run(main())
