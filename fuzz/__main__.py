@@ -15,6 +15,7 @@ its fix). Each run prints one summary line: `fuzz TARGET: N execs in S s, crashe
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -121,6 +122,7 @@ def main(argv=None) -> int:
         p.add_argument("--hours", type=float)
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--work")
+        p.add_argument("--report", help="append one JSON line per target (target, execs, seconds, crashes)")
         if cmd == "_child":
             p.add_argument("--crashes", required=True)
     p = sub.add_parser("replay")
@@ -143,7 +145,12 @@ def main(argv=None) -> int:
         _child(args.target, args.runs, seconds, args.seed, args.work, args.crashes)
         return 0
     names = fuzz.target_names() if args.cmd == "all" else [args.target]
-    results = [run(n, args.runs, seconds, args.seed, args.work) for n in names]
+    results = []
+    for n in names:
+        results.append(run(n, args.runs, seconds, args.seed, args.work))
+        if args.report:
+            with open(args.report, "a") as f:
+                f.write(json.dumps({k: v for k, v in results[-1].items() if k != "output"}) + "\n")
     return 1 if any(r["returncode"] for r in results) else 0
 
 

@@ -32,6 +32,8 @@ def _feed(feed_name: str, max_frame: int, chunks) -> tuple:
     dec = FrameDecoder(max_frame)
     out = []
     for chunk in chunks:
+        if dec.v3_failed:  # the connection is v2 for good: its caller switches feeds (framing.py)
+            feed_name = "feed_requests"
         try:
             out += [item_value(i) for i in getattr(dec, feed_name)(chunk)]
         except BadFrameLengthError as e:

@@ -85,7 +85,7 @@ class Index:
                     found = cur.last()  # no later ledger: the last key overall
                 if not found:
                     return None
-                lid, eid = st.split_location_key(cur.key())
+                lid, eid = st.split_location_key(cur.key(), self.path)
         except lmdb.Error as e:
             raise self._error(e, "reading the last entry id") from e
         return eid if lid == ledger_id else None
@@ -154,8 +154,8 @@ class Index:
             if not rows:
                 return
             for key, value in rows:
-                lid, eid = st.split_location_key(key)
-                yield lid, eid, st.U64.unpack(value)[0]
+                lid, eid = st.split_location_key(key, self.path)
+                yield lid, eid, st.decode_location(value, self.path)
             start = rows[-1][0]
 
     def get_locations(self, keys) -> list[int | None]:

@@ -99,8 +99,19 @@ def location_key(ledger_id: int, entry_id: int) -> bytes:
     return LOCATION_KEY.pack(check_id("ledger id", ledger_id), check_id("entry id", entry_id))
 
 
-def split_location_key(key: bytes) -> tuple[int, int]:
+def split_location_key(key: bytes, path: str | None = None) -> tuple[int, int]:
+    """(ledger_id, entry_id) of a stored location key; CorruptedStorageError unless 16 bytes."""
+    if len(key) != LOCATION_KEY.size:
+        raise CorruptedStorageError(f"index location key of {len(key)} bytes, expected {LOCATION_KEY.size}",
+                                    path=path)
     return LOCATION_KEY.unpack(key)
+
+
+def decode_location(value: bytes, path: str | None = None) -> int:
+    """The location of a stored location value; CorruptedStorageError unless 8 bytes."""
+    if len(value) != U64.size:
+        raise CorruptedStorageError(f"index location value of {len(value)} bytes, expected {U64.size}", path=path)
+    return U64.unpack(value)[0]
 
 
 def ledger_key(ledger_id: int) -> bytes:
