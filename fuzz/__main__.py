@@ -6,6 +6,7 @@ replay inputs. See docs/FUZZING.md.
   python -m fuzz all --seconds S          every target in turn, S seconds each
   python -m fuzz replay TARGET FILE...    run the target on saved inputs (a crash's artifact)
   python -m fuzz seed                     rewrite fuzz/corpus/ from frames and files bk writes
+  python -m fuzz live [--frames N] ...    malformed frames against a running bookie (fuzz/live.py)
 
 `run` works in a child process per target (libFuzzer exits the process when it is done):
 the repo's corpus is read, never written; new coverage goes to --work (a temp dir by
@@ -128,6 +129,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("replay")
     p.add_argument("target", choices=fuzz.target_names())
     p.add_argument("paths", nargs="+")
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["live"]:
+        from fuzz import live
+        return live.main(argv[1:])
     args = ap.parse_args(argv)
     if args.cmd == "list":
         print("\n".join(fuzz.target_names()))
@@ -147,7 +153,10 @@ def main(argv=None) -> int:
     names = fuzz.target_names() if args.cmd == "all" else [args.target]
     results = []
     for n in names:
-        results.append(run(n, args.runs, seconds, args.seed, args.work))
+        work = os.path.join(args.work, n) if args.work else None  # one corpus dir per target
+        if work:
+            os.makedirs(work, exist_ok=True)
+        results.append(run(n, args.runs, seconds, args.seed, work))
         if args.report:
             with open(args.report, "a") as f:
                 f.write(json.dumps({k: v for k, v in results[-1].items() if k != "output"}) + "\n")

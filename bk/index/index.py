@@ -90,6 +90,23 @@ class Index:
             raise self._error(e, "reading the last entry id") from e
         return eid if lid == ledger_id else None
 
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        """Every entry id with a stored location for the ledger, ascending (one cursor walk
+        over the ledger's keys: the cost is what is stored, whatever the ids are)."""
+        prefix = st.ledger_key(ledger_id)
+        out = []
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                cur = txn.cursor()
+                if cur.set_range(prefix):
+                    for key in cur.iternext(values=False):
+                        if key[:8] != prefix:
+                            break
+                        out.append(st.split_location_key(key, self.path)[1])
+        except lmdb.Error as e:
+            raise self._error(e, "listing a ledger's entries") from e
+        return out
+
     def get_ledger(self, ledger_id: int) -> LedgerState | None:
         key = st.ledger_key(ledger_id)
         try:

@@ -129,6 +129,8 @@ class BookieConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------ requests
     def _dispatch(self, item) -> None:
+        if self.transport.is_closing():  # closed for a bad frame earlier in this read: drop the rest
+            return
         if type(item) is bytes:  # a ready answer (a malformed v3 ADD's, or an auth refusal)
             self.send(item)
             return
@@ -152,6 +154,8 @@ class BookieConnection(asyncio.Protocol):
             return
         start = -1  # first add of the current run (a run is all v2 or all v3 adds)
         for i, item in enumerate(items):
+            if self.transport.is_closing():  # one bad frame closed the connection: none after it runs
+                return
             if type(item) in _ADD_TYPES:
                 if start < 0:
                     start = i
