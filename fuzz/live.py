@@ -132,42 +132,66 @@ def framing_error(frame: bytes, rng: random.Random, max_frame: int) -> bytes:
 # ---------------------------------------------------------------- traffic
 class Stats:
     def __init__(self):
-        self.frames = self.connections = self.framing_errors = self.answer_bytes = self.refused = 0
+        self.frames = self.connections = self.framing_errors = self.answer_bytes = self.refused = self.answers = 0
+        self.read_frames = 0  # frames before any the bookie closes the connection for (the client's count)
         self.peak_rss = 0
 
 
-async def _drain(reader: asyncio.StreamReader, stats: Stats) -> None:
+async def _drain(reader: asyncio.StreamReader, stats: Stats, seen: list) -> None:
+    """Read answers until EOF, counting their frames (v2 and v3 answers are both length-prefixed);
+    seen[0] is the time of the last byte."""
+    pending = b""
     try:
         while True:
             chunk = await reader.read(1 << 16)
             if not chunk:
                 return
+            seen[0] = time.monotonic()
             stats.answer_bytes += len(chunk)
+            pending += chunk
+            pos = 0
+            while len(pending) - pos >= 4:
+                (ln,) = _i32.unpack_from(pending, pos)
+                if len(pending) - pos - 4 < ln:
+                    break
+                pos += 4 + ln
+                stats.answers += 1
+            pending = pending[pos:]
     except (ConnectionError, OSError):
         return
 
 
-async def _connection(port: int, frames: list[bytes], stats: Stats) -> None:
+async def _connection(port: int, frames: list[bytes], stats: Stats, quiet_s: float = 0.3) -> None:
+    """Send the frames, then wait for answers until the bookie closes or goes quiet for quiet_s.
+    No half-close: a bookie (like BookKeeper's) closes on EOF and drops answers still owed."""
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
         stats.refused += 1
         return
     stats.connections += 1
-    drain = asyncio.ensure_future(_drain(reader, stats))
+    seen = [time.monotonic()]
+    drain = asyncio.ensure_future(_drain(reader, stats, seen))
     try:
         for i in range(0, len(frames), 64):
             writer.write(b"".join(frames[i:i + 64]))
             await writer.drain()
             stats.frames += len(frames[i:i + 64])
-        if writer.can_write_eof():
-            writer.write_eof()
-        await asyncio.wait_for(asyncio.shield(drain), 5)
-    except (ConnectionError, OSError, asyncio.TimeoutError):
+        seen[0] = time.monotonic()
+        while not drain.done() and time.monotonic() - seen[0] < quiet_s:
+            await asyncio.sleep(quiet_s / 4)
+    except (ConnectionError, OSError):
         pass
     finally:
         drain.cancel()
         writer.close()
+
+
+def closes_connection(frame: bytes) -> bool:
+    """A v2 frame the bookie answers by closing: an AUTH (op 3) it cannot parse or answer."""
+    if len(frame) < 8:
+        return False
+    return frame[4:8] == b"\0\0\0\3" if frame[4] == 0 else frame[5] == 3
 
 
 async def _worker(port: int, seed: int, target: int, v2: list, v3f: list, stats: Stats, max_frame: int) -> None:
@@ -179,16 +203,23 @@ async def _worker(port: int, seed: int, target: int, v2: list, v3f: list, stats:
         while len(batch) < n:
             r = rng.random()
             if r < 0.75:
-                batch.append(mutate(rng.choice(pool), rng))
+                frame = mutate(rng.choice(pool), rng)
+                if closes_connection(frame) and rng.random() < 0.99:  # else few frames would be read
+                    continue
+                batch.append(frame)
             elif r < 0.9:
                 batch.append(rng.choice(pool))
             elif r < 0.9995:
-                batch.append(_i32.pack(k := rng.randrange(0, 96)) + rng.randbytes(k))
+                frame = _i32.pack(k := rng.randrange(0, 96)) + rng.randbytes(k)
+                if not closes_connection(frame) or rng.random() < 0.01:
+                    batch.append(frame)
             else:
                 batch.append(mutate(AUTH_FRAME, rng))
         if rng.random() < 0.2:
             batch[-1] = framing_error(rng.choice(pool), rng, max_frame)
             stats.framing_errors += 1
+        # the frames the bookie reads: those before the first one it closes the connection for
+        stats.read_frames += next((i + 1 for i, f in enumerate(batch) if closes_connection(f)), len(batch))
         await _connection(port, batch, stats)
 
 
@@ -271,8 +302,8 @@ def fuzz_bookie(cluster: LocalCluster, frames: int, concurrency: int = 16, seed:
     alive = bookie.alive
     rss_after = rss_bytes(pid) if alive else 0
     read_ok = alive and asyncio.run(read_ledger(cluster.metadata_uri, ledger_id)) == data
-    result = {"frames": stats.frames, "connections": stats.connections, "framing_errors": stats.framing_errors,
-              "refused_connections": stats.refused, "answer_bytes": stats.answer_bytes,
+    result = {"frames": stats.frames, "frames_before_a_closing_frame": stats.read_frames, "connections": stats.connections, "framing_errors": stats.framing_errors,
+              "refused_connections": stats.refused, "answers": stats.answers, "answer_bytes": stats.answer_bytes,
               "duration_s": round(duration, 1), "frames_per_s": round(stats.frames / max(duration, 1e-9)),
               "concurrency": concurrency, "seed": seed, "warmup_frames": warmup_frames, "settle_s": settle_s,
               "rss_after_good_write_mib": round(rss_after_write / 2**20, 1),

@@ -5,6 +5,7 @@ byte from a bookie that is still up. The full-size run (1,000,000 frames, RSS ch
 fuzzer found, replayed from their saved inputs in fuzz/regressions/live/."""
 import asyncio
 import os
+import struct
 
 import pytest
 
@@ -12,7 +13,10 @@ import fuzz
 from bk import eventloop
 from bk.proto import FrameDecoder, ReadRequest, StatusCode, decode_response, encode_request, v3
 from bk.testing.cluster import LocalCluster
+from bk.proto.layout import OP_READ_LAC, PROTOCOL_VERSION, pack_header
 from fuzz.live import fuzz_bookie
+
+READ_LAC_HEADER = pack_header(PROTOCOL_VERSION, OP_READ_LAC)
 
 pytestmark = pytest.mark.integration
 
@@ -83,3 +87,16 @@ def test_live_fuzz_20000_frames(cluster):
     assert result["frames"] >= 20000 and result["connections"] > 10
     assert result["bookie_alive"], result.get("bookie_log_tail")
     assert result["read_back_equal"], result.get("bookie_log_tail")
+
+
+def test_a_large_read_of_bad_frames_is_answered_in_order(cluster):
+    """The connection decodes a large read in slices (bounded memory): frames that straddle a
+    slice boundary are still decoded, and every error answer leaves in order."""
+    async def main():
+        n = 30000
+        # READ_LAC of 13 bytes (one too many): EBADREQ naming the ledger it could read
+        frames = b"".join(struct.pack(">iIqB", 13, READ_LAC_HEADER, lid, 0) for lid in range(n))
+        bodies = await exchange(port_of(cluster), frames, n, timeout_s=60)
+        answers = [decode_response(b) for b in bodies]
+        assert [(a.rc, a.ledger_id) for a in answers] == [(StatusCode.EBADREQ, lid) for lid in range(n)]
+    eventloop.run(main())
