@@ -94,8 +94,10 @@ class _Raised(tuple):
 
 def plain(value):
     """Results made comparable across twins: record tuples to tuples, buffers to bytes."""
-    if isinstance(value, (list, tuple)):
-        return tuple(plain(v) for v in value) if not isinstance(value, list) else [plain(v) for v in value]
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     return value

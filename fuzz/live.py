@@ -295,6 +295,7 @@ def fuzz_bookie(cluster: LocalCluster, frames: int, concurrency: int = 16, seed:
         asyncio.run(blast(port, pid, warmup_frames, concurrency, seed + 7919, ledger_id))
         time.sleep(settle_s)
     rss_before = rss_bytes(pid)
+    anon_before, file_before = rss_bytes(pid, "RssAnon"), rss_bytes(pid, "RssFile")
     start = time.monotonic()
     stats = asyncio.run(blast(port, pid, frames, concurrency, seed, ledger_id))
     duration = time.monotonic() - start
@@ -309,7 +310,12 @@ def fuzz_bookie(cluster: LocalCluster, frames: int, concurrency: int = 16, seed:
               "rss_after_good_write_mib": round(rss_after_write / 2**20, 1),
               "rss_before_mib": round(rss_before / 2**20, 1), "rss_peak_mib": round(stats.peak_rss / 2**20, 1),
               "rss_hwm_mib": round(rss_bytes(pid, "VmHWM") / 2**20, 1) if alive else 0,
-              "rss_after_mib": round(rss_after / 2**20, 1), "bookie_alive": alive, "read_back_equal": read_ok,
+              "rss_after_mib": round(rss_after / 2**20, 1),
+              "rss_anon_before_after_mib": [round(anon_before / 2**20, 1),
+                                            round(rss_bytes(pid, "RssAnon") / 2**20, 1) if alive else 0],
+              "rss_file_before_after_mib": [round(file_before / 2**20, 1),
+                                            round(rss_bytes(pid, "RssFile") / 2**20, 1) if alive else 0],
+              "bookie_alive": alive, "read_back_equal": read_ok,
               "rss_within_tolerance": alive and rss_after <= rss_before * (1 + rss_tolerance)}
     result["ok"] = bool(alive and read_ok and result["rss_within_tolerance"])
     if not result["ok"]:

@@ -357,7 +357,7 @@ def encode_entries_availability(entry_ids) -> bytes:
     return head + b"".join(groups)
 
 
-MAX_AVAILABLE_ENTRIES = 1 << 24  # what decode_entries_availability lists at most by default
+MAX_AVAILABLE_ENTRIES = 1 << 20  # what decode_entries_availability lists at most by default (~40 MB of ints)
 
 
 def decode_entries_availability(data: bytes, max_entries: int = MAX_AVAILABLE_ENTRIES) -> list[int]:
