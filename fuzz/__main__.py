@@ -20,6 +20,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,9 +68,15 @@ def run(name: str, runs: int | None = None, seconds: float | None = None, seed: 
     if seconds is not None:
         cmd += ["--seconds", str(seconds)]
     start = time.monotonic()
+    from fuzz.storage import SCRATCH_ENV, shm_dir
+    scratch = tempfile.mkdtemp(prefix=f"bk-fuzz-{name}-", dir=shm_dir())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(fuzz.HERE),
                                                                       os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    env[SCRATCH_ENV] = scratch
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     elapsed = time.monotonic() - start
     if tmp is not None:
         tmp.cleanup()

@@ -125,9 +125,7 @@ class Index:
             raise self._error(e, "listing ledgers") from e
         out = []
         for key, value in raw:
-            if len(key) != 8:
-                raise CorruptedStorageError(f"index ledger key of {len(key)} bytes", path=self.path)
-            lid = st.LEDGER_KEY.unpack(key)[0]
+            lid = st.split_ledger_key(key, self.path)
             out.append((lid, LedgerState.decode(value, path=self.path, ledger_id=lid)))
         return iter(out)
 
