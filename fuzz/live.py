@@ -5,7 +5,7 @@ client's read-back and the bookie's memory (docs/FUZZING.md).
 
 1. Start ZooKeeper (or use --zk) and one real `bk bookie` process (bk.testing.cluster).
 2. A good client writes a ledger (ensemble 1) and closes it.
-3. Warm-up (a few thousand frames, then a settle): the baseline RSS is read after it, so the
+3. Warm-up (100,000 frames, then a settle): the baseline RSS is read after it, so the
    allocator's and caches' one-time growth is not mistaken for a leak; the RSS right after
    the good write is reported too.
 4. `--concurrency` workers, each a loop of connections until `--frames` frames are sent. A
@@ -271,7 +271,7 @@ async def read_ledger(uri: str, ledger_id: int) -> list[bytes]:
 
 # ---------------------------------------------------------------- the whole run
 def run_live(frames: int, concurrency: int = 16, seed: int = 1, zk: str | None = None, settle_s: float = 10.0,
-             warmup_frames: int = 20000, rss_tolerance: float = 0.10, data_dir: str | None = None,
+             warmup_frames: int = 100000, rss_tolerance: float = 0.10, data_dir: str | None = None,
              entries: int = 200) -> dict:
     """Start ZooKeeper (unless `zk`) and one bookie process, fuzz it (fuzz_bookie), stop them."""
     with tempfile.TemporaryDirectory(prefix="bk-live-fuzz-") as tmp:
@@ -284,7 +284,7 @@ def run_live(frames: int, concurrency: int = 16, seed: int = 1, zk: str | None =
 
 
 def fuzz_bookie(cluster: LocalCluster, frames: int, concurrency: int = 16, seed: int = 1, settle_s: float = 10.0,
-                warmup_frames: int = 20000, rss_tolerance: float = 0.10, entries: int = 200) -> dict:
+                warmup_frames: int = 100000, rss_tolerance: float = 0.10, entries: int = 200) -> dict:
     """Steps 2-5 of the module docstring against bookie 0 of a started cluster."""
     bookie = cluster.bookies[0]
     pid = bookie.proc.pid
@@ -331,7 +331,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--zk", help="an existing ZooKeeper HOST:PORT (default: start one)")
     ap.add_argument("--settle-s", type=float, default=10.0)
-    ap.add_argument("--warmup-frames", type=int, default=20000)
+    ap.add_argument("--warmup-frames", type=int, default=100000)
     args = ap.parse_args(argv)
     result = run_live(args.frames, args.concurrency, args.seed, args.zk, args.settle_s, args.warmup_frames)
     print(json.dumps(result), flush=True)
