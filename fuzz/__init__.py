@@ -9,7 +9,6 @@ fuzz/regressions/<target>/ (replayed by tests/unit/test_fuzz_targets.py).
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -19,9 +18,7 @@ _MODULES = ("fuzz.wire", "fuzz.storage", "fuzz.formats")
 
 
 def targets() -> dict:
-    """name -> target function, over every target module. The readers log every torn tail and
-    bad header they meet, which a fuzzer meets thousands of times a second: logging is off."""
-    logging.disable(logging.CRITICAL)
+    """name -> target function, over every target module."""
     out = {}
     for name in _MODULES:
         out.update(importlib.import_module(name).TARGETS)

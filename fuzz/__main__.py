@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import resource
@@ -95,7 +96,10 @@ def run(name: str, runs: int | None = None, seconds: float | None = None, seed: 
 
 
 def limit_memory() -> None:
-    """The fuzzing children's address-space limit (replays use it too, to fail the same way)."""
+    """The fuzzing children's address-space limit (replays use it too, to fail the same way).
+    Also silences logging: the readers log every torn tail and bad header they meet, which a
+    fuzzer meets thousands of times a second."""
+    logging.disable(logging.CRITICAL)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
 
