@@ -510,6 +510,17 @@ class Bookie:
         self.phase_one_due = False  # durable: a clean stop may clear the unclean-shutdown flag now
         return count
 
+    async def stored_entry_ids(self, ledger_id: int) -> list[int]:
+        """Every entry id of the ledger this bookie stores, ascending. Costs what is stored, never
+        the span of the ids (one entry at id 2**62 is one id). The write cache is read before
+        and after the index (on the loop, its owner): an entry that moves from the cache to the
+        index meanwhile is seen in one of the three."""
+        storage = self.storage
+        ids = set(storage.cached_entry_ids(ledger_id))
+        ids.update(await asyncio.to_thread(storage.index.entry_ids, ledger_id))
+        ids.update(storage.cached_entry_ids(ledger_id))
+        return sorted(ids)
+
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:
         """Those of `entry_ids` this bookie does not store (blocking: call from a thread)."""
         return self.storage.missing_entries(ledger_id, entry_ids)

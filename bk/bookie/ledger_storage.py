@@ -417,6 +417,13 @@ class LedgerStorage:
                 if get_cached(ledger_id, e) is None and get_location(ledger_id, e) is None
                 and get_cached(ledger_id, e) is None]
 
+    def cached_entry_ids(self, ledger_id: int) -> list[int]:
+        """Entry ids of the ledger in the write cache halves (owner thread: the loop)."""
+        ids = self._active.entry_ids(ledger_id)
+        if self._pending is not None:
+            ids += self._pending.half.entry_ids(ledger_id)
+        return ids
+
     def last_entry_id(self, ledger_id: int) -> int | None:
         """The highest entry id this bookie stores for the ledger, or None."""
         best = self.index.last_entry_id(ledger_id)

@@ -106,6 +106,11 @@ class WriteCache:
         rec = self._ledgers.get(ledger_id)
         return None if rec is None else rec[0].get(entry_id)
 
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        """The ledger's entry ids held here (any order; owner thread)."""
+        rec = self._ledgers.get(ledger_id)
+        return list(rec[0]) if rec is not None else []
+
     def last_entry_id(self, ledger_id: int) -> int | None:
         rec = self._ledgers.get(ledger_id)
         return None if rec is None else rec[1]

@@ -438,6 +438,13 @@ class EntryLogger:
         except OSError as e:
             raise StorageError(f"I/O error reading {h.path}@{offset}: {e.strerror}") from e
 
+    @staticmethod
+    def _file_size(h) -> int:
+        try:
+            return os.fstat(h.fd).st_size
+        except OSError as e:
+            raise StorageError(f"I/O error reading {h.path}: {e.strerror}") from e
+
     def _check_record(self, path: str, offset: int, buf: bytes) -> tuple[int, int, int]:
         if len(buf) < fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES:
             raise CorruptedStorageError(f"{path}@{offset}: short read ({len(buf)} bytes) of a record head",
@@ -496,9 +503,11 @@ class EntryLogger:
             raise StorageError(f"no entry log {log_id:x}")
         info = self._log_info(log_id)
         if info.map_offset:
+            need = fmt.ledgers_map_bytes(info.map_count)
             h = self._files.acquire(log_id)
             try:
-                raw = self._pread(h, fmt.ledgers_map_bytes(info.map_count), info.map_offset)
+                # a count the file cannot hold is a corrupt header: never read (allocate) by it
+                raw = self._pread(h, need, info.map_offset) if need <= self._file_size(h) - info.map_offset else b""
             finally:
                 self._files.release(h)
             try:

@@ -127,7 +127,8 @@ def read_header(path: str) -> tuple[fmt.LogHeader | None, int]:
 def read_ledgers_map(path: str) -> dict[int, int] | None:
     """The closed log's stored ledgers map, or None when it has none or it is corrupt."""
     header, size = read_header(path)
-    if header is None or not header.map_offset or header.map_offset > size:
+    # a map the file cannot hold (a corrupt count) is no map: never read (allocate) by its count
+    if header is None or not header.map_offset or header.map_offset + fmt.ledgers_map_bytes(header.map_count) > size:
         return None
     with open(path, "rb") as fh:
         fh.seek(header.map_offset)

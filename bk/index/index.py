@@ -85,10 +85,27 @@ class Index:
                     found = cur.last()  # no later ledger: the last key overall
                 if not found:
                     return None
-                lid, eid = st.split_location_key(cur.key())
+                lid, eid = st.split_location_key(cur.key(), self.path)
         except lmdb.Error as e:
             raise self._error(e, "reading the last entry id") from e
         return eid if lid == ledger_id else None
+
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        """Every entry id with a stored location for the ledger, ascending (one cursor walk
+        over the ledger's keys: the cost is what is stored, whatever the ids are)."""
+        prefix = st.ledger_key(ledger_id)
+        out = []
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                cur = txn.cursor()
+                if cur.set_range(prefix):
+                    for key in cur.iternext(values=False):
+                        if key[:8] != prefix:
+                            break
+                        out.append(st.split_location_key(key, self.path)[1])
+        except lmdb.Error as e:
+            raise self._error(e, "listing a ledger's entries") from e
+        return out
 
     def get_ledger(self, ledger_id: int) -> LedgerState | None:
         key = st.ledger_key(ledger_id)
@@ -108,9 +125,7 @@ class Index:
             raise self._error(e, "listing ledgers") from e
         out = []
         for key, value in raw:
-            if len(key) != 8:
-                raise CorruptedStorageError(f"index ledger key of {len(key)} bytes", path=self.path)
-            lid = st.LEDGER_KEY.unpack(key)[0]
+            lid = st.split_ledger_key(key, self.path)
             out.append((lid, LedgerState.decode(value, path=self.path, ledger_id=lid)))
         return iter(out)
 
@@ -154,8 +169,8 @@ class Index:
             if not rows:
                 return
             for key, value in rows:
-                lid, eid = st.split_location_key(key)
-                yield lid, eid, st.U64.unpack(value)[0]
+                lid, eid = st.split_location_key(key, self.path)
+                yield lid, eid, st.decode_location(value, self.path)
             start = rows[-1][0]
 
     def get_locations(self, keys) -> list[int | None]:

@@ -99,8 +99,33 @@ def location_key(ledger_id: int, entry_id: int) -> bytes:
     return LOCATION_KEY.pack(check_id("ledger id", ledger_id), check_id("entry id", entry_id))
 
 
-def split_location_key(key: bytes) -> tuple[int, int]:
-    return LOCATION_KEY.unpack(key)
+def split_location_key(key: bytes, path: str | None = None) -> tuple[int, int]:
+    """(ledger_id, entry_id) of a stored location key; CorruptedStorageError unless it is 16 bytes
+    of two ids in 0..2**63-1 (what location_key writes)."""
+    if len(key) != LOCATION_KEY.size:
+        raise CorruptedStorageError(f"index location key of {len(key)} bytes, expected {LOCATION_KEY.size}",
+                                    path=path)
+    ledger_id, entry_id = LOCATION_KEY.unpack(key)
+    if ledger_id > MAX_ID or entry_id > MAX_ID:
+        raise CorruptedStorageError(f"index location key {bytes(key).hex()} holds an id above 2**63-1", path=path)
+    return ledger_id, entry_id
+
+
+def split_ledger_key(key: bytes, path: str | None = None) -> int:
+    """The ledger id of a stored ledger key; CorruptedStorageError unless 8 bytes of an id in 0..2**63-1."""
+    if len(key) != LEDGER_KEY.size:
+        raise CorruptedStorageError(f"index ledger key of {len(key)} bytes", path=path)
+    (ledger_id,) = LEDGER_KEY.unpack(key)
+    if ledger_id > MAX_ID:
+        raise CorruptedStorageError(f"index ledger key {bytes(key).hex()} holds an id above 2**63-1", path=path)
+    return ledger_id
+
+
+def decode_location(value: bytes, path: str | None = None) -> int:
+    """The location of a stored location value; CorruptedStorageError unless 8 bytes."""
+    if len(value) != U64.size:
+        raise CorruptedStorageError(f"index location value of {len(value)} bytes, expected {U64.size}", path=path)
+    return U64.unpack(value)[0]
 
 
 def ledger_key(ledger_id: int) -> bytes:

@@ -357,8 +357,13 @@ def encode_entries_availability(entry_ids) -> bytes:
     return head + b"".join(groups)
 
 
-def decode_entries_availability(data: bytes) -> list[int]:
-    """Entry ids of availability bytes (any valid grouping); V3DecodeError when malformed."""
+MAX_AVAILABLE_ENTRIES = 1 << 20  # what decode_entries_availability lists at most by default (~40 MB of ints)
+
+
+def decode_entries_availability(data: bytes, max_entries: int = MAX_AVAILABLE_ENTRIES) -> list[int]:
+    """Entry ids of availability bytes (any valid grouping); V3DecodeError when malformed or
+    when they name more than `max_entries` ids (a 24-byte group can name 2**63: the count is
+    checked before any list is built)."""
     if len(data) < AVAILABILITY_HEADER_BYTES:
         raise V3DecodeError(f"availability of {len(data)} bytes has no 64-byte header")
     version, count = _availability_head.unpack_from(data)
@@ -369,6 +374,9 @@ def decode_entries_availability(data: bytes) -> list[int]:
         first, last, size, period = _sequence_group.unpack_from(data, AVAILABILITY_HEADER_BYTES + i * _sequence_group.size)
         if size < 1 or last < first or (last > first and period < size):
             raise V3DecodeError(f"bad sequence group ({first}, {last}, {size}, {period})")
+        total = len(out) + size * ((last - first) // period + 1 if last > first else 1)
+        if total > max_entries:
+            raise V3DecodeError(f"availability names more than {max_entries} entries")
         start = first
         while True:
             out.extend(range(start, start + size))
