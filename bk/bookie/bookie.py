@@ -116,18 +116,22 @@ class Bookie:
         """Open storage, replay the journals, start the writer/flush threads."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._open_and_replay)
-        for i, journal in enumerate(self.journals):
-            journal.on_error = lambda exc, i=i: self._storage_error_from_thread(f"journal {i}", exc)
-            journal.start()
         storage = self.storage
-        storage.on_error = lambda exc: self._storage_error_from_thread("checkpoint", exc)
-        storage.set_checkpoint_hooks(
-            lambda: [j.last_mark() for j in self.journals],
-            lambda marks: [j.gc(m) for j, m in zip(self.journals, marks)],
-        )
-        storage.start(self._loop)
-        # Persist what replay restored, so the old journal files can go.
-        await asyncio.to_thread(storage.checkpoint)
+        try:
+            for i, journal in enumerate(self.journals):
+                journal.on_error = lambda exc, i=i: self._storage_error_from_thread(f"journal {i}", exc)
+                journal.start()
+            storage.on_error = lambda exc: self._storage_error_from_thread("checkpoint", exc)
+            storage.set_checkpoint_hooks(
+                lambda: [j.last_mark() for j in self.journals],
+                lambda marks: [j.gc(m) for j, m in zip(self.journals, marks)],
+            )
+            storage.start(self._loop)
+            # Persist what replay restored, so the old journal files can go.
+            await asyncio.to_thread(storage.checkpoint)
+        except BaseException:
+            await asyncio.to_thread(self._close_after_failed_start)
+            raise
         self._read_pool = ThreadPoolExecutor(self.config.num_read_worker_threads, thread_name_prefix="bk-read")
         self.gc = GarbageCollector(storage, self.config)
         self.gc.start(self._loop)
@@ -166,6 +170,22 @@ class Bookie:
             storage.entry_logger.close()
             storage.close_index()
             raise
+
+    def _close_after_failed_start(self) -> None:
+        """Let go of what a failed start opened (the index's LMDB environment above all: a
+        process may hold it open once, so a retried start in the same process failed on it).
+        The unclean-shutdown flag stays set: nothing says this start's state is durable."""
+        for journal in self.journals:
+            try:
+                journal.stop()
+            except Exception as e:  # the start's own error is the one that counts
+                log.error("stopping a journal after a failed start: %s", e)
+        storage = self.storage
+        try:
+            storage.stop()
+        except Exception as e:
+            log.error("stopping the storage after a failed start: %s", e)
+        storage.close_index()
 
     def _replay_record(self, ledger_id: int, entry_id: int, body) -> None:
         storage = self.storage

@@ -699,3 +699,37 @@ def test_a_stop_before_phase_one_completed_keeps_the_unclean_shutdown_flag(tmp_p
         finally:
             await b.stop()
     run(main())
+
+
+def test_a_start_that_fails_after_opening_the_storage_lets_go_of_it(tmp_path):
+    """Chaos seed 180: the first checkpoint of a start failed (an injected index-commit
+    error), the start raised with the index's LMDB environment still open, and the next
+    start in the same process could not open it again."""
+    import errno
+
+    from bk.testing.diskfaults import DiskFaults
+
+    cfg = make_config(tmp_path)
+
+    async def main():
+        b = await started(cfg)
+        await b.add_entry(4, 0, entry(4, 0), KEY)
+        halt_without_checkpoint(b)
+        faults = DiskFaults.install()
+        try:
+            rule = faults.fail(op="commit", errno=errno.EIO, after=1, count=1)  # not the flag: the first checkpoint
+            failed = Bookie(cfg)
+            with pytest.raises(StorageError):
+                await failed.start()
+            assert faults.hits(rule) == 1
+            assert failed.storage.index._closed, "the failed start left the LMDB environment open"
+            assert all(j._thread is None for j in failed.journals)
+        finally:
+            DiskFaults.uninstall()
+        b = await started(cfg)
+        try:
+            assert b.was_unclean_shutdown  # the failed start did not pass for a clean stop
+            assert await b.read_entry(4, 0) == entry(4, 0)
+        finally:
+            await b.stop()
+    run(main())
