@@ -67,6 +67,9 @@ class InstantBookieTransport:
     def write(self, data) -> None:
         self.writelines([data])
 
+    def is_closing(self) -> bool:
+        return False
+
     def _answer(self) -> None:
         rows, self.rows = self.rows, []
         self.protocol.data_received(encode_add_responses(rows))

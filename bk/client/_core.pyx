@@ -473,7 +473,11 @@ cdef class RequestCore:
         out = self.out
         self.out = []
         self.out_bytes = 0
-        protocol.transport.writelines(out)
+        transport = protocol.transport
+        # Closed, its connection_lost not delivered yet (a loop step later): that fails every
+        # pending request, these included; writing would raise (uvloop) or vanish (asyncio).
+        if not transport.is_closing():
+            transport.writelines(out)
 
     def dispatch_all(self, protocol, items):
         """Answer the pending requests that the decoded messages `items` (from `protocol`) match."""

@@ -138,6 +138,40 @@ async def test_writes_of_one_loop_iteration_are_coalesced():
         await bookie.stop()
 
 
+
+@run_async
+async def test_a_request_queued_as_the_connection_closes_is_failed_not_written():
+    """Chaos run (10,000 seeds): frames flushed after the transport closed but before its
+    connection_lost arrived made uvloop raise RuntimeError in the flush callback, once per
+    loop step that queued frames. They are left to connection_lost, which fails them."""
+    bookie = await FakeBookie().start()
+    client = BookieClient(bookie.bookie_id)
+    try:
+        await client.call(client.send_read, 1, 0)  # connect
+        protocol = client._core.protocol
+        real = protocol.transport
+        late = []
+
+        class ClosedTransport:  # uvloop's behaviour, whatever loop runs the test
+            def writelines(self, frames):
+                if real.is_closing():
+                    late.append(len(list(frames)))
+                    raise RuntimeError("unable to perform operation on a closed transport")
+                real.writelines(frames)
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        protocol.transport = ClosedTransport()
+        answer = asyncio.get_running_loop().create_future()
+        client.send_read(1, 1, lambda response, err: answer.set_result(err))  # its flush is scheduled
+        real.close()  # and runs before connection_lost, which comes a loop step later
+        assert isinstance(await answer, BookieConnectionError)
+        assert late == []
+    finally:
+        client.close()
+        await bookie.stop()
+
 @run_async
 async def test_connection_loss_fails_every_pending_request_then_reconnects_on_demand():
     bookie = await FakeBookie().start()

@@ -97,6 +97,9 @@ class Transport:
     def writelines(self, frames):
         self.trace.append(("write", self.bookie, [bytes(f) for f in frames]))
 
+    def is_closing(self):
+        return False
+
 
 class Protocol:
     def __init__(self, trace, bookie):

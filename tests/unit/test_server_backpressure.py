@@ -46,6 +46,9 @@ class _StuckTransport:
     def get_write_buffer_size(self):
         return sum(map(len, self.buffered))
 
+    def is_closing(self):
+        return False
+
     def writelines(self, parts):
         self.buffered.append(b"".join(parts))
         if self.get_write_buffer_size() > self.high and not self.writing_paused:
