@@ -51,7 +51,8 @@ class InProcessChaosCluster:
     def __init__(self, data_dir: str, bookies: int, **overrides):
         self.data_dir = data_dir
         self.track_file = os.path.join(data_dir, "fsync.track")
-        os.environ[TRACK_ENV] = self.track_file  # bk.fileio reads it at every fsync
+        self._old_track = os.environ.get(TRACK_ENV)
+        os.environ[TRACK_ENV] = self.track_file  # bk.fileio reads it at every fsync (restored by stop())
         self.inner = InProcessCluster(data_dir, bookies=bookies, bind_address="127.0.0.2", **overrides)
         self.count = bookies
         self.proxies: dict[int, Proxy] = {}
@@ -163,6 +164,10 @@ class InProcessChaosCluster:
             self.inner.store = None
         for p in self.proxies.values():
             await p.stop()
+        if self._old_track is None:
+            os.environ.pop(TRACK_ENV, None)
+        else:
+            os.environ[TRACK_ENV] = self._old_track
         from bk.meta.memory import InMemoryStore
         InMemoryStore.drop_shared(self.metadata_uri.split("//", 1)[1].split("/", 1)[0])
 

@@ -214,7 +214,7 @@ KINDS: dict[str, NemesisKind] = {k.name: k for k in (
     NemesisKind("crash", 10, _crash, _restart, (50, 700)),
     NemesisKind("power-loss", 5, _power_loss, _restart_victims, (50, 700),
                 draw=lambda r: {"tear": r.random() < 0.5, "bookies": r.choice([1, 1, 2])}),
-    NemesisKind("power-loss-all", 2, _power_loss_all, _restart_all, (50, 400),
+    NemesisKind("power-loss-all", 4, _power_loss_all, _restart_all, (50, 400),
                 draw=lambda r: {"tear": r.random() < 0.5}),
     NemesisKind("pause", 5, _pause, _resume, (300, 900)),
     NemesisKind("partition", 5, _partition, _unpartition, (100, 900)),

@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Iterator
 TASKS_PER_WORKER = 200
 
 
-def _worker_main(wid: int, tasks, results, options: dict, run_one, limit: int, dump_path: str) -> None:
+def _worker_main(wid: int, tasks, results, options: dict, run_one, limit: int, dump_path: str,
+                 on_exit) -> None:
     dump = open(dump_path, "w")
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     logging.disable(logging.CRITICAL if not options.get("verbose") else logging.NOTSET)
@@ -36,16 +37,18 @@ def _worker_main(wid: int, tasks, results, options: dict, run_one, limit: int, d
             break
         results.put(("start", wid, seed, None))
         results.put(("done", wid, seed, run_one(seed, options).to_json()))
+    if on_exit is not None:
+        on_exit()  # a forked worker leaves by os._exit: atexit handlers would not run
     results.put(("exit", wid, None, None))
 
 
 class _Slot:
-    def __init__(self, ctx, wid: int, results, options: dict, run_one, limit: int, dump_dir: str):
+    def __init__(self, ctx, wid: int, results, options: dict, run_one, limit: int, dump_dir: str, on_exit):
         self.wid = wid
         self.tasks = ctx.Queue()
         self.dump_path = os.path.join(dump_dir, f"worker-{wid}.stacks")
         self.proc = ctx.Process(target=_worker_main, args=(wid, self.tasks, results, options, run_one, limit,
-                                                           self.dump_path), daemon=True)
+                                                           self.dump_path, on_exit), daemon=True)
         self.proc.start()
         self.seed: int | None = None  # the seed handed over and not finished
         self.started = 0.0
@@ -66,7 +69,7 @@ def _failed(seed: int, options: dict, mode_of: Callable[[int], str], replay_of: 
 
 
 def run_supervised(seeds: Iterable[int], options: dict, *, jobs: int, run_one, hang_s: float,
-                   mode_of, replay_of, tasks_per_worker: int = TASKS_PER_WORKER) -> Iterator[dict]:
+                   mode_of, replay_of, tasks_per_worker: int = TASKS_PER_WORKER, on_exit=None) -> Iterator[dict]:
     """Yield each seed's result dict (RunResult.to_json()) as workers finish them."""
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
@@ -78,7 +81,8 @@ def run_supervised(seeds: Iterable[int], options: dict, *, jobs: int, run_one, h
     def spawn() -> None:
         wid = next_wid[0]
         next_wid[0] += 1
-        slot = slots[wid] = _Slot(ctx, wid, results, options, run_one, tasks_per_worker, dump_dir)
+        slot = slots[wid] = _Slot(ctx, wid, results, options, run_one, tasks_per_worker, dump_dir,
+                                         on_exit)
         feed(slot)
 
     def feed(slot: _Slot) -> None:

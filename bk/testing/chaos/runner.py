@@ -55,6 +55,12 @@ def _zk_connect(options: dict) -> str | None:
     return _ZK["connect"]
 
 
+def stop_zookeeper() -> None:
+    server, _ZK["server"], _ZK["connect"] = _ZK["server"], None, None
+    if server is not None:
+        server.stop()
+
+
 def scenario_for(seed: int, options: dict):
     s = generate(seed, mode=options.get("mode"), process_share=options.get("process_share", 0.02),
                  test_break=options.get("test_break", ""))
@@ -200,7 +206,8 @@ def run_many(seeds, options: dict, *, jobs: int = 1, json_path: str | None = Non
     limit = options.get("time_limit_s") or max(RUN_LIMIT_S.values())
     for r in run_supervised(seeds, options, jobs=max(1, jobs), run_one=run_one, hang_s=limit + 60,
                             mode_of=lambda seed: scenario_for(seed, options).mode,
-                            replay_of=lambda seed: replay_command(scenario_for(seed, options))):
+                            replay_of=lambda seed: replay_command(scenario_for(seed, options)),
+                            on_exit=stop_zookeeper):
         results.append(r)
         progress_line(r)
     results.sort(key=lambda r: r["seed"])
@@ -209,6 +216,7 @@ def run_many(seeds, options: dict, *, jobs: int = 1, json_path: str | None = Non
     for r in summary["failures"][:shrink_limit]:
         investigated.append(investigate(r, options, log=lambda m: print(m, file=out, flush=True)))
     summary["investigated"] = investigated
+    stop_zookeeper()  # the one investigate() may have started in this process
     if json_path:
         with open(json_path, "w") as fh:
             json.dump({**summary, "complete": True, "results": results}, fh, indent=None)
