@@ -106,9 +106,17 @@ class InProcessChaosCluster:
             return await self._power_loss(i, tear, rng)
 
     async def _power_loss(self, i: int, tear: bool, rng) -> str:
-        before = read_fsync_log(self.track_file)  # the instant of the power cut
+        # The instant of the power cut: from here the bookie must not acknowledge anything more,
+        # yet crash_bookie() closes its connections only after a few awaits. So its proxy goes
+        # dark and drops every connection (with the answers queued in it) first.
+        proxy = self.proxies[i]
+        was_dark = proxy._blackhole
+        proxy.set_blackhole(True)
+        proxy.close_connections(reset=True)
+        before = read_fsync_log(self.track_file)
         journal_dir = os.path.join(self.data_dir_of(i), "journal") + os.sep
         await self.inner.crash_bookie(i)
+        proxy.set_blackhole(was_dark)
         after = read_fsync_log(self.track_file)
         durable = {p: (before.get(p) if p.startswith(journal_dir) else size) for p, size in after.items()}
         snapshot = os.path.join(self.data_dir, f"powerloss-{i}.track")
@@ -187,6 +195,7 @@ class ProcessChaosCluster:
         self.count = bookies
         self.paused: set[int] = set()
         self.servers: dict = {}  # in-process servers: none here
+        self._locks = {i: asyncio.Lock() for i in range(bookies)}  # a kill never races a restart
 
     @property
     def metadata_uri(self) -> str:
@@ -216,18 +225,24 @@ class ProcessChaosCluster:
         return self.inner.proxies[i]
 
     async def crash(self, i: int) -> None:
-        self.paused.discard(i)
-        await asyncio.to_thread(self.inner.kill, i)
+        async with self._locks[i]:
+            self.paused.discard(i)
+            await asyncio.to_thread(self.inner.kill, i)
 
     async def power_loss(self, i: int, tear: bool, rng) -> str:
-        if not self.alive(i):
-            return "already down"
-        await self.crash(i)  # the process is gone: its fsync log is final
-        return str(simulate_power_loss(self.track_file, [self.data_dir_of(i)], tear=tear, rng=rng))
+        async with self._locks[i]:
+            if not self.alive(i):
+                return "already down"
+            self.paused.discard(i)
+            await asyncio.to_thread(self.inner.kill, i)  # the process is gone: its fsync log is final
+            return str(simulate_power_loss(self.track_file, [self.data_dir_of(i)], tear=tear, rng=rng))
 
     async def restart(self, i: int) -> None:
-        if self.alive(i):
-            return
+        async with self._locks[i]:
+            if not self.alive(i):
+                await self._restart(i)
+
+    async def _restart(self, i: int) -> None:
         try:
             await asyncio.to_thread(self.inner.start_bookie, i, False)
             await asyncio.to_thread(self.inner.bookies[i].wait_serving, 60.0)

@@ -159,12 +159,19 @@ async def _check_fence(chaos, plan, lid: int, md, out: list[str]) -> None:
             pass
     if any(ev.kind == "writer_closed" for ev in chaos.history.events(lid)):
         return  # closed by its writer, never fenced: bookies rightly know nothing of the close
+    if lh is None:
+        return
+    # The old writer's view: the ensemble it would send its next add to. (A bookie that recovery's
+    # write-back brought in never saw the fence, and rightly accepts a plain add; the old writer
+    # does not know it.)
     nxt = md.last_entry_id + 1
-    codes = await asyncio.gather(*(_raw_add(b, lid, nxt, master_key(PASSWORD)) for b in write_set(md, nxt)))
-    accepted = [b for b, rc in zip(write_set(md, nxt), codes) if rc == int(StatusCode.EOK)]
+    ensemble = list(lh.ensemble)
+    targets = [ensemble[(nxt + j) % len(ensemble)] for j in range(md.write_quorum_size)]
+    codes = await asyncio.gather(*(_raw_add(b, lid, nxt, master_key(PASSWORD)) for b in targets))
+    accepted = [b for b, rc in zip(targets, codes) if rc == int(StatusCode.EOK)]
     if len(accepted) >= md.ack_quorum_size:
-        out.append(f"fence: {len(accepted)} bookies {accepted} accepted a plain add of entry {nxt} of recovered"
-                   f" ledger {lid} (AQ {md.ack_quorum_size})")
+        out.append(f"fence: {len(accepted)} bookies {accepted} of the old writer's ensemble accepted a plain add"
+                   f" of entry {nxt} of recovered ledger {lid} (AQ {md.ack_quorum_size})")
 
 
 async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int], out: list[str]) -> None:
