@@ -23,6 +23,7 @@ the index never points past what the entry log kept).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -69,10 +70,25 @@ class InProcessChaosCluster:
         return self.inner.servers
 
     async def start(self) -> "InProcessChaosCluster":
-        for i in range(self.count):
-            port = self.inner.ports.setdefault(i, free_port())
-            self.proxies[i] = await Proxy("127.0.0.2", port, "127.0.0.1", port).start()
-        await self.inner.start()
+        # free_port() only finds a port free a moment ago: another worker (or another test on a
+        # shared machine) may take it first. Such a collision is the harness's, so: new ports.
+        for attempt in range(5):
+            try:
+                for i in range(self.count):
+                    if i not in self.proxies:
+                        port = self.inner.ports.setdefault(i, free_port())
+                        self.proxies[i] = await Proxy("127.0.0.2", port, "127.0.0.1", port).start()
+                await self.inner.start()
+                return self
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or attempt == 4:
+                    raise
+                for i in list(self.inner.servers):
+                    await self.inner.stop_bookie(i)
+                for p in self.proxies.values():
+                    await p.stop()
+                self.proxies.clear()
+                self.inner.ports.clear()
         return self
 
     def bookie_id(self, i: int) -> str:
@@ -129,10 +145,16 @@ class InProcessChaosCluster:
                 await self._restart(i)
 
     async def _restart(self, i: int) -> None:
-        try:
-            await self.inner.start_bookie(i)
-        except Exception as e:  # noqa: BLE001 - the caller decides whether this bookie may refuse
-            raise BookieStartError(f"bookie {i} did not start: {type(e).__name__}: {e}") from e
+        for attempt in range(20):
+            try:
+                await self.inner.start_bookie(i)
+                return
+            except OSError as e:  # its port (its identity) taken meanwhile by someone else: wait
+                if e.errno != errno.EADDRINUSE or attempt == 19:
+                    raise BookieStartError(f"bookie {i} did not start: {type(e).__name__}: {e}") from e
+                await asyncio.sleep(0.1)
+            except Exception as e:  # noqa: BLE001 - the caller decides whether this bookie may refuse
+                raise BookieStartError(f"bookie {i} did not start: {type(e).__name__}: {e}") from e
 
     async def pause(self, i: int) -> None:
         from bk.testing.proxy import Rule
