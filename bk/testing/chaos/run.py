@@ -82,6 +82,9 @@ def bookie_config(s: Scenario) -> dict:
                   zk_timeout_ms=2000, admin_socket_enabled=False)
     if s.test_break:
         values["test_break"] = s.test_break
+    if s.mode != INPROCESS and s.autorecovery:
+        # nothing can trigger the auditor's ledger check from outside a process: run it often
+        values["auditor_periodic_check_interval_s"] = 1
     return values
 
 

@@ -39,6 +39,7 @@ from bk.testing.history import check_ledger
 from .run import CLIENT_TIMEOUTS, PASSWORD
 
 RECOVERY_WAIT_S = 4.0
+PROCESS_AUDIT_WAIT_S = 3.0  # > the processes' auditor_periodic_check_interval_s (1 s) plus an audit
 REPLICATION_WAIT_S = 25.0  # > 2 of the bookies' own client read timeouts (10 s): a worker may wait on one
 
 
@@ -178,14 +179,18 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int],
     """AutoRecovery on: audit everything now, wait for re-replication, check what is left.
     A ledger that lost entries for real (BP-46, excused) cannot be fully replicated again:
     its marker may stay (no replica has what it needs); it is left out."""
+    audited = False
     for server in list(chaos.cluster.servers.values()):
         ar = getattr(server, "autorecovery", None)
         if ar is not None and ar.is_auditor and ar.auditor is not None:
             try:
                 await ar.auditor.check_all_bookies()
                 await ar.auditor.check_all_ledgers()
+                audited = True
             except BKError as e:
                 chaos.note(f"audit failed: {e!r}")
+    if not audited:  # bookie processes: their auditor checks every ledger each second (run.bookie_config)
+        await asyncio.sleep(PROCESS_AUDIT_WAIT_S)
     urm = LedgerUnderreplicationManager(bkc.store)
     try:
         deadline = time.monotonic() + REPLICATION_WAIT_S
