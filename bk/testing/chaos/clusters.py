@@ -26,6 +26,7 @@ import asyncio
 import errno
 import logging
 import os
+import shutil
 import signal
 
 from bk.testing.inprocess import InProcessCluster, free_port
@@ -89,6 +90,8 @@ class InProcessChaosCluster:
                     await p.stop()
                 self.proxies.clear()
                 self.inner.ports.clear()
+                for i in range(self.count):  # their cookies name the old ports: start afresh
+                    shutil.rmtree(self.data_dir_of(i), ignore_errors=True)
         return self
 
     def bookie_id(self, i: int) -> str:
