@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bk.client import BookKeeper
+from bk.client import BookKeeper, quorum
 from bk.errors import BKError, NoSuchEntryError
 from bk.meta.underreplication import LedgerUnderreplicationManager
 from bk.proto import DigestManager, StatusCode
@@ -46,8 +46,12 @@ REPLICATION_WAIT_S = 25.0  # > 2 of the bookies' own client read timeouts (10 s)
 def write_set(md, entry_id: int) -> list[str]:
     """The bookies of entry `entry_id` under the ledger's segments."""
     k = max(i for i, (first, _) in enumerate(md.segments) if first <= entry_id)
-    ensemble = md.segments[k][1]
-    return [ensemble[(entry_id + j) % md.ensemble_size] for j in range(md.write_quorum_size)]
+    return ensemble_write_set(md.segments[k][1], md.write_quorum_size, entry_id)
+
+
+def ensemble_write_set(ensemble, write_quorum_size: int, entry_id: int) -> list[str]:
+    ensemble = list(ensemble)
+    return [ensemble[i] for i in quorum.write_set(entry_id, len(ensemble), write_quorum_size)]
 
 
 def may_be_lost(chaos, md, entry_id: int) -> bool:
@@ -166,8 +170,7 @@ async def _check_fence(chaos, plan, lid: int, md, out: list[str]) -> None:
     # write-back brought in never saw the fence, and rightly accepts a plain add; the old writer
     # does not know it.)
     nxt = md.last_entry_id + 1
-    ensemble = list(lh.ensemble)
-    targets = [ensemble[(nxt + j) % len(ensemble)] for j in range(md.write_quorum_size)]
+    targets = ensemble_write_set(lh.ensemble, md.write_quorum_size, nxt)
     codes = await asyncio.gather(*(_raw_add(b, lid, nxt, master_key(PASSWORD)) for b in targets))
     accepted = [b for b, rc in zip(targets, codes) if rc == int(StatusCode.EOK)]
     if len(accepted) >= md.ack_quorum_size:
