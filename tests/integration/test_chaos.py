@@ -94,3 +94,17 @@ def test_scenarios_are_reproducible_and_faults_independent():
     kept = a.keeping([f.index for f in a.faults][1:])
     assert kept.active_faults == a.faults[1:]  # dropping a fault leaves the others exactly as they were
     assert "--faults" in " ".join(kept.replay_args())
+
+
+def test_report_tables_from_a_run_json():
+    from bk.testing.chaos.report import markdown
+    from bk.testing.chaos.runner import summarize
+    results = [{"seed": 1, "mode": "inprocess", "ok": True, "failures": [], "categories": [], "faults": ["crash"],
+                "faults_applied": 1, "acked": 10, "lost_excused": 0, "duration_s": 1.0, "replay": "r1"},
+               {"seed": 2, "mode": "inprocess", "ok": False, "failures": ["inv1: lost"], "categories": ["inv1"],
+                "faults": ["crash", "drop"], "faults_applied": 2, "acked": 5, "lost_excused": 0, "duration_s": 1.0,
+                "replay": "r2"}]
+    text = markdown({**summarize(results, 2.0, 4), "results": results, "complete": False})
+    assert text.startswith("PARTIAL: 2 of 4 runs, 1 failed")
+    assert "| crash | 2 | 2 | 1 (50.00%) |" in text and "| drop | 1 | 1 | 1 (100.00%) |" in text
+    assert "| inv1 | 1 |" in text and "`r2`" in text

@@ -43,12 +43,17 @@ def main(argv=None) -> int:
     p.add_argument("--zk", dest="zk_connect", help="ZooKeeper connect string for process runs (default: start one)")
     p.add_argument("--time-limit", dest="time_limit_s", type=float, help="per-run time limit in seconds")
     p.add_argument("--keep-dir", action="store_true", help="keep each run's data directory")
+    p.add_argument("--report", metavar="JSON", help="print markdown tables of a run's --json file (done or running)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--verbose", action="store_true", help="let bk's logging through")
     a = p.parse_args(argv)
     options = {k: v for k, v in dict(mode=a.mode, process_share=a.process_share, keep=a.faults,
                                      test_break=a.test_break, zk_connect=a.zk_connect, time_limit_s=a.time_limit_s,
                                      keep_dir=a.keep_dir, verbose=a.verbose).items() if v not in (None, "", False)}
+    if a.report:
+        from .report import report_file
+        print(report_file(a.report))
+        return 0
     if a.seed is not None:
         import logging
         if not a.verbose:
