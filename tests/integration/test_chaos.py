@@ -9,8 +9,8 @@ own proof that it catches a broken bookie and replays and shrinks what it finds.
   failure; its schedule shrinks to no fault at all (the final fence check alone catches it).
 - A bookie that acknowledges before fsync ("ack-before-fsync") is caught by power loss:
   measured on seeds 1..200, 10 seeds catch it (one in 20, first at seed 35; P(no catch in
-  60 seeds) ~5%). The suite replays five of those seeds and needs three to fail in the same
-  way (a run's interleaving depends on timing; the replay rate is what the runner reports).
+  60 seeds) ~5%). The suite replays seven seeds that caught it in 2 of 2 runs and needs four
+  (a run's interleaving depends on timing, more so on a loaded machine).
 - Every failing run prints one replay command: `python -m bk.testing.chaos --seed S --mode M`.
 
 Whole run: about a minute on two cores.
@@ -30,7 +30,9 @@ PROCESS_SEEDS = [1069, 1193, 1292]  # the seeds whose draw (1 in 50) is a proces
 # runner found"); they failed only under load, so they stay here as scenarios, not proofs.
 REGRESSION_SEEDS = [44, 58, 2002, 2150, 2226, 2257]
 REGRESSION_PROCESS_SEEDS = [89, 2073]
-ACK_BEFORE_FSYNC_CATCHERS = [35, 71, 111, 148, 171]
+# Seeds (journal on, a whole-cluster power cut, a 1 s flush interval so no checkpoint makes the
+# unsynced tail durable by chance) that caught the broken journal in 2 of 2 runs each.
+ACK_BEFORE_FSYNC_CATCHERS = [148, 171, 370, 395, 442, 462, 488]
 
 
 def _explain(summary: dict) -> str:
@@ -55,7 +57,9 @@ def test_forgotten_fence_is_caught_replayed_and_shrunk():
     summary = run_many(range(1, 11), options, jobs=2, progress=False, shrink_limit=0)
     failed = summary["failures"]
     assert failed, "a bookie that forgets fences went unnoticed for 10 seeds"
-    first = failed[0]
+    # a seed whose catch does not hang on timing: a writer that dies or lives on (a writer whose
+    # own close failed under load is checked too, but that seed would replay differently)
+    first = next(r for r in failed if any(p.writer_end != "closes" for p in generate(r["seed"]).ledgers))
     assert "fence" in first["categories"] and first["replay"].endswith("--break forget-fence")
     found = investigate(first, options, log=lambda m: None)
     assert found["replayed_same"] >= 2, found  # of REPLAYS = 3
@@ -72,7 +76,7 @@ def test_ack_before_fsync_is_caught_by_power_loss():
         if {"inv1", "inv2", "liveness", "fence", "no-such-entry", "unreadable"} & set(r.categories):
             caught.append(seed)
             assert "power-loss" in " ".join(r.faults), r.faults
-    assert len(caught) >= 3, f"only {caught} of {ACK_BEFORE_FSYNC_CATCHERS} caught the unsynced acknowledgements"
+    assert len(caught) >= 4, f"only {caught} of {ACK_BEFORE_FSYNC_CATCHERS} caught the unsynced acknowledgements"
     clean = run_many(ACK_BEFORE_FSYNC_CATCHERS, {}, jobs=2, progress=False, shrink_limit=0)
     assert not clean["failures"], _explain(clean)  # the same seeds pass with a correct bookie
 

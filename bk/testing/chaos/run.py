@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -54,6 +55,7 @@ class RunResult:
     lost_excused: int = 0
     duration_s: float = 0.0
     replay: str = ""
+    describe: object = None  # what the run can say about its writers if it hangs
 
     @property
     def categories(self) -> list[str]:
@@ -152,6 +154,19 @@ class Chaos:
         self.recoverers.append(asyncio.ensure_future(recover()))
         return f"a second client recovers ledger {lid} while its writer writes"
 
+    def describe_writers(self) -> list[str]:
+        """Each writer handle's add path state (for a run that hangs)."""
+        out = []
+        for k, lh in sorted(self.handles.items()):
+            core = lh._core
+            first = core.pending[0] if core.pending else None
+            out.append(f"ledger {lh.ledger_id}: ensemble {list(lh.ensemble)} failed {sorted(core.failed_bookies)}"
+                       f" changing {core.changing} change task {lh._change_task} fatal {lh._fatal}"
+                       f" lac {core.lac} pushed {core.last_add_pushed} pending {len(core.pending)}"
+                       + (f" first {first.entry_id} acks {first.ack_count} sent {first.sent}" if first else "")
+                       + f" metadata session {_session_state(lh._bk.store)}")
+        return out
+
     # ------------------------------------------------------------ nemesis timeline
     async def run_fault(self, fault) -> None:
         kind = KINDS[fault.kind]
@@ -169,7 +184,21 @@ class Chaos:
         await self.cluster.heal_network()
         for i in range(self.cluster.count):
             await self.restart(i)
+        await self.wait_registered()
         self.note("healed everything")
+
+    async def wait_registered(self, timeout_s: float = 30.0) -> None:
+        """Every running bookie registered again (a bookie process restarted after kill -9
+        registers once ZooKeeper expired its dead session): recovery needs them to choose from."""
+        want = {self.cluster.bookie_id(i) for i in range(self.cluster.count) if self.cluster.alive(i)}
+        async with BookKeeper(self.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+            deadline = time.monotonic() + timeout_s
+            while not want <= set(await bkc.registration.writable_bookies()) | set(
+                    await bkc.registration.readonly_bookies()):
+                if time.monotonic() > deadline:
+                    self.note(f"not every running bookie registered after {timeout_s:g}s")
+                    return
+                await asyncio.sleep(0.1)
 
 
 # ------------------------------------------------------------ workload
@@ -254,6 +283,7 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
                                       f"{int(time.time() * 1000) % 10**9}", **bookie_config(s))
     await cluster.start()
     chaos = Chaos(s, cluster, trace)
+    result.describe = chaos.describe_writers
     try:
         chaos.note(s.describe())
         writers = asyncio.ensure_future(asyncio.gather(*(writer(chaos, p) for p in s.ledgers)))
@@ -270,6 +300,37 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
         await cluster.stop()
 
 
+def _session_state(store) -> str:
+    zk = getattr(store, "_client", None)  # kazoo's client, for a ZooKeeper store
+    if zk is None:
+        return type(store).__name__
+    return f"{zk.state} (client state {zk.client_state}, connected {zk.connected})"
+
+
+async def _watched(coro, limit_s: float, result: RunResult):
+    """`coro` within `limit_s`; past it, every task's stack goes to the trace (what hangs,
+    and where) before the run is cancelled and reported as a timeout."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=limit_s)
+    if task in done:
+        return task.result()
+    describe = getattr(result, "describe", None)
+    if describe is not None:
+        result.trace += ["writers at the time limit: " + line for line in describe()]
+    for t in asyncio.all_tasks():
+        if t is asyncio.current_task():
+            continue
+        out = io.StringIO()
+        t.print_stack(limit=12, file=out)
+        result.trace.append(f"still running at the time limit: {t.get_name()}\n{out.getvalue()}")
+    task.cancel()
+    try:
+        await asyncio.wait_for(task, 30)
+    except BaseException:  # noqa: BLE001 - cancelled, or failing while it is: the timeout is the finding
+        pass
+    raise asyncio.TimeoutError
+
+
 def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, keep_dir: bool = False,
                  time_limit_s: float | None = None) -> RunResult:
     """Run one scenario in a fresh event loop; never raises for what the run finds."""
@@ -279,7 +340,7 @@ def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, k
     os.makedirs(work_dir, exist_ok=True)
     started = time.monotonic()
     try:
-        eventloop.run(asyncio.wait_for(_scenario(s, work_dir, result, zk_connect), limit))
+        eventloop.run(_watched(_scenario(s, work_dir, result, zk_connect), limit, result))
     except asyncio.TimeoutError:
         result.failures.append(f"timeout: the run did not finish within {limit:g}s (a hang)")
     except BaseException as e:  # noqa: BLE001 - a harness error is a finding too

@@ -28,7 +28,7 @@ import time
 
 from bk.client import BookKeeper, quorum
 from bk.errors import BKError, NoSuchEntryError
-from bk.meta.underreplication import LedgerUnderreplicationManager
+from bk.meta.underreplication import LedgerUnderreplicationManager, ur_node_name
 from bk.proto import DigestManager, StatusCode
 from bk.proto.codec import decode_response, encode_request
 from bk.proto.framing import FrameDecoder
@@ -180,8 +180,8 @@ async def _check_fence(chaos, plan, lid: int, md, out: list[str]) -> None:
 
 async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int], out: list[str]) -> None:
     """AutoRecovery on: audit everything now, wait for re-replication, check what is left.
-    A ledger that lost entries for real (BP-46, excused) cannot be fully replicated again:
-    its marker may stay (no replica has what it needs); it is left out."""
+    `lids` are the closed ledgers. One that lost entries for real (BP-46, excused) cannot be
+    fully replicated again, nor can one recovery left open: their markers may stay."""
     audited = False
     for server in list(chaos.cluster.servers.values()):
         ar = getattr(server, "autorecovery", None)
@@ -194,13 +194,30 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int],
                 chaos.note(f"audit failed: {e!r}")
     if not audited:  # bookie processes: their auditor checks every ledger each second (run.bookie_config)
         await asyncio.sleep(PROCESS_AUDIT_WAIT_S)
+    # AutoRecovery moves a fragment to a bookie outside its ensemble (BookKeeper's
+    # ReplicationWorker targets its own bookie, never one already in the fragment): a ledger
+    # with a segment that spans every live bookie has nowhere to go, and a hole on a live
+    # bookie of it stays until a bookie joins. Such ledgers are noted, not failed.
+    alive = set(await bkc.registration.writable_bookies())
+    stuck = set()
+    for lid in lids:
+        md = await bkc.get_ledger_metadata(lid)
+        if any(not alive - set(ensemble) for _, ensemble in md.segments):
+            stuck.add(lid)
+    if stuck:
+        chaos.note(f"ledgers {sorted(stuck)}: a segment spans every live bookie, no re-replication target")
+    lids = [lid for lid in lids if lid not in stuck]
     urm = LedgerUnderreplicationManager(bkc.store)
     try:
         deadline = time.monotonic() + REPLICATION_WAIT_S
         while True:
-            marked = [lid for lid in await urm.list_underreplicated_ledgers() if lid not in really_lost]
-            locks = await bkc.store.children(urm.paths.ur_locks) if await bkc.store.exists(urm.paths.ur_locks) \
-                is not None else []
+            # a ledger left open (>= AQ bookies may have lost data, recovery rightly refused) or
+            # closed with entries lost for real cannot be made whole: its marker may stay
+            marked = [lid for lid in await urm.list_underreplicated_ledgers()
+                      if lid in lids and lid not in really_lost]
+            locks = [n for n in (await bkc.store.children(urm.paths.ur_locks)
+                                 if await bkc.store.exists(urm.paths.ur_locks) is not None else [])
+                     if n in {ur_node_name(lid) for lid in lids if lid not in really_lost}]
             if not marked and not locks:
                 break
             if time.monotonic() > deadline:
@@ -252,7 +269,14 @@ async def verify(chaos, result) -> None:
             result.acked += len(acked)
             if rh is None or not md.is_closed:
                 lossy = {chaos.cluster.bookie_id(i) for i in chaos.lossy} & md.bookies()
-                if len(lossy) < md.ack_quorum_size:
+                gone = {chaos.cluster.bookie_id(i) for i in chaos.refused} & set(md.last_segment[1])
+                spare = set(await bkc.registration.writable_bookies()) - set(md.last_segment[1])
+                if gone and not spare:
+                    # a bookie of the last ensemble is gone for good (it refused to start on a
+                    # corruption it detected) and no bookie can replace it in the write-back
+                    chaos.note(f"ledger {lid} stays {md.state.name}: bookie(s) {sorted(gone)} gone, no spare"
+                               f" to write recovered entries to: {error!r}")
+                elif len(lossy) < md.ack_quorum_size:
                     out.append(f"liveness: ledger {lid} ({plan.shape}) still {md.state.name} after"
                                f" {RECOVERY_WAIT_S:g}s of recovery: {error!r}")
                 else:
