@@ -38,3 +38,36 @@ def test_seed25_crash_during_a_checkpoint_does_not_deadlock(tmp_path):
             server = await cluster.start_bookie(0)
             assert server.bookie.missing_entries(lh.ledger_id, range(1)) == []  # journal replay
     asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_seed161_a_connection_lost_before_it_is_registered_fails_the_requests(monkeypatch):
+    """python -m bk.testing.chaos --seed 161 --mode process hung (2 runs in 5): a bookie was
+    killed behind its proxy, which accepted the writer's connection and closed it at once.
+    connection_lost arrived before BookieClient._connect had made that protocol the current
+    one, so it was ignored; the dead protocol then became current, every flush raised
+    RuntimeError, and the adds on it never completed nor failed. Here the connection dies
+    inside connection_made, so its connection_lost runs before _connect resumes."""
+    from bk import eventloop
+    from bk.client import BookieClient, bookie_client
+    from bk.errors import BookieConnectionError
+
+    made = bookie_client._BookieProtocol.connection_made
+
+    def made_then_lost(self, transport):
+        made(self, transport)
+        transport.abort()
+    monkeypatch.setattr(bookie_client._BookieProtocol, "connection_made", made_then_lost)
+
+    async def main():
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = BookieClient(f"127.0.0.1:{port}", read_timeout_s=30.0, connect_timeout_s=30.0)
+        try:
+            with pytest.raises(BookieConnectionError):
+                await asyncio.wait_for(client.call(client.send_read, 1, 0), 10)
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+    eventloop.run(main())

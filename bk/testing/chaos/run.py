@@ -19,11 +19,13 @@ A harness exception or a run over its time limit is a failure too (`harness`,
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import hashlib
 import io
 import logging
 import os
 import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -317,6 +319,10 @@ async def _watched(coro, limit_s: float, result: RunResult):
     describe = getattr(result, "describe", None)
     if describe is not None:
         result.trace += ["writers at the time limit: " + line for line in describe()]
+    with tempfile.TemporaryFile("w+") as fh:  # every thread too: a blocked callback thread shows here
+        faulthandler.dump_traceback(fh, all_threads=True)
+        fh.seek(0)
+        result.trace.append("threads at the time limit:\n" + fh.read())
     for t in asyncio.all_tasks():
         if t is asyncio.current_task():
             continue
