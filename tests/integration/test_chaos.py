@@ -1,7 +1,7 @@
 """The chaos runner (bk.testing.chaos) in the suite: a fixed set of seeds, and the runner's
 own proof that it catches a broken bookie and replays and shrinks what it finds.
 
-- Fixed seeds: 36 in-process runs and 5 with real `bk bookie` processes on ZooKeeper
+- Fixed seeds: 39 in-process runs and 7 with real `bk bookie` processes on ZooKeeper
   (started by the runner; without Java/ZooKeeper those runs fail, they never skip).
   Each must end with every invariant holding (docs/CHAOS.md lists them).
 - A bookie that forgets fences (config test_break = "forget-fence") is caught within the
@@ -28,8 +28,8 @@ INPROCESS_SEEDS = list(range(1000, 1030))
 PROCESS_SEEDS = [1069, 1193, 1292]  # the seeds whose draw (1 in 50) is a process cluster
 # Seeds that once failed because of a bug in the harness itself (docs/CHAOS.md, "What the
 # runner found"); they failed only under load, so they stay here as scenarios, not proofs.
-REGRESSION_SEEDS = [44, 58, 2002, 2150, 2226, 2257]
-REGRESSION_PROCESS_SEEDS = [89, 2073]
+REGRESSION_SEEDS = [44, 58, 737, 1747, 2002, 2150, 2226, 2257, 2871]
+REGRESSION_PROCESS_SEEDS = [89, 161, 2073, 2434]  # 161: the client hang (test_chaos_regressions.py)
 # Seeds (journal on, a whole-cluster power cut, a 1 s flush interval so no checkpoint makes the
 # unsynced tail durable by chance) that caught the broken journal in 2 of 2 runs each.
 ACK_BEFORE_FSYNC_CATCHERS = [148, 171, 370, 395, 442, 462, 488]
