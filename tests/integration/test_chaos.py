@@ -101,8 +101,7 @@ def test_scenarios_are_reproducible_and_faults_independent():
 
 
 def test_report_tables_from_a_run_json():
-    from bk.testing.chaos.report import markdown
-    from bk.testing.chaos.runner import summarize
+    from bk.testing.chaos.runner import markdown, summarize
     results = [{"seed": 1, "mode": "inprocess", "ok": True, "failures": [], "categories": [], "faults": ["crash"],
                 "faults_applied": 1, "acked": 10, "lost_excused": 0, "duration_s": 1.0, "replay": "r1"},
                {"seed": 2, "mode": "inprocess", "ok": False, "failures": ["inv1: lost"], "categories": ["inv1"],

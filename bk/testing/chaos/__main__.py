@@ -51,7 +51,7 @@ def main(argv=None) -> int:
                                      test_break=a.test_break, zk_connect=a.zk_connect, time_limit_s=a.time_limit_s,
                                      keep_dir=a.keep_dir, verbose=a.verbose).items() if v not in (None, "", False)}
     if a.report:
-        from .report import report_file
+        from .runner import report_file
         print(report_file(a.report))
         return 0
     if a.seed is not None:

@@ -104,6 +104,8 @@ class Chaos:
         self.ledgers: dict[int, int] = {}  # plan index -> ledger id
         self.handles: dict[int, object] = {}  # plan index -> writer's LedgerHandle
         self.crashed: set[int] = set()
+        self.crash_times: dict[int, list[float]] = {}  # bookie -> when it crashed (monotonic)
+        self.sent_at: dict[tuple[int, int], float] = {}  # (ledger, acknowledged entry) -> add sent
         self.corrupted: set[int] = set()
         self.refused: dict[int, str] = {}  # bookie -> why it did not restart (detected corruption)
         self.rules: dict[int, object] = {}
@@ -120,6 +122,15 @@ class Chaos:
 
     def mark_crashed(self, i: int) -> None:
         self.crashed.add(i)
+        self.crash_times.setdefault(i, []).append(time.monotonic())
+
+    def lossy_for(self, ledger_id: int, entry_id: int) -> set[int]:
+        """Bookies that may have lost this entry without knowing it: journal off, a crash
+        after the entry's add was sent (a crash before it cannot lose it), or a corrupted
+        or refusing bookie. An entry no add of ours acknowledged: any crash."""
+        sent = self.sent_at.get((ledger_id, entry_id), float("-inf"))
+        crashed = set() if self.s.journal else {i for i, ts in self.crash_times.items() if max(ts) >= sent}
+        return crashed | self.corrupted | set(self.refused)
 
     def mark_corrupted(self, i: int) -> None:
         self.corrupted.add(i)
@@ -226,7 +237,9 @@ async def writer(chaos: Chaos, plan) -> None:
 
     async def one(i: int) -> None:
         try:
-            await h.add(lh, payload(s.seed, plan.index, i, rng_sizes[i]))
+            sent = time.monotonic()  # before the add: a crash from here on may lose it (journal off)
+            entry_id = await h.add(lh, payload(s.seed, plan.index, i, rng_sizes[i]))
+            chaos.sent_at[(lh.ledger_id, entry_id)] = sent
         except BKError as e:
             failed.append(e)
         finally:

@@ -54,8 +54,9 @@ def ensemble_write_set(ensemble, write_quorum_size: int, entry_id: int) -> list[
     return [ensemble[i] for i in quorum.write_set(entry_id, len(ensemble), write_quorum_size)]
 
 
-def may_be_lost(chaos, md, entry_id: int) -> bool:
-    lossy = {chaos.cluster.bookie_id(i) for i in chaos.lossy}
+def may_be_lost(chaos, md, ledger_id: int, entry_id: int) -> bool:
+    """>= AQ bookies of the entry's write set may have lost it (Chaos.lossy_for)."""
+    lossy = {chaos.cluster.bookie_id(i) for i in chaos.lossy_for(ledger_id, entry_id)}
     return sum(b in lossy for b in write_set(md, entry_id)) >= md.ack_quorum_size
 
 
@@ -93,7 +94,7 @@ async def _read_all(chaos, lid: int, md, out: list[str]) -> dict[int, bytes]:
             except NoSuchEntryError as e:
                 out.append(f"no-such-entry: ledger {lid} entry {entry_id} <= lastEntryId {last}: {e!r}")
             except BKError as e:
-                if not may_be_lost(chaos, md, entry_id):
+                if not may_be_lost(chaos, md, lid, entry_id):
                     out.append(f"unreadable: ledger {lid} entry {entry_id} ({e!r}) though fewer than AQ"
                                f" {md.ack_quorum_size} bookies of {write_set(md, entry_id)} may have lost it")
     return got
@@ -286,7 +287,7 @@ async def verify(chaos, result) -> None:
             closed.append(lid)
             readers = [await _read_all(chaos, lid, md, out) for _ in range(2)]
             lost = [e for e in range(md.last_entry_id + 1)
-                    if all(e not in r for r in readers) and may_be_lost(chaos, md, e)]
+                    if all(e not in r for r in readers) and may_be_lost(chaos, md, lid, e)]
             result.lost_excused += sum(e in acked for e in lost)
             if lost:
                 really_lost.add(lid)
