@@ -216,7 +216,7 @@ class ProcessChaosCluster:
         self.track_file = os.path.join(data_dir, "fsync.track")
         env = dict(os.environ, **{TRACK_ENV: self.track_file})
         self.inner = LocalCluster(data_dir, bookies=bookies, zk_connect=zk_connect, env=env, proxied=True,
-                                  http_server_enabled=False, **overrides)
+                                  **overrides)
         self.count = bookies
         self.paused: set[int] = set()
         self.servers: dict = {}  # in-process servers: none here
