@@ -76,8 +76,9 @@ def read_cpu_s(pid: int) -> float | None:
 
 
 class RssSampler:
-    def __init__(self, pids: dict, interval_s: float = 0.1, use_hwm: bool = True, disk=None):
+    def __init__(self, pids: dict, interval_s: float = 0.1, use_hwm: bool = True, disk=None, field: str = "VmRSS"):
         self.pids = dict(pids)
+        self.field = field  # the /proc/<pid>/status figure sampled: VmRSS, or RssAnon / RssFile (no HWM)
         self.disk = disk  # a diskstats.BlockDevice: its written bytes are snapshot at each mark()
         self.interval_s = interval_s
         self.use_hwm = use_hwm
@@ -90,7 +91,7 @@ class RssSampler:
 
     def _sample(self) -> None:
         for name, pid in self.pids.items():
-            rss = read_status_kib(pid, ("VmRSS",)).get("VmRSS")
+            rss = read_status_kib(pid, (self.field,)).get(self.field)
             if rss is not None and rss > self._peak_kib[name]:
                 self._peak_kib[name] = rss
             cpu, now = read_cpu_s(pid), time.monotonic()
@@ -116,7 +117,7 @@ class RssSampler:
             self._thread.join()
             self._thread = None
             self._sample()
-            if self.use_hwm:
+            if self.use_hwm and self.field == "VmRSS":
                 for name, pid in self.pids.items():
                     hwm = read_status_kib(pid, ("VmHWM",)).get("VmHWM")
                     if hwm is not None and hwm > self._peak_kib[name]:

@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from bk.testing.ports import free_port
+
 from . import scratch_dir
 from .stats import MB, human_size, latency_summary_ms, parse_size, positive_float, positive_int, rate
 
@@ -138,12 +140,6 @@ class RespParser:
 
 
 # ---------------------------------------------------------------- server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RedisServer:
     """redis-server on 127.0.0.1:<free port>, durable AOF, data in a scratch dir (removed on stop)."""
 

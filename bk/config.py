@@ -178,6 +178,16 @@ class BookieConfig:
     zk_digest_auth_path: str = ""
     zk_enable_security: bool = False
 
+    # --- overload (issue 17; docs/OVERLOAD.md)
+    # Answers one connection may leave unwritten (queued in the bookie or in its transport)
+    # when the client does not read them: above this its requests are no longer read, and
+    # reads carrying entries wait (at most num_read_worker_threads of them per connection
+    # read meanwhile), so a connection holds at most this plus one entry per read slot.
+    max_response_bytes_per_connection: int = 4 * MiB
+    # The bookie raises its soft open-files limit (RLIMIT_NOFILE) to the hard limit at start
+    # (each connection is one descriptor) and logs both; false leaves the limit as inherited.
+    raise_open_files_limit: bool = True
+
     # --- testing: the chaos runner's deliberately broken bookie (issue 17; docs/CHAOS.md)
     # Only the runner's self-tests set this (BK_TEST_BREAK / --set test_break=...), to prove the
     # runner catches a bookie that breaks a promise: "ack-before-fsync" acknowledges journal
@@ -327,6 +337,8 @@ def _check(cfg: BookieConfig) -> None:
         bad("major_compaction_threshold", "must not be below minor_compaction_threshold")
     if cfg.gc_wait_time_ms < 1:
         bad("gc_wait_time_ms", "must be at least 1")
+    if cfg.max_response_bytes_per_connection < 64 * KiB:
+        bad("max_response_bytes_per_connection", "must be at least 64KiB")
 
 
 def load_config(

@@ -133,6 +133,11 @@ class DiskFullError(StorageError):
     """No space left on a bookie directory."""
 
 
+class SyncFailedError(StorageError):
+    """An fsync failed: what the file held since its last good fsync may be lost, and no
+    later fsync of that file can prove otherwise (fsyncgate; docs/DISK-FAULTS.md)."""
+
+
 class CookieError(BKError):
     """A directory's cookie is missing or differs from ZooKeeper's; names the directory."""
 

@@ -10,6 +10,20 @@ after the fsync returns and before the caller can acknowledge anything.
 LMDB does its own fsyncs on commit and is not tracked here; the power-loss
 simulation leaves LMDB files as they are (a committed LMDB transaction is
 durable by LMDB's own design).
+
+Fault injection (tests only, bk.testing.diskfaults). `faults` is None in production:
+every operation below pays one module-global compare. When a test installs an
+injector, each operation asks it first: `faults.check(op, path, f)` may raise OSError
+(op is "write", "fsync", "read" or "commit"; `f` is the DurableFile or None), and
+`faults.space(path)` may report a directory full. The Cython kernels do no I/O (they
+frame and scan buffers), so every durable write and fsync of the bookie passes here;
+LMDB's commit is checked by bk.index through `check_commit` before LMDB commits.
+
+fsyncgate. After a failed fsync the kernel may have dropped the dirty pages it could
+not write and marks them clean: a later fsync that succeeds proves nothing about them.
+So a DurableFile whose fsync failed refuses every later fsync (SyncFailedError): its
+owner must treat everything written since the last good fsync as lost, and write it
+again elsewhere from a copy it still holds, or never acknowledge it.
 """
 from __future__ import annotations
 
@@ -17,12 +31,57 @@ import errno
 import os
 import threading
 
-from bk.errors import DiskFullError, StorageError
+from typing import NamedTuple
+
+from bk.errors import DiskFullError, StorageError, SyncFailedError
 
 PAGE_BYTES = 4096  # page-cache granularity for drop_synced_pages (a multiple of the real size is fine)
 _track_lock = threading.Lock()
 _track_fd: int | None = None
 _track_path: str | None = None
+# The installed fault injector (bk.testing.diskfaults), None when off: see the docstring.
+faults = None
+
+
+def set_fault_injector(injector) -> None:
+    """Install (or with None remove) the test-only fault injector for this process."""
+    global faults
+    faults = injector
+
+
+class DiskUsage(NamedTuple):
+    total_bytes: int
+    free_bytes: int
+    usage: float  # fraction of the disk in use, 0..1
+
+
+def disk_space(path: str) -> DiskUsage:
+    """Space of the filesystem holding `path` (the disk checker and the entry logger's
+    choice of directory; an injected full disk reports itself here)."""
+    if faults is not None:
+        fake = faults.space(path)
+        if fake is not None:
+            return fake
+    st = os.statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    return DiskUsage(total, free, (1.0 - free / total) if total else 1.0)
+
+
+def check_commit(path: str) -> None:
+    """bk.index calls this before an LMDB commit: an injected commit failure raises
+    StorageError (DiskFullError for ENOSPC) and the transaction is aborted."""
+    if faults is not None:
+        try:
+            faults.check("commit", path, None)
+        except OSError as e:
+            _raise_os(e, "committing the index in", path)
+
+
+def check_read(path: str) -> None:
+    """Readers of entry logs call this before a pread: an injected read error raises OSError."""
+    if faults is not None:
+        faults.check("read", path, None)
 
 
 def _track(path: str, size: int) -> None:
@@ -51,7 +110,12 @@ def fsync_dir(path: str) -> None:
     """Make a directory's entries (new, renamed, deleted files) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        if faults is not None:
+            faults.check("fsync", path, None)
         os.fsync(fd)
+    except OSError as e:
+        raise SyncFailedError(f"fsync of directory {path} failed: {e.strerror}; its new or removed "
+                              f"entries may not be durable") from e
     finally:
         os.close(fd)
 
@@ -76,12 +140,16 @@ class DurableFile:
     written so far, `synced_size` the number known durable.
     """
 
-    __slots__ = ("path", "fd", "size", "synced_size", "_sync_data", "_dropped")
+    __slots__ = ("path", "fd", "size", "synced_size", "sync_failed", "_sync_data", "_dropped")
 
     def __init__(self, path: str, *, create: bool = True, sync_data: bool = True):
         self.path = path
+        self.fd = -1
+        self.sync_failed: SyncFailedError | None = None  # the failed fsync (fsyncgate: see module docstring)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         try:
+            if create and faults is not None:
+                faults.check("write", path, None)
             self.fd = os.open(path, flags, 0o644)
         except OSError as e:
             _raise_os(e, "opening", path)
@@ -90,15 +158,21 @@ class DurableFile:
         self._sync_data = sync_data
         self._dropped = 0  # page cache dropped below this offset (drop_synced_pages)
         if create:
-            fsync_dir(os.path.dirname(os.path.abspath(path)))
-            if sync_data:
-                self.fsync()
+            try:
+                fsync_dir(os.path.dirname(os.path.abspath(path)))
+                if sync_data:
+                    self.fsync()
+            except StorageError:
+                self.close()
+                raise
 
     def write(self, data) -> int:
         """Append all of `data` (bytes-like); returns the offset it starts at."""
         start = self.size
         view = memoryview(data)
         try:
+            if faults is not None:
+                faults.check("write", self.path, self)
             while view:
                 n = os.pwrite(self.fd, view, self.size)
                 self.size += n
@@ -110,6 +184,8 @@ class DurableFile:
     def writev(self, buffers) -> int:
         start = self.size
         try:
+            if faults is not None:
+                faults.check("write", self.path, self)
             total = sum(len(b) for b in buffers)
             n = os.pwritev(self.fd, buffers, self.size)
             self.size += n
@@ -123,6 +199,8 @@ class DurableFile:
     def pwrite_at(self, data, offset: int) -> None:
         """Overwrite bytes inside the file (headers); does not move `size`."""
         try:
+            if faults is not None:
+                faults.check("write", self.path, self)
             os.pwrite(self.fd, data, offset)
         except OSError as e:
             _raise_os(e, "writing", self.path)
@@ -130,10 +208,19 @@ class DurableFile:
     def fsync(self) -> None:
         if not self._sync_data:
             return
+        if self.sync_failed is not None:
+            raise SyncFailedError(f"{self.path}: an earlier fsync failed ({self.sync_failed}); "
+                                  f"nothing written to it since byte {self.synced_size} can be proven durable")
         try:
+            if faults is not None:
+                faults.check("fsync", self.path, self)
             os.fdatasync(self.fd)
         except OSError as e:
-            _raise_os(e, "syncing", self.path)
+            err = SyncFailedError(f"fsync of {self.path} failed: {e.strerror}; data written since byte "
+                                  f"{self.synced_size} may be lost")
+            err.__cause__ = e
+            self.sync_failed = err
+            raise err from e
         self.synced_size = self.size
         _track(self.path, self.size)
 
@@ -152,7 +239,11 @@ class DurableFile:
         self._dropped = end
 
     def truncate(self, size: int) -> None:
+        if self.sync_failed is not None:
+            raise SyncFailedError(f"{self.path}: an earlier fsync failed; not truncating it")
         try:
+            if faults is not None:  # cutting a file needs no space: only the fsync can fail
+                faults.check("fsync", self.path, self)
             os.ftruncate(self.fd, size)
             os.fsync(self.fd)
         except OSError as e:
@@ -171,11 +262,15 @@ def atomic_write(path: str, data: bytes) -> None:
     """Replace `path` with `data` durably: temp file, fsync, rename, fsync dir."""
     tmp = path + ".tmp"
     try:
+        if faults is not None:
+            faults.check("write", tmp, None)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            if faults is not None:
+                faults.check("fsync", tmp, None)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -285,6 +285,11 @@ THROTTLED_WRITE_REQUESTS = Counter("bookie_throttled_write_requests", "adds that
 REJECTED_WRITE_REQUESTS = Counter("bookie_rejected_write_requests",
                                   "adds refused with ETOOMANYREQUESTS (write cache full)")
 LEDGER_WRITABLE_DIRS = Gauge("bookie_ledger_writable_dirs", "ledger directories below the disk usage threshold")
+# disk faults (docs/DISK-FAULTS.md)
+STORAGE_ERRORS = Counter("bookie_storage_errors", "failed journal/entry-log writes, fsyncs, index commits and reads")
+STORAGE_FAILED = Gauge("bookie_storage_failed", "1 once an fsync, write or commit failed: read-only until restart")
+READ_ENTRY_CORRUPTED = Counter("bookie_read_entry_corrupted",
+                               "reads answered EIO because the stored record failed its checks")
 
 # AutoRecovery (auditor_*, replication_worker_*, election_*)
 ELECTION_ATTEMPTS = Counter("election_attempts", "auditor elections won by this process")

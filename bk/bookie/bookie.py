@@ -14,6 +14,12 @@ Rules kept here (REPLICATION.md, "Rules a bookie must keep"):
   constant time; a mismatch is EUA and changes nothing.
 - Explicit negatives (ENOLEDGER/ENOENTRY) are never answered for a ledger in
   limbo: those become EUNKNOWNLEDGERSTATE.
+- Disk faults (docs/DISK-FAULTS.md): a failed fsync, write or index commit (journal,
+  entry log, checkpoint) turns the bookie read-only for good (`storage_failure`, until
+  a restart): the affected adds were never acknowledged, and nothing new is taken on
+  a disk that lies. A full disk (a write found no space) turns it read-only until the
+  disk checker sees room again (`disk_full`). The unclean-shutdown flag is cleared at
+  stop only after a final checkpoint succeeded.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import logging
 import os
 import struct
 import time
+from collections import deque
 from hmac import compare_digest
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
@@ -29,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from bk import metrics
 from bk._native import load
 from bk.config import BookieConfig
-from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, CorruptedStorageError, LedgerFencedError,
-                       LedgerLimboError, NoSuchEntryError, NoSuchLedgerError, TooManyRequestsError,
-                       UnauthorizedAccessError)
+from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, CorruptedStorageError, DiskFullError,
+                       LedgerFencedError, LedgerLimboError, NoSuchEntryError, NoSuchLedgerError, StorageError,
+                       TooManyRequestsError, UnauthorizedAccessError)
 from bk.fileio import ensure_dir
 from bk.index import NEEDS_INTEGRITY_CHECK, UNCLEAN_SHUTDOWN
 from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
@@ -82,8 +89,18 @@ class Bookie:
         self.storage: LedgerStorage | None = None
         self.journals: list[Journal] = []
         self.read_only = config.force_read_only
+        self._read_only_wanted = config.force_read_only  # by the operator or the disk checker
+        self._read_only_why = "force_read_only is set" if config.force_read_only else None
+        self.disk_full: str | None = None  # a write found no space: why (cleared when space is back)
+        self.storage_failure: str | None = None  # an fsync/write/commit failed: why (until restart)
+        self.on_state_change = None  # called on the loop when read_only changes (the server re-registers)
         self.gc: GarbageCollector | None = None  # started with the storage (bk.bookie.gc)
         self.was_unclean_shutdown = False
+        # BP-46: the last stop was unclean and the data-integrity check is on, so phase one
+        # (mark_for_integrity_check) must complete before the unclean-shutdown flag may be
+        # cleared: a start that fails or is stopped before that (metadata store down, SIGTERM)
+        # leaves the flag set, or the next start would serve as if nothing had been lost.
+        self.phase_one_due = False
         self.replayed_records = 0
         self.cut_journal_tails: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,6 +108,8 @@ class Bookie:
         self._write_data = config.journal_write_data
         self._forget_fence = config.test_break == "forget-fence"  # BROKEN ON PURPOSE: chaos self-tests only
         self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
+        self._room_queue: deque = deque()  # add_entry_cb arguments of adds waiting for write-cache room
+        self._room_task: asyncio.Task | None = None  # retries them (_retry_when_room)
         self._running = False
 
     # ------------------------------------------------------------ lifecycle
@@ -98,9 +117,11 @@ class Bookie:
         """Open storage, replay the journals, start the writer/flush threads."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._open_and_replay)
-        for journal in self.journals:
+        for i, journal in enumerate(self.journals):
+            journal.on_error = lambda exc, i=i: self._storage_error_from_thread(f"journal {i}", exc)
             journal.start()
         storage = self.storage
+        storage.on_error = lambda exc: self._storage_error_from_thread("checkpoint", exc)
         storage.set_checkpoint_hooks(
             lambda: [j.last_mark() for j in self.journals],
             lambda marks: [j.gc(m) for j, m in zip(self.journals, marks)],
@@ -127,6 +148,7 @@ class Bookie:
                 self.was_unclean_shutdown = True
             if self.was_unclean_shutdown:
                 log.warning("bookie %s was not shut down cleanly", self.bookie_id)
+            self.phase_one_due = self.was_unclean_shutdown and cfg.data_integrity_checking
             storage.set_flag_now(UNCLEAN_SHUTDOWN, True)
             self.journals = [Journal(d, cfg, loop=self._loop, index=i) for i, d in enumerate(cfg.journal_dirs)]
             start_marks = [storage.index.get_log_mark(i) or LogMark(0, 0) for i in range(len(self.journals))]
@@ -180,8 +202,20 @@ class Bookie:
         for journal in self.journals:
             journal.stop()
         storage = self.storage
-        storage.stop()
-        storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
+        try:
+            storage.stop()
+        except StorageError as e:
+            # Entries may be acknowledged (journal off) or journaled that are not in a durable
+            # entry log: the flag stays set, so the next start replays the journal from the
+            # persisted marks and, with the journal off, runs the BP-46 integrity check.
+            log.error("bookie %s: the final checkpoint failed (%s); leaving the unclean-shutdown flag set",
+                      self.bookie_id, e)
+        else:
+            if self.phase_one_due:
+                log.warning("stopping before the data-integrity check's phase one completed: the"
+                            " unclean-shutdown flag stays set, so the next start runs it again")
+            else:
+                storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
         storage.close_index()
 
     async def __aenter__(self) -> "Bookie":
@@ -235,8 +269,7 @@ class Bookie:
                     metrics.REJECTED_WRITE_REQUESTS.inc()
                     raise TooManyRequestsError("write cache full: the bookie cannot flush fast enough",
                                                ledger_id=ledger_id, entry_id=entry_id)
-                self._loop.create_task(self._add_when_room(ledger_id, entry_id, entry, master_key,
-                                                           recovery, cb, ctx, _deadline))
+                self._wait_for_room((ledger_id, entry_id, entry, master_key, recovery, cb, ctx, _deadline))
                 return
             if lac > desc.lac:
                 desc.lac = lac
@@ -365,11 +398,28 @@ class Bookie:
         self.storage.update_ledger(desc, master_key=bytes(master_key))
         self._journal(desc.ledger_id).log(meta_body(desc.ledger_id, MASTER_KEY, master_key), _ignore, None)
 
-    async def _add_when_room(self, ledger_id, entry_id, entry, master_key, recovery, cb, ctx, deadline):
-        await self.storage.wait_for_room(max(0.0, deadline - time.monotonic()))
-        # Everything is checked again (fence included): the ledger may have been
-        # fenced while this add waited, and then it must not be acknowledged.
-        self.add_entry_cb(ledger_id, entry_id, entry, master_key, recovery, cb, ctx, deadline)
+    def _wait_for_room(self, args: tuple) -> None:
+        """An add that found both write-cache halves full waits in a queue as its arguments
+        only: a task each cost ~3 KiB, so a flood of small adds (20,000 waiting per
+        connection) held far more than their bytes (docs/OVERLOAD.md)."""
+        self._room_queue.append(args)
+        if self._room_task is None:
+            self._room_task = self._loop.create_task(self._retry_when_room())
+
+    async def _retry_when_room(self) -> None:
+        """Once a flush frees a half, or the oldest waiting add's deadline passed, every
+        waiting add is tried once more in arrival order through add_entry_cb: everything
+        is checked again (fence included: the ledger may have been fenced while the add
+        waited, and then it must not be acknowledged); one that still finds no room
+        queues itself again, or is refused with ETOOMANYREQUESTS past its deadline."""
+        queue = self._room_queue
+        try:
+            while queue:
+                await self.storage.wait_for_room(max(0.0, queue[0][-1] - time.monotonic()))
+                for _ in range(len(queue)):
+                    self.add_entry_cb(*queue.popleft())
+        finally:
+            self._room_task = None
 
     async def add_entry(self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes,
                         recovery: bool = False) -> None:
@@ -460,6 +510,7 @@ class Bookie:
                 storage.update_ledger(desc, fenced=True, limbo=True)
             count += 1
         await asyncio.to_thread(storage.checkpoint)
+        self.phase_one_due = False  # durable: a clean stop may clear the unclean-shutdown flag now
         return count
 
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:
@@ -468,8 +519,10 @@ class Bookie:
 
     async def clear_limbo(self, ledger_ids) -> None:
         """Phase two found these ledgers whole: answer explicit negatives for them again.
-        Durable on return. The caller made their copied entries durable first (checkpoint),
-        so a cleared limbo never stands in front of an entry a crash could still take."""
+        Durable on return. The copied entries are in the write cache (visible to reads) before
+        limbo clears in memory, and the cleared state is persisted by the same checkpoint that
+        writes them (or a later one), so a cleared limbo never stands in front of an entry a
+        crash could still take. A read that began while in limbo looks again (read_entry)."""
         storage = self.storage
         for ledger_id in ledger_ids:
             desc = storage.get_ledger(ledger_id)
@@ -527,15 +580,32 @@ class Bookie:
             if last is None:
                 raise NoSuchEntryError(ledger_id=ledger_id, entry_id=-1)
             entry_id = last
-        entry = storage.get_cached(ledger_id, entry_id)
-        if entry is None:
-            entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
-                                                     ledger_id, entry_id)
+        while True:
+            # Limbo is read before the lookup: the BP-46 repair stores its copies and then
+            # clears limbo while a lookup may be running in a read thread, so a miss only
+            # proves "no such entry" if limbo was already clear when the lookup began
+            # (seed 10023 of the journal-off random test answered ENOENTRY without this).
+            limbo_before = desc.limbo
+            entry = storage.get_cached(ledger_id, entry_id)
             if entry is None:
-                if desc.limbo:
-                    raise LedgerLimboError(ledger_id=ledger_id, entry_id=entry_id)
+                try:
+                    entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
+                                                             ledger_id, entry_id)
+                except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
+                    if isinstance(e, CorruptedStorageError):
+                        metrics.READ_ENTRY_CORRUPTED.inc()
+                    else:
+                        metrics.STORAGE_ERRORS.inc()
+                    log.error("bookie %s: ledger %d entry %d cannot be read: %s", self.bookie_id, ledger_id,
+                              entry_id, e)
+                    raise
+            if entry is not None:
+                return entry
+            if desc.limbo:
+                raise LedgerLimboError(ledger_id=ledger_id, entry_id=entry_id)
+            if not limbo_before:
                 raise NoSuchEntryError(ledger_id=ledger_id, entry_id=entry_id)
-        return entry
+            # limbo was cleared during the lookup: what the repair stored is visible now
 
     # ------------------------------------------------------------ admin
     async def delete_ledger(self, ledger_id: int) -> bool:
@@ -547,11 +617,56 @@ class Bookie:
     async def checkpoint(self) -> None:
         await asyncio.to_thread(self.storage.checkpoint)
 
-    def set_read_only(self, read_only: bool) -> None:
-        read_only = read_only or self.config.force_read_only
+    def set_read_only(self, read_only: bool, why: str = "set by the operator") -> None:
+        """The operator's or the disk checker's wish. Writable again also ends a full disk
+        (the checker saw room); it never ends a storage failure (see the module docstring)."""
+        self._read_only_wanted = read_only or self.config.force_read_only
+        self._read_only_why = (why if read_only else "force_read_only is set") if self._read_only_wanted else None
+        if not read_only:
+            self.disk_full = None
+        self._update_read_only()
+
+    def _update_read_only(self, notify: bool = True) -> None:
+        read_only = self._read_only_wanted or self.disk_full is not None or self.storage_failure is not None
         if read_only != self.read_only:
-            log.warning("bookie %s is now %s", self.bookie_id, "read-only" if read_only else "writable")
-        self.read_only = read_only
+            self.read_only = read_only
+            log.warning("bookie %s is now %s", self.bookie_id,
+                        f"read-only: {self.read_only_reason}" if read_only else "writable")
+            if notify and self.on_state_change is not None:  # on the loop only
+                self.on_state_change()
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why the bookie is read-only (None when writable); a storage failure first."""
+        if self.storage_failure is not None:
+            return f"storage failure: {self.storage_failure}"
+        if self.disk_full is not None:
+            return f"disk full: {self.disk_full}"
+        return self._read_only_why if self.read_only else None
+
+    def _storage_error_from_thread(self, where: str, exc: StorageError) -> None:
+        """The journal writer or the flush thread reports a failed write/fsync/commit."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._storage_error(where, exc, notify=False)
+            return
+        try:
+            loop.call_soon_threadsafe(self._storage_error, where, exc)
+        except RuntimeError:  # the loop closed meanwhile: nobody left to tell
+            self._storage_error(where, exc, notify=False)
+
+    def _storage_error(self, where: str, exc: StorageError, notify: bool = True) -> None:
+        metrics.STORAGE_ERRORS.inc()
+        if isinstance(exc, DiskFullError):
+            if self.disk_full is None:
+                log.error("bookie %s: %s found the disk full (%s); read-only until the disk checker sees room",
+                          self.bookie_id, where, exc)
+            self.disk_full = f"{where}: {exc}"
+        elif self.storage_failure is None:
+            log.error("bookie %s: %s failed (%s); read-only until restarted (docs/DISK-FAULTS.md)",
+                      self.bookie_id, where, exc)
+            self.storage_failure = f"{where}: {exc}"
+        self._update_read_only(notify)
 
     def stats(self) -> dict:
         return {**self.storage.stats(), "read_only": self.read_only}

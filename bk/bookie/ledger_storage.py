@@ -14,6 +14,11 @@ Invariants this module keeps:
   before the captured marks, and the add path needs no lock.
 - A failed flush keeps its half (`_pending`) and retries it; nothing is dropped.
   While it cannot flush, adds fill the other half and then get ETOOMANYREQUESTS.
+  A retry after a failed fsync writes the half again into a new entry log (the
+  entry logger never fsyncs a log whose fsync failed): the proof of durability
+  comes from a fresh write and fsync of bytes still held in memory, never from
+  a second fsync of the same file (fsyncgate, docs/DISK-FAULTS.md). Every failure
+  is reported to `on_error(exc)` (the Bookie turns read-only and says why).
 
 Threads: the owner (event loop) thread puts entries, changes ledger state and
 swaps halves; the flush thread runs checkpoints (LMDB write transactions live
@@ -84,6 +89,7 @@ class LedgerStorage:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.last_checkpoint_error: BaseException | None = None
+        self.on_error: Callable[[StorageError], None] | None = None  # any thread; see the docstring
         self.checkpoints = 0
         self._last_marks: list | None = None
 
@@ -107,7 +113,14 @@ class LedgerStorage:
             self._flush_event.set()
             self._thread.join()
             self._thread = None
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except BaseException:
+            try:  # close the files anyway; the checkpoint's error is the one that counts
+                self.entry_logger.close()
+            except StorageError as e:
+                log.error("closing the entry logger after a failed checkpoint: %s", e)
+            raise
         self.entry_logger.close()
 
     def close_index(self) -> None:
@@ -272,8 +285,10 @@ class LedgerStorage:
         flushed_bytes = p.half.size_bytes
         try:
             self._flush_half(p)
-        except BaseException:
+        except BaseException as e:
             metrics.FLUSH.failure((time.monotonic() - started) * 1000.0)
+            if isinstance(e, StorageError) and self.on_error is not None:
+                self.on_error(e)
             raise
         metrics.FLUSH.success((time.monotonic() - started) * 1000.0)
         metrics.FLUSH_SIZE.record(flushed_bytes)
@@ -320,7 +335,14 @@ class LedgerStorage:
                 self.checkpoint()
                 self.last_checkpoint_error = None
                 backoff_s = 0.0
-            except StorageError as e:  # disk full, I/O error, index full: keep the data, retry
+            except Exception as e:  # disk full, I/O error, index full: keep the data, retry
+                if not isinstance(e, StorageError):
+                    # a bug below (a raw OSError once): this thread must live on, a dead flush
+                    # thread silently ends every checkpoint; the bookie is told like for I/O errors
+                    log.exception("unexpected error in a checkpoint")
+                    e = StorageError(f"unexpected error in a checkpoint: {e!r}")
+                    if self.on_error is not None:
+                        self.on_error(e)
                 self.last_checkpoint_error = e
                 backoff_s = min(max(backoff_s * 2, 0.1), 5.0)
                 log.error("checkpoint failed (will retry in %.1fs): %s", backoff_s, e)
@@ -376,7 +398,14 @@ class LedgerStorage:
         if not run or run[0][0] != ledger_id or run[0][1] != entry_id:
             # read_run does not know which ids to expect; the strict read does.
             return self.entry_logger.read_entry(ledger_id, entry_id, location)
-        self.read_cache.put_many((lid, eid, e) for lid, eid, e, _ in run if lid == ledger_id)
+        ahead = [r for r in run[1:] if r[0] == ledger_id]
+        if ahead:
+            # A record's ids are its entry's first bytes: a damaged one (or a stale copy left
+            # by compaction) can claim an entry that lives elsewhere. Only records the index
+            # places exactly here are cached, so a flipped id never shadows a healthy entry.
+            where = self.index.get_locations([(lid, eid) for lid, eid, _, _ in ahead])
+            ahead = [(lid, eid, e) for (lid, eid, e, loc), want in zip(ahead, where) if want == loc]
+        self.read_cache.put_many([(ledger_id, entry_id, run[0][2]), *ahead])
         return run[0][2]
 
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 
 from bk import eventloop
@@ -47,20 +48,58 @@ def run(args) -> int:
     from .logs import setup_logging
 
     cfg = load_config(args.conf, overrides=args.overrides)
+    if os.environ.get("BK_DISK_FAULTS"):  # tests only: injected disk faults (bk.testing.diskfaults)
+        from bk.testing.diskfaults import install_from_env
+        install_from_env()
     setup_logging(args.log_level or cfg.log_level, log_file=cfg.log_file, log_format=cfg.log_format,
                   max_bytes=cfg.log_file_max_size_bytes, backups=cfg.log_file_backups, bookie_id=cfg.bookie_id)
     return eventloop.run(serve(cfg))
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Soft RLIMIT_NOFILE up to the hard limit (every client connection is a descriptor),
+    as servers do at start; returns and logs (soft, hard)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, target, e)
+    log.info("open-files limit %d (hard %s)", soft, "unlimited" if hard == resource.RLIM_INFINITY else hard)
+    return soft, hard
+
+
 async def serve(cfg: BookieConfig) -> int:
     from bk.server import BookieServer
 
+    if cfg.raise_open_files_limit:
+        raise_open_files_limit()
     server = BookieServer(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    # A start can wait long (phase one over a large cluster, the old session's expiry
+    # before registering): a stop asked for meanwhile abandons it at once. The server's
+    # start tears down what it began; BP-46's unclean-shutdown flag survives an
+    # abandoned phase one (Bookie.phase_one_due).
+    starting = asyncio.ensure_future(server.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.warning("stop requested while bookie %s was starting: abandoning the start", cfg.bookie_id)
+        starting.cancel()
+        try:
+            await starting
+        except asyncio.CancelledError:
+            pass
+        return 0
+    stopping.cancel()
+    starting.result()  # a failed start raises here
     eventloop.tune_gc()  # start-up objects out of the GC's sight; fewer young collections
     http = f", HTTP admin {server.http.url}" if server.http is not None else ""
     print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri}{http})", flush=True)

@@ -27,7 +27,7 @@ def _stable_ports(data_dir: str, bookies: int, zk_port: int | None) -> tuple[int
     (zk port or None for a free one, bookie ports, http ports, messages about fallbacks)."""
     import os
 
-    from bk.testing.cluster import port_is_free
+    from bk.testing.ports import port_is_free
 
     notes = []
     if zk_port is None and not os.path.exists(os.path.join(data_dir, "zookeeper.port")):

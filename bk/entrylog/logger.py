@@ -16,6 +16,13 @@ Invariants:
 - Only the current log is ever appended to. A log found at start without a ledgers
   map (not closed: crash) stays as it is, readable by location and by scan.
 - Log ids are unique across all ledger dirs; a new log takes highest + 1.
+- A log whose fsync failed is never written or fsynced again (fsyncgate,
+  docs/DISK-FAULTS.md): what it got since its last good fsync may be gone, and a
+  later fsync that succeeds would not prove otherwise. It is abandoned and the next
+  add_entries opens a new log. Nothing indexed points into its unsynced part: the
+  index is committed only after flush() returned, in the transaction the failure
+  aborted, so the caller (the checkpoint) writes the same entries again, from
+  memory, into the new log. Its older records (fsynced before) stay readable.
 """
 from __future__ import annotations
 
@@ -29,8 +36,9 @@ from bk._native import load as load_kernel
 from bk.config import BookieConfig
 from bk.entrylog import format as fmt
 from bk.entrylog.files import LogScan, ReadFiles
-from bk.errors import ConfigError, CorruptedStorageError, StorageError
-from bk.fileio import DurableFile, ensure_dir, remove_file
+from bk.errors import ConfigError, CorruptedStorageError, StorageError, SyncFailedError
+from bk import fileio
+from bk.fileio import DiskUsage, DurableFile, disk_space, ensure_dir, remove_file
 
 log = logging.getLogger("bk.entrylog")
 
@@ -48,18 +56,9 @@ def _never() -> bool:
     return False
 
 
-class DiskUsage(NamedTuple):
-    total_bytes: int
-    free_bytes: int
-    usage: float  # fraction of the disk in use, 0..1
-
-
 def _dir_space(path: str) -> DiskUsage:
     """Disk space of the filesystem holding `path` (tests replace this function)."""
-    st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    free = st.f_bavail * st.f_frsize
-    return DiskUsage(total, free, (1.0 - free / total) if total else 1.0)
+    return disk_space(path)
 
 
 class _LogInfo(NamedTuple):
@@ -223,7 +222,11 @@ class EntryLogger:
                 unsynced >= self._behind_flush_bytes or not self.behind()):
             # in steps, so the disk never queues a whole checkpoint at once (a journal
             # fsync on the same disk waits behind it); a failure is flush()'s failure
-            f.fsync()
+            try:
+                f.fsync()
+            except SyncFailedError:
+                self._abandon_current(poisoned=True)
+                raise
             if self._drop_pages:
                 f.drop_synced_pages()
 
@@ -233,11 +236,23 @@ class EntryLogger:
             raise StorageError("entry logger is closed")
         while self._unsynced:
             log_id, f = self._unsynced[0]
-            f.fsync()  # a failure here keeps it queued and propagates
+            try:
+                f.fsync()
+            except SyncFailedError:  # poisoned: never fsynced again (module docstring)
+                with self._lock:
+                    self._unsynced.pop(0)
+                f.close()
+                log.error("entry log %s: fsync failed; abandoned for good", f.path)
+                raise
             f.close()
-            self._unsynced.pop(0)
+            with self._lock:
+                self._unsynced.pop(0)
         if self._current is not None:
-            self._current.fsync()
+            try:
+                self._current.fsync()
+            except SyncFailedError:
+                self._abandon_current(poisoned=True)
+                raise
             if self._drop_pages:
                 self._current.drop_synced_pages()
 
@@ -251,12 +266,21 @@ class EntryLogger:
             raise StorageError(f"entry log ids are exhausted (highest is {log_id - 1:x})")
         d = self._pick_dir()
         path = os.path.join(fmt.log_dir(d), fmt.log_file_name(log_id))
-        f = DurableFile(path, create=True)
+        f = None
         try:
+            f = DurableFile(path, create=True)
             f.write(fmt.encode_header(log_id))
         except StorageError:
-            f.close()
-            remove_file(path)
+            if f is not None:
+                f.close()
+            # the id is used up even when its file could not be removed: a retry must
+            # not meet its own leftover (O_EXCL) and fail for ever
+            self._next_log_id = log_id + 1
+            if os.path.exists(path):
+                try:
+                    remove_file(path)
+                except (OSError, StorageError) as e:
+                    log.warning("could not remove the unfinished entry log %s: %s", path, e)
             raise
         with self._lock:
             self._next_log_id = log_id + 1
@@ -304,6 +328,12 @@ class EntryLogger:
             self._truncate_quietly(f, records_end)
         try:
             f.fsync()
+        except SyncFailedError:
+            # poisoned: never fsynced again, and its ledgers map cannot be trusted either
+            # (it was written after the last good fsync): readers scan it like a crashed log
+            f.close()
+            log.error("entry log %s: fsync at close failed; abandoned for good", f.path)
+            raise
         except StorageError:
             with self._lock:
                 self._unsynced.append((log_id, f))
@@ -312,16 +342,22 @@ class EntryLogger:
         with self._lock:
             self._info[log_id] = _LogInfo(records_end, map_offset, len(usage) if map_offset else 0)
 
-    def _abandon_current(self) -> None:
+    def _abandon_current(self, poisoned: bool = False) -> None:
         """After a failed write: cut the partial record, keep the log unclosed, and let
-        the next add_entries start a new log (possibly in another dir)."""
+        the next add_entries start a new log (possibly in another dir). After a failed
+        fsync (`poisoned`) the log is only closed: no fsync is owed to it any more,
+        none could prove anything (module docstring)."""
         f, log_id = self._current, self.current_log_id
-        self._truncate_quietly(f, self._written_end)
+        if not poisoned:
+            self._truncate_quietly(f, self._written_end)
         with self._lock:
             self._info[log_id] = _LogInfo(self._written_end, 0, 0)
             self._current = None
-            self._unsynced.append((log_id, f))  # flush() still owes these records an fsync
-        log.error("entry log %s abandoned after a failed write", f.path)
+            if not poisoned:
+                self._unsynced.append((log_id, f))  # flush() still owes these records an fsync
+        if poisoned:
+            f.close()
+        log.error("entry log %s abandoned after a failed %s", f.path, "fsync" if poisoned else "write")
 
     @staticmethod
     def _truncate_quietly(f: DurableFile, size: int) -> None:
@@ -396,6 +432,8 @@ class EntryLogger:
 
     def _pread(self, h, n: int, offset: int) -> bytes:
         try:
+            if fileio.faults is not None:
+                fileio.check_read(h.path)
             return os.pread(h.fd, n, offset)
         except OSError as e:
             raise StorageError(f"I/O error reading {h.path}@{offset}: {e.strerror}") from e

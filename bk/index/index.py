@@ -20,7 +20,7 @@ import lmdb
 from bk._native import load as _load_kernel
 from bk.config import BookieConfig
 from bk.errors import CorruptedStorageError, IndexFullError, StorageError
-from bk.fileio import ensure_dir
+from bk.fileio import check_commit, ensure_dir
 from bk.index import state as st
 from bk.index.state import LedgerState, LogMark
 
@@ -238,6 +238,11 @@ class Index:
                     pass
                 raise
             writer._txn = None
+            try:
+                check_commit(self.path)  # an injected commit failure (tests) aborts below
+            except BaseException:
+                txn.abort()
+                raise
             try:
                 txn.commit()  # LMDB aborts the txn itself when commit fails
             except lmdb.Error as e:

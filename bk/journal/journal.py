@@ -26,13 +26,20 @@ never copied in user space (same bytes on disk). Records that arrive during the 
 wait is counted from the previous drain, so after a slow fsync the next group
 is flushed at once (adaptive grouping, no per-record timestamps).
 
-Failure. A StorageError from write/fsync/rotation fails the group's callbacks
-and puts the journal in a failed state: every queued and later record fails
-with StorageError; nothing is acknowledged after an I/O error.
+Failure (docs/DISK-FAULTS.md). A failed fsync, an I/O error on write or a failed
+rotation fails the group's callbacks and puts the journal in a failed state: every
+queued and later record fails with StorageError; nothing is acknowledged after an
+I/O error (after a failed fsync the data it covered may be gone from the page cache,
+so no later fsync could vouch for it: fsyncgate). A write that finds the disk full
+(DiskFullError) fails only its group: the file is cut back to the group's start (no
+partial record stays in front of later ones) and later groups are tried again.
+`on_error(exc)` (set by the Bookie) is called from the writer thread on every
+failure, so the bookie can turn read-only and say why.
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -40,7 +47,7 @@ from typing import Any, Callable
 from bk import metrics
 from bk._native import load
 from bk.config import BookieConfig
-from bk.errors import BadRequestError, StorageError
+from bk.errors import BadRequestError, DiskFullError, StorageError
 from bk.fileio import DurableFile, ensure_dir, remove_file
 from bk.journal.records import (
     HEADER_BYTES,
@@ -118,6 +125,7 @@ class Journal:
         self._min_next_file_id = 1  # raised by replay so new files sort after the replayed ones
         self._thread: threading.Thread | None = None
         self._failed: BaseException | None = None
+        self.on_error: Callable[[StorageError], None] | None = None  # writer thread; see the docstring
         # counters for benchmarks and monitoring (writer thread writes, anyone reads)
         self.groups_written = 0
         self.records_written = 0
@@ -365,6 +373,7 @@ class Journal:
         if not group_bytes:  # every record of the group was rejected by _frame_batch
             return
         f = self._file
+        group_start = f.size
         started = time.monotonic()
         try:
             if len(buffers) == 1:
@@ -378,9 +387,11 @@ class Journal:
                 if self._drop_pages:  # replay reads the file again; nothing else does
                     f.drop_synced_pages()
         except StorageError as e:
-            self._enter_failed(e)
+            if not (isinstance(e, DiskFullError) and self._cut_back(f, group_start)):
+                self._enter_failed(e)
             self._deliver(items, e)
             self._measure(started, oldest, len(items) // FIELDS, group_bytes, False)
+            self._report(e)
             return
         except Exception as e:  # noqa: BLE001 - a bug below us must still fail, not hang, the adds
             err = StorageError(f"unexpected error writing journal file {f.path}: {e!r}")
@@ -388,6 +399,7 @@ class Journal:
             self._enter_failed(err)
             self._deliver(items, err)
             self._measure(started, oldest, len(items) // FIELDS, group_bytes, False)
+            self._report(err)
             return
         records = len(items) // FIELDS
         self.groups_written += 1
@@ -398,10 +410,35 @@ class Journal:
         if f.size >= self._max_file_bytes:
             try:
                 self._rotate()
+            except DiskFullError as e:  # the old file stays current: rotation is tried after the next group
+                logger.warning("journal %s: cannot rotate (%s); writing on in %s", self.journal_dir, e, f.path)
+                self._report(e)
             except Exception as e:  # noqa: BLE001 - no file to write to: fail later records
                 if not isinstance(e, StorageError):
                     e = StorageError(f"unexpected error rotating journal {self.journal_dir}: {e!r}")
                 self._enter_failed(e)
+                self._report(e)
+
+    def _cut_back(self, f: DurableFile, size: int) -> bool:
+        """After a write found the disk full: cut the file back to `size` (the group's
+        start), so no partial record sits in front of later ones (replay would stop at
+        it). True when the file is whole again and the journal can go on."""
+        try:
+            f.truncate(size)
+        except StorageError as e:
+            logger.error("journal %s: cannot cut %s back to %d after a full disk: %s",
+                         self.journal_dir, f.path, size, e)
+            return False
+        self._mark = LogMark(self._file_id, size)
+        return True
+
+    def _report(self, exc: StorageError) -> None:
+        on_error = self.on_error
+        if on_error is not None:
+            try:
+                on_error(exc)
+            except Exception:  # noqa: BLE001 - the listener's bug must not kill the writer
+                logger.exception("journal on_error listener failed")
 
     def _write_group_acking_unsynced(self, items: list, buffers: list, group_bytes: int, oldest: float = 0.0) -> None:
         """BROKEN ON PURPOSE (config.test_break = "ack-before-fsync"): acknowledge three groups of
@@ -428,19 +465,28 @@ class Journal:
             metrics.JOURNAL_WRITE_BYTES.inc(group_bytes)
 
     def _rotate(self) -> None:
+        """Open the next file first: when that fails the old one stays current."""
         old = self._file
-        self._file = None
-        old.close()
         self._open_file(self._file_id + 1)
+        old.close()
 
     def _open_file(self, file_id: int) -> None:
-        """Create journal file `file_id` with its header, durable before any record."""
-        f = DurableFile(file_path(self.journal_dir, file_id), create=True, sync_data=self._sync_data)
+        """Create journal file `file_id` with its header, durable before any record.
+        On failure the file is removed again: a header-less newest file would stop replay."""
+        path = file_path(self.journal_dir, file_id)
+        f = None
         try:
+            f = DurableFile(path, create=True, sync_data=self._sync_data)
             f.write(encode_header(file_id))
             f.fsync()
         except StorageError:
-            f.close()
+            if f is not None:
+                f.close()
+            if os.path.exists(path):
+                try:
+                    remove_file(path)
+                except (OSError, StorageError) as e:
+                    logger.error("journal %s: cannot remove the unfinished file %s: %s", self.journal_dir, path, e)
             raise
         self._file = f
         self._file_id = file_id

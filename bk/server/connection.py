@@ -17,6 +17,16 @@ accounted as a whole (`begin_many`/`end_many`) only when all of it fits under
 that limit; otherwise its adds are admitted one at a time, so refusals are
 exactly those of one-by-one dispatch.
 
+Responses are bounded too (`max_response_bytes_per_connection`, docs/OVERLOAD.md):
+the transport's high-water mark is that limit, so a client that does not read
+its answers stops having its requests read once that many bytes wait unwritten
+(queued here or in the transport). Requests already read cannot pile answers up
+behind it either: a read that answers with entries starts (`run_read`) only in
+one of the connection's `num_read_worker_threads` read slots and only while the
+unwritten bytes are within the limit; until then it waits as its request alone.
+So a connection holds at most the limit plus one answer per read slot (plus its
+requests in flight, bounded by the request limits above).
+
 Protocol detection (BookKeeper's BookieProtoEncoding.RequestDecoder): every frame
 is first parsed as a v3 Request until one fails to parse; from that frame on the
 connection is v2 for good (`v2_only`), and takes the v2 kernel path. A v2 frame
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 
 from bk.errors import ProtocolError
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
@@ -52,6 +63,11 @@ class BookieConnection(asyncio.Protocol):
         self.decoder = FrameDecoder(cfg.max_frame_size_bytes)
         self.max_pending = cfg.max_pending_requests_per_connection
         self.max_pending_bytes = cfg.max_pending_bytes_per_connection
+        self.max_response_bytes = cfg.max_response_bytes_per_connection
+        self._out_bytes = 0  # bytes in self._out (answers queued for this iteration's write)
+        self._read_slots = cfg.num_read_worker_threads  # reads answering with entries at once
+        self._reads_running = 0
+        self._reads_waiting: deque = deque()  # (start, req) of reads begun, not started (run_read)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.pending = 0
@@ -72,6 +88,9 @@ class BookieConnection(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # pause_writing once the unwritten answers exceed the response limit (resume_writing
+        # at a quarter of it, the transport's default low-water mark)
+        transport.set_write_buffer_limits(high=self.max_response_bytes)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.server.connections.add(self)
@@ -80,7 +99,12 @@ class BookieConnection(asyncio.Protocol):
         self.closed = True
         self.server.connections.discard(self)
         self._out.clear()
+        self._out_bytes = 0
         self._add_rows.clear()
+        waiting = len(self._reads_waiting)
+        if waiting:  # never started: nobody will answer them
+            self._reads_waiting.clear()
+            self.end_many(waiting, 0)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -116,7 +140,37 @@ class BookieConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self._reads_waiting:
+            self._start_reads()
         self._maybe_resume()
+
+    def has_room(self) -> bool:
+        """Whether the responses not yet written (queued here or in the transport) are
+        within max_response_bytes_per_connection (always, once closed)."""
+        return (self.closed or self._out_bytes + self.transport.get_write_buffer_size()
+                <= self.max_response_bytes)
+
+    def run_read(self, start, req) -> None:
+        """A read that answers with entries, already counted by begin(): `start(req, self)`
+        now if a read slot is free and the output has room, else once both are (in
+        arrival order). The started read calls read_done() once its answer is sent."""
+        if self._reads_running < self._read_slots and not self._reads_waiting and self.has_room():
+            self._reads_running += 1
+            start(req, self)
+        else:
+            self._reads_waiting.append((start, req))
+
+    def read_done(self) -> None:
+        self._reads_running -= 1
+        if self._reads_waiting:
+            self._start_reads()
+
+    def _start_reads(self) -> None:
+        waiting = self._reads_waiting
+        while waiting and self._reads_running < self._read_slots and self.has_room():
+            self._reads_running += 1
+            start, req = waiting.popleft()
+            start(req, self)
 
     def _feed_detecting(self, data) -> list:
         """Requests while the connection may still speak v3 (FrameDecoder.feed_v3_requests)."""
@@ -213,6 +267,7 @@ class BookieConnection(asyncio.Protocol):
             self._out.append(encode_add_responses(self._add_rows))
             self._add_rows = []
         self._out.append(frame)
+        self._out_bytes += len(frame)
         self._schedule_flush()
 
     def send_add_result(self, rc: int, req) -> None:
@@ -248,6 +303,7 @@ class BookieConnection(asyncio.Protocol):
             self._out.append(encode_add_responses(self._add_rows))
             self._add_rows = []
         self._out.append(frames)
+        self._out_bytes += len(frames)
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
@@ -264,7 +320,10 @@ class BookieConnection(asyncio.Protocol):
             self._add_rows = []
         if self._out:
             out, self._out = self._out, []
+            self._out_bytes = 0
             self.transport.writelines(out)  # a writev: big read responses are not copied into one buffer
+            if self._reads_waiting and not self._writing_paused:
+                self._start_reads()  # written at once (no pause_writing, so no resume_writing)
 
     def flush_now(self) -> None:
         """Hand every queued response to the transport now (START_TLS's plain-text answer)."""
@@ -283,6 +342,7 @@ class BookieConnection(asyncio.Protocol):
     def upgraded(self, transport) -> None:
         """The TLS transport replaces the plain one (bk.server.tls)."""
         self.transport = transport
+        transport.set_write_buffer_limits(high=self.max_response_bytes)
         if self._reading_paused:  # start_tls resumes reading; backpressure still applies
             transport.pause_reading()
 

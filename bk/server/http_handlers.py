@@ -71,10 +71,14 @@ async def bookie_info(admin, request):
 
 
 def _state(server) -> dict:
-    read_only = bool(server.bookie.read_only)
+    bookie = server.bookie
+    read_only = bool(bookie.read_only)
     return {"running": server.started and not server.shutting_down, "readOnly": read_only,
             "shuttingDown": server.shutting_down,
-            "availableForHighPriorityWrites": server.started and not server.shutting_down}
+            "availableForHighPriorityWrites": server.started and not server.shutting_down,
+            # bk: why it is read-only, and the disk faults behind it (docs/DISK-FAULTS.md)
+            "readOnlyReason": bookie.read_only_reason, "storageFailure": bookie.storage_failure,
+            "diskFull": bookie.disk_full}
 
 
 @route("/api/v1/bookie/state", "GET")

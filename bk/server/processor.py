@@ -22,7 +22,8 @@ from time import monotonic
 
 from bk import metrics
 
-from bk.errors import BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, TooManyRequestsError
+from bk.errors import (BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, StorageError,
+                       TooManyRequestsError)
 from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest,
                       BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
                       ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
@@ -79,12 +80,14 @@ class RequestProcessor:
             v3.Request: self.v3.dispatch,
             AddRequest: self._add,
             ReadRequest: self._spawn_read,
-            BatchReadRequest: self._spawn(self._batch_read),
-            ReadLacRequest: self._spawn(self._read_lac),
+            BatchReadRequest: self._spawn(self._batch_read, gated=True),
+            ReadLacRequest: self._spawn(self._read_lac, gated=True),
             WriteLacRequest: self._spawn(self._write_lac),
             GetBookieInfoRequest: self._spawn(self._bookie_info),
             AuthRequest: self._auth,
         }
+        self._spawn_gated_read = self._spawn(self._read, gated=True)
+        self._spawn_fencing_read = self._spawn(self._read)
 
     def dispatch(self, req, conn) -> None:
         self._handlers[type(req)](req, conn)
@@ -132,19 +135,27 @@ class RequestProcessor:
         _add_measured(len(reqs), nbytes, run[3], err)
 
     # ------------------------------------------------------------ everything else
-    def _spawn(self, handler):
+    def _spawn(self, handler, gated: bool = False):
+        """`handler(req)` as a task answering on `conn`; `gated`: it answers with entries,
+        so it starts in one of the connection's read slots (BookieConnection.run_read)."""
+        def start_task(req, conn) -> None:
+            task = asyncio.ensure_future(self._run(handler, req, conn, gated))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
         def start(req, conn) -> None:
             if not conn.begin(0):
                 conn.send(encode_response(self._overloaded(req), req.version))
-                return
-            task = asyncio.ensure_future(self._run(handler, req, conn))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            elif gated:
+                conn.run_read(start_task, req)
+            else:
+                start_task(req, conn)
         return start
 
     def _spawn_read(self, req: ReadRequest, conn) -> None:
-        # A plain read of a cached entry is answered without a task.
-        if not req.flags & FLAG_DO_FENCING and req.entry_id >= 0:
+        # A plain read of a cached entry is answered without a task, while the client
+        # reads its answers (else the read waits for room in a read slot).
+        if not req.flags & FLAG_DO_FENCING and req.entry_id >= 0 and conn.has_room():
             start = monotonic()
             entry = self.bookie.read_cached(req.ledger_id, req.entry_id)
             if entry is not None:
@@ -152,16 +163,21 @@ class RequestProcessor:
                 _READ_REQUEST.success((monotonic() - start) * 1000.0)
                 _READ_BYTES.inc(len(entry))
                 return
-        self._spawn(self._read)(req, conn)
+        # A fencing read (recovery) is not held behind a slow client's output.
+        (self._spawn_fencing_read if req.flags & FLAG_DO_FENCING else self._spawn_gated_read)(req, conn)
 
-    async def _run(self, handler, req, conn) -> None:
+    async def _run(self, handler, req, conn, gated: bool) -> None:
         try:
-            response = await handler(req)
-        except Exception as err:  # every request gets an answer
-            response = self._error(req, _code(err))
+            try:
+                response = await handler(req)
+            except Exception as err:  # every request gets an answer
+                response = self._error(req, _code(err))
+            finally:
+                conn.end(0)
+            conn.send(encode_response(response, req.version))
         finally:
-            conn.end(0)
-        conn.send(encode_response(response, req.version))
+            if gated:  # after the send: the next read's room check counts this answer
+                conn.read_done()
 
     @staticmethod
     def _error(req, rc: int):
@@ -219,10 +235,12 @@ class RequestProcessor:
         while len(entries) < max(1, req.max_count):
             try:
                 entry = await bookie.read_entry(req.ledger_id, eid)
-            except (NoSuchEntryError, LedgerLimboError):
-                if not entries:  # the first entry's own answer (EUNKNOWNLEDGERSTATE in limbo)
+            except (NoSuchEntryError, LedgerLimboError, StorageError):
+                if not entries:  # the first entry's own answer (EUNKNOWNLEDGERSTATE in limbo, EIO)
                     raise
-                break  # serve what this bookie has; the reader asks again from there
+                # serve what this bookie has; the reader asks again from there (and gets the
+                # error of a damaged entry then, and reads it from another replica)
+                break
             if entries and size + BATCH_READ_ENTRY_LENGTH_BYTES + len(entry) > max_size:
                 break
             entries.append(entry)

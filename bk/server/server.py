@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from bk import metrics
 from bk.bookie import Bookie
 from bk.config import BookieConfig
 from bk.errors import BKError
+from bk.fileio import disk_space
 from bk.meta import open_store, store_options
 from bk.meta.cluster import is_initialized
 from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
@@ -49,6 +49,11 @@ REPAIR_PROPERTIES = ("state", "ledgers_total", "ledgers_done", "ledgers_left", "
 
 class ClusterNotInitializedError(BKError):
     pass
+
+
+def _log_register_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not re-register after a read-only change: %s", task.exception())
 
 
 def _log_failure(task: asyncio.Task) -> None:
@@ -122,6 +127,7 @@ class BookieServer:
             if self._properties:  # the repair's progress changed while the registration waited
                 await self._register(force=True)
             self._monitor = asyncio.ensure_future(self._disk_monitor())
+            self.bookie.on_state_change = self._read_only_changed
             self.started = True
             if cfg.autorecovery_enabled:
                 from bk.replication import AutoRecovery
@@ -257,31 +263,39 @@ class BookieServer:
         metrics.LEDGERS_COUNT.set_function(lambda: len(storage.ledger_ids()))
         metrics.JOURNAL_QUEUE_SIZE.set_function(lambda: sum(j.queued_records() for j in bookie.journals))
         metrics.LEDGER_WRITABLE_DIRS.set_function(lambda: self._writable_dirs)
+        metrics.STORAGE_FAILED.set_function(lambda: 0 if bookie.storage_failure is None else 1)
 
     def _check_disks(self) -> None:
         """Read-only above disk_usage_threshold; writable again below the low-water mark."""
         cfg = self.config
         if self._forced_read_only:
-            self.bookie.set_read_only(True)
+            self.bookie.set_read_only(True, "set by the operator")
             return
         worst = 0.0
         writable_dirs = 0
         for d in {*cfg.ledger_dirs, *cfg.journal_dirs}:
             try:
-                st = os.statvfs(d)
+                space = disk_space(d)  # bk.fileio: an injected full disk (tests) reports itself here
             except OSError:
                 worst = 1.0
                 continue
-            if st.f_blocks:
-                usage = 1.0 - st.f_bavail / st.f_blocks
+            if space.total_bytes:
+                usage = space.usage
                 worst = max(worst, usage)
                 if d in cfg.ledger_dirs and usage < cfg.disk_usage_threshold:
                     writable_dirs += 1
         self._writable_dirs = writable_dirs
         if worst >= cfg.disk_usage_threshold:
-            self.bookie.set_read_only(True)
+            self.bookie.set_read_only(True, f"disk usage {worst:.0%} >= disk_usage_threshold")
         elif worst < cfg.disk_usage_lwm_threshold:
-            self.bookie.set_read_only(False)
+            self.bookie.set_read_only(False)  # also ends a full disk seen by a write (docs/DISK-FAULTS.md)
+
+    def _read_only_changed(self) -> None:
+        """A disk fault turned the bookie read-only (or the checker writable): tell ZooKeeper
+        now, not at the next disk check, so clients stop picking it for new ensembles."""
+        if self.registration is not None and self._registered_readonly is not None and not self.shutting_down:
+            task = asyncio.ensure_future(self._register())
+            task.add_done_callback(_log_register_failure)
 
     async def _disk_monitor(self) -> None:
         interval_s = self.config.disk_check_interval_ms / 1000.0

@@ -53,6 +53,11 @@ def _check(ok: bool) -> None:
         raise _Refuse(_EBADREQ)
 
 
+def _plain_read(r) -> bool:
+    """A v3 ReadRequest that is neither a long poll nor a fencing read."""
+    return not r.HasField("previousLAC") and not (r.HasField("flag") and r.flag == v3.READ_FLAG_FENCE_LEDGER)
+
+
 class V3Processor:
     def __init__(self, processor):
         self.processor = processor  # the RequestProcessor: bookie, config, task set
@@ -82,24 +87,39 @@ class V3Processor:
         if not conn.begin(0):
             conn.send(v3.frame(v3.error_response(req, TooManyRequestsError.code)))
             return
-        task = asyncio.ensure_future(self._run(handler, req, conn))
+        # A plain read answers with an entry: it starts in one of the connection's read
+        # slots (BookieConnection.run_read); a long poll or a fencing read is not held there.
+        if op == Op.READ_ENTRY and _plain_read(req.readRequest):
+            conn.run_read(self._start_gated, req)
+        else:
+            self._start(req, conn, handler, False)
+
+    def _start_gated(self, req, conn) -> None:
+        self._start(req, conn, self._read, True)
+
+    def _start(self, req, conn, handler, gated: bool) -> None:
+        task = asyncio.ensure_future(self._run(handler, req, conn, gated))
         tasks = self.processor._tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _run(self, handler, req, conn) -> None:
+    async def _run(self, handler, req, conn, gated: bool) -> None:
         try:
-            resp = await handler(req)
-        except _Refuse as r:
-            resp = v3.error_response(req, r.code)
-        except BookieError as err:
-            resp = v3.error_response(req, err.code)
-        except Exception as err:  # every request gets an answer, never an explicit negative
-            log.error("unexpected error serving a v3 request: %r", err, exc_info=err)
-            resp = v3.error_response(req, BookieError.code)
+            try:
+                resp = await handler(req)
+            except _Refuse as r:
+                resp = v3.error_response(req, r.code)
+            except BookieError as err:
+                resp = v3.error_response(req, err.code)
+            except Exception as err:  # every request gets an answer, never an explicit negative
+                log.error("unexpected error serving a v3 request: %r", err, exc_info=err)
+                resp = v3.error_response(req, BookieError.code)
+            finally:
+                conn.end(0)
+            conn.send(v3.frame(resp))
         finally:
-            conn.end(0)
-        conn.send(v3.frame(resp))
+            if gated:  # after the send: the next read's room check counts this answer
+                conn.read_done()
 
     # ------------------------------------------------------------ operations
     async def _read(self, req):

@@ -29,22 +29,8 @@ import subprocess
 import sys
 import time
 
+from .ports import free_port
 from .zookeeper import LocalZooKeeper
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def toml_value(value) -> str:

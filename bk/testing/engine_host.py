@@ -131,6 +131,9 @@ def main(argv=None) -> None:
     p.add_argument("--journal-off", action="store_true")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
+    if os.environ.get("BK_DISK_FAULTS"):  # injected disk faults (bk.testing.diskfaults)
+        from bk.testing.diskfaults import install_from_env
+        install_from_env()
     eventloop.run(run(args))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import uuid
 
 from bk.config import load_config
@@ -19,13 +18,10 @@ from bk.meta import open_store
 from bk.meta.cluster import init_new_cluster, is_initialized
 from bk.server import BookieServer
 
+from .ports import free_port
 from .powerloss import halt_without_checkpoint
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class InProcessCluster:

@@ -28,6 +28,8 @@ import time
 
 from bk.errors import BKError
 
+from .ports import free_port
+
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
 # Optional: without a binding slf4j falls back to NOP and the log file stays empty.
@@ -71,11 +73,6 @@ def default_classpath() -> str:
     return os.pathsep.join(parts)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel considers free right now (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def four_letter_word(host: str, port: int, word: str, timeout_s: float = 2.0) -> bytes:

@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from bk.meta.cookie import Cookie, cookie_file, read_directory_cookie
-from bk.testing.cluster import LocalCluster, free_port, run_shell, write_toml
+from bk.testing.cluster import LocalCluster, run_shell, write_toml
+from bk.testing.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

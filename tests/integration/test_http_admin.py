@@ -80,7 +80,8 @@ def test_bookie_endpoints(cluster):
     status, _, info = call(cluster, 0, "/api/v1/bookie/info")
     assert status == 200 and 0 < info["freeSpace"] <= info["totalSpace"]
     assert call(cluster, 0, "/api/v1/bookie/state")[2] == {
-        "running": True, "readOnly": False, "shuttingDown": False, "availableForHighPriorityWrites": True}
+        "running": True, "readOnly": False, "shuttingDown": False, "availableForHighPriorityWrites": True,
+        "readOnlyReason": None, "storageFailure": None, "diskFull": None}
     assert call(cluster, 0, "/api/v1/bookie/state/readonly")[2] == {"readOnly": False}
     assert call(cluster, 0, "/api/v1/bookie/is_ready")[0] == 200
     status, _, rw = call(cluster, 0, "/api/v1/bookie/list_bookies?type=rw")

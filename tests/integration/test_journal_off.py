@@ -191,6 +191,27 @@ def test_one_bookie_sigkilled_never_denies_fences_and_repairs(cluster):
     assert "phase one done: 2 of 2 ledgers fenced and in limbo" in log and "repair done:" in log
 
 
+
+def test_sigterm_while_starting_abandons_the_start_and_the_repair_still_runs(cluster):
+    """A crashed bookie's start waits for its old ZooKeeper session to expire before it
+    registers; SIGTERM meanwhile stops it at once (before the "ready" line) with exit code
+    0, and the next start still repairs what phase one marked."""
+    uri = cluster.metadata_uri
+    closed_id, _open_id = run(write_ledgers(uri, open_n=20))
+    victim = cluster.bookies[0].bookie_id
+    cluster.kill(0)
+    b = restart(cluster, 0, zk_timeout_ms=30000)  # listening; registration waits for the expiry
+    assert b.stop(timeout_s=20) == 0
+    started = open(b.log_path).read()[b._log_offset:]
+    assert "abandoning the start" in started and f"bookie {victim} ready" not in started
+    cluster.add_bookie(0, wait=False)
+    st = wait_repaired(cluster, 0)
+    assert st["ledgers_left"] == 0
+
+    async def whole():
+        assert set((await answers(victim, closed_id, 20)).values()) == {EOK}
+    run(whole())
+
 def test_one_bookie_power_loss_torn_page_same_checks(cluster):
     """kill -9, then every file rolled back to its last fsync with a torn last page."""
     uri = cluster.metadata_uri

@@ -307,6 +307,12 @@ class FakeTransport:
     def get_extra_info(self, name):
         return None
 
+    def set_write_buffer_limits(self, high=None, low=None):
+        pass
+
+    def get_write_buffer_size(self):
+        return 0  # everything written at once
+
     def close(self):
         pass
 

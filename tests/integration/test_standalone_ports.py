@@ -41,7 +41,7 @@ def run_standalone(data_dir: str) -> tuple[str, str]:
 
 
 def test_standalone_ports_are_stable_and_http_is_printed(tmp_path):
-    from bk.testing.cluster import port_is_free
+    from bk.testing.ports import port_is_free
 
     zk_free, bookie_free = port_is_free(2181), port_is_free(3181)
     first, err = run_standalone(str(tmp_path / "sa"))

@@ -2,6 +2,7 @@
 import asyncio
 import hashlib
 import os
+import threading
 
 import pytest
 
@@ -351,32 +352,39 @@ def test_read_only_refuses_adds(tmp_path):
 
 
 def _with_failing_checkpoints(tmp_path, add_all) -> None:
-    """A bookie with a 2 MiB write cache whose checkpoints fail (a broken entry-log disk):
+    """A bookie with a 2 MiB write cache whose checkpoints cannot finish (a stalled
+    entry-log disk; a failing one would turn the bookie read-only, test_diskfault_storage):
     `await add_all(b, payload)` adds 60 KB entries of ledger 14 until the cache is full
     and returns (acked entry ids, the first refused id). Then the disk recovers: every
     acked entry is readable after a checkpoint, the refused one was never stored, and it
     can be added now."""
+    import threading
     cfg = make_config(tmp_path, write_cache_max_size_bytes="2MiB", write_cache_full_wait_ms=200,
                       flush_interval_ms=50)
 
     async def main():
         b = await started(cfg)
+        stalled = threading.Event()
         try:
             real = b.storage.entry_logger.add_entries
 
-            def broken(entries):
-                raise StorageError("simulated disk failure")
-            b.storage.entry_logger.add_entries = broken
+            def stalls(entries):
+                stalled.wait()
+                return real(entries)
+            b.storage.entry_logger.add_entries = stalls
             payload = b"x" * 60_000
             acked, refused = await add_all(b, payload)
-            b.storage.entry_logger.add_entries = real  # the disk recovers
+            stalled.set()  # the disk recovers
+            b.storage.entry_logger.add_entries = real
             await b.checkpoint()
+            assert not b.read_only
             for eid in acked:
                 assert await b.read_entry(14, eid) == entry(14, eid, payload)
             with pytest.raises(NoSuchEntryError):
                 await b.read_entry(14, refused)
             await b.add_entry(14, refused, entry(14, refused, payload), KEY)
         finally:
+            stalled.set()
             await b.stop()
     run(main())
 
@@ -391,7 +399,30 @@ def test_write_cache_full_waits_then_too_many_requests_and_loses_nothing(tmp_pat
             except TooManyRequestsError:
                 refused.append(eid)
         assert acked and refused
-        assert b.storage.last_checkpoint_error is not None
+        return acked, refused[0]
+    _with_failing_checkpoints(tmp_path, add_all)
+
+
+def test_adds_waiting_for_room_are_not_a_task_each_and_all_are_answered(tmp_path):
+    # issue 17's add flood: each add that found the write cache full got a task (~3 KiB),
+    # so a connection's 20,000 waiting small adds held far more than their bytes.
+    async def add_all(b, payload):
+        outcome = {}
+
+        def done(eid, err):
+            outcome[eid] = err
+        for eid in range(40):  # 2.4 MB: the cache (2 MiB) fills and checkpoints fail
+            b.add_entry_cb(14, eid, entry(14, eid, payload), KEY, False, done, eid)
+        tasks_before = len(asyncio.all_tasks())
+        for eid in range(40, 1040):
+            b.add_entry_cb(14, eid, entry(14, eid, payload), KEY, False, done, eid)
+        assert len(asyncio.all_tasks()) <= tasks_before + 1  # one retrier, not a task per add
+        while len(outcome) < 1040:
+            await asyncio.sleep(0.01)
+        assert set(map(type, outcome.values())) <= {type(None), TooManyRequestsError}
+        acked = sorted(eid for eid, err in outcome.items() if err is None)
+        refused = sorted(eid for eid, err in outcome.items() if err is not None)
+        assert acked and refused
         return acked, refused[0]
     _with_failing_checkpoints(tmp_path, add_all)
 
@@ -557,9 +588,14 @@ def test_batch_journal_failure_fails_the_whole_run(tmp_path, monkeypatch):
             a = Answers()
             b.add_entries_cb(reqs, a.cb, None)
             assert await a.wait(reqs) == [StorageError] * 20 and a.calls == 1
-            with pytest.raises(StorageError):  # and nothing after it is acknowledged
+            with pytest.raises((StorageError, BookieReadOnlyError)):  # nothing after it is acknowledged
                 await b.add_entry(1, 21, entry(1, 21), KEY)
             monkeypatch.undo()
+            for _ in range(1000):  # the writer thread's report reaches the loop (bounded, 10 s)
+                if b.read_only:
+                    break
+                await asyncio.sleep(0.01)
+            assert b.read_only and "journal 0" in b.read_only_reason  # and it says why
         finally:
             await b.stop()
     run(main())
@@ -593,6 +629,73 @@ def test_batch_journal_off_answers_at_once_and_read_only_refuses(tmp_path):
             b.add_entries_cb(reqs, a.cb, None)
             assert await a.wait(reqs) == [BookieReadOnlyError, BadRequestError, BookieReadOnlyError]
             assert b.storage.last_entry_id(1) == 1
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_seed_10023_read_racing_limbo_clear_never_answers_no_such_entry(tmp_path):
+    """Journal-off random test, seed 10023: a read of a missing entry began while the ledger
+    was in limbo; while its lookup ran in a read thread the BP-46 repair stored the copy and
+    cleared limbo, and the read answered ENOENTRY for an entry the bookie now held."""
+    cfg = make_config(tmp_path)
+
+    async def main():
+        b = await started(cfg)
+        try:
+            await b.add_entry(7, 0, entry(7, 0), KEY)
+            await b.mark_for_integrity_check([(7, KEY)])
+            storage = b.storage
+            real = storage.read_from_storage
+            in_lookup, repaired = threading.Event(), threading.Event()
+
+            def slow_lookup(ledger_id, entry_id):
+                result = real(ledger_id, entry_id)  # misses: the copy is not there yet
+                in_lookup.set()
+                repaired.wait(10)
+                return result
+
+            storage.read_from_storage = slow_lookup
+            reading = asyncio.ensure_future(b.read_entry(7, 1))
+            await asyncio.to_thread(in_lookup.wait, 10)
+            # the repair: the copy as a recovery add, then limbo cleared (in memory first)
+            await b.add_entry(7, 1, entry(7, 1), KEY, recovery=True)
+            clearing = asyncio.ensure_future(b.clear_limbo([7]))
+            await asyncio.sleep(0)
+            assert not b.is_limbo(7)
+            storage.read_from_storage = real
+            repaired.set()
+            assert await reading == entry(7, 1)
+            await clearing
+            with pytest.raises(NoSuchEntryError):  # limbo clear before the lookup: a real miss
+                await b.read_entry(7, 2)
+        finally:
+            await b.stop()
+    run(main())
+
+
+def test_a_stop_before_phase_one_completed_keeps_the_unclean_shutdown_flag(tmp_path):
+    """BP-46: a journal-off bookie that crashed must run phase one before it may forget the
+    crash. A start that failed in phase one (metadata store down) or was stopped by SIGTERM
+    before it completed stops cleanly, and the next start must still see an unclean stop."""
+    cfg = make_config(tmp_path, journal_write_data=False)
+    assert cfg.data_integrity_checking
+
+    async def main():
+        b = await started(cfg)
+        await b.add_entry(3, 0, entry(3, 0), KEY)
+        halt_without_checkpoint(b)  # the crash
+        b = await started(cfg)
+        assert b.was_unclean_shutdown and b.phase_one_due
+        await b.stop()  # phase one never ran: the server's start failed before it
+        b = await started(cfg)
+        assert b.was_unclean_shutdown, "a clean stop before phase one must not clear the flag"
+        await b.mark_for_integrity_check([(3, KEY)])
+        assert not b.phase_one_due
+        await b.stop()
+        b = await started(cfg)
+        try:
+            assert not b.was_unclean_shutdown and b.needs_integrity_check and b.is_limbo(3)
         finally:
             await b.stop()
     run(main())

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-import socket
 import sys
 
 import pytest
@@ -18,6 +17,7 @@ from bk.client.wire_v3 import ClientWireOptions  # noqa: E402
 from bk.errors import BookieConnectionError, BookieIOError, BookieTimeoutError  # noqa: E402
 from bk.proto import DigestManager, StatusCode, encode_request, master_key  # noqa: E402
 from bk.proto.messages import AddRequest, ReadRequest  # noqa: E402
+from bk.testing.ports import free_port  # noqa: E402
 
 KEY = master_key(b"pw")
 
@@ -32,12 +32,6 @@ class Collector:
 
     def __call__(self, response, err):
         self.answers.append((response, err))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_add_frame_equals_the_codec_encoding():

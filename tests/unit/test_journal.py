@@ -443,7 +443,7 @@ def test_sync_data_true_fsyncs_once_per_group(tmp_path, monkeypatch):
     assert len(calls) == j.groups_written >= 1
 
 
-@pytest.mark.parametrize("where", ["write", "fsync", "disk_full", "unexpected"])
+@pytest.mark.parametrize("where", ["write", "fsync", "unexpected"])
 def test_io_error_fails_the_group_and_everything_after(tmp_path, monkeypatch, where):
     cfg = make_config()
     j = Journal(str(tmp_path), cfg)
@@ -474,29 +474,73 @@ def test_io_error_fails_the_group_and_everything_after(tmp_path, monkeypatch, wh
     assert c.done[0] == ("before", None)
     assert all(isinstance(exc, StorageError) for _, exc in c.done[1:])
     assert isinstance(j.failed, StorageError)
-    if where == "disk_full":
-        assert isinstance(j.failed, DiskFullError)
     assert c.done[-1][0] == "after-failure"
 
 
-def test_rotation_failure_fails_later_records_only(tmp_path, monkeypatch):
+def test_disk_full_fails_its_groups_only_and_cuts_the_partial_write(tmp_path, monkeypatch):
+    """A write that finds no space is not fsyncgate: nothing failed to sync. The group is
+    failed (never acknowledged), the file is cut back to the group's start, and once
+    there is room again the journal goes on; replay sees no hole."""
+    j = Journal(str(tmp_path), make_config())
+    errors = []
+    j.on_error = errors.append
+    j.start()
+    c = Completions()
+    j.log(entry(1, 0), c.cb, 0)
+    c.wait(1)
+    real_write = DurableFile.write
+
+    def short_then_full(self, data):
+        real_write(self, bytes(data)[:5])  # a short write, then no space
+        raise DiskFullError(f"no space left on device while writing {self.path}")
+
+    monkeypatch.setattr(DurableFile, "write", short_then_full)
+    monkeypatch.setattr(DurableFile, "writev", lambda self, bufs: short_then_full(self, b"".join(bufs)))
+    for i in range(1, 4):
+        j.log(entry(1, i), c.cb, i)
+        c.wait(i + 1)
+    monkeypatch.undo()
+    assert j.failed is None
+    assert errors and all(isinstance(e, DiskFullError) for e in errors)
+    for i in range(4, 6):
+        j.log(entry(1, i), c.cb, i)
+    c.wait(6)
+    j.stop()
+    assert [exc is None for _, exc in c.done] == [True, False, False, False, True, True]
+    replayed = []
+    j2 = Journal(str(tmp_path), make_config())
+    j2.replay(LogMark(0, 0), lambda lid, eid, body: replayed.append(eid))
+    assert replayed == [0, 4, 5]
+
+
+@pytest.mark.parametrize("error", [StorageError, DiskFullError])
+def test_rotation_failure(tmp_path, monkeypatch, error):
+    """An I/O error opening the next file fails later records; a full disk does not: the
+    old file stays current (the new one is tried again after the next group)."""
     cfg = make_config(journal_max_size_bytes=64 * 1024)
     j = Journal(str(tmp_path), cfg)
     j.start()
 
-    def no_space(self, file_id):
-        raise DiskFullError(f"no space left on device while creating journal file {file_id:x}")
+    def no_file(self, file_id):
+        raise error(f"cannot create journal file {file_id:x}")
 
-    monkeypatch.setattr(Journal, "_open_file", no_space)
+    monkeypatch.setattr(Journal, "_open_file", no_file)
     c = Completions()
     j.log(entry(1, 0, 70 * 1024), c.cb, "fills-the-file")
     c.wait(1)
     j.log(entry(1, 1), c.cb, "after-rotation-failed")
     c.wait(2)
+    monkeypatch.undo()
+    j.log(entry(1, 2), c.cb, "later")
+    c.wait(3)
     j.stop()
     assert c.done[0] == ("fills-the-file", None)
-    assert c.done[1][0] == "after-rotation-failed" and isinstance(c.done[1][1], StorageError)
-    assert isinstance(j.failed, DiskFullError)
+    assert c.done[1][0] == "after-rotation-failed"
+    if error is DiskFullError:
+        assert c.done[1][1] is None and c.done[2][1] is None and j.failed is None
+        assert j.current_file_id == 2  # rotated once the disk had room
+    else:
+        assert isinstance(c.done[1][1], StorageError) and isinstance(j.failed, StorageError)
 
 
 def test_start_after_replay_of_a_wiped_directory_sorts_after_the_mark(tmp_path):

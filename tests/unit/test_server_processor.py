@@ -2,6 +2,8 @@
 import asyncio
 import types
 
+import pytest
+
 from bk.proto import BatchReadRequest, FrameDecoder, GetBookieInfoRequest, encode_response
 from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 from bk.errors import NoSuchEntryError
@@ -52,3 +54,26 @@ def test_bookie_info_bits_follow_bookkeeper(tmp_path):
     free_only = asyncio.run(proc._bookie_info(GetBookieInfoRequest(0, BOOKIE_INFO_FREE_DISK_SPACE)))
     assert total_only.total_disk_bytes > 0 and total_only.free_disk_bytes == 0
     assert free_only.free_disk_bytes > 0 and free_only.total_disk_bytes == 0
+
+
+def test_batch_read_stops_before_a_damaged_entry_and_a_damaged_first_entry_is_eio():
+    """A damaged entry mid-batch: the good prefix is served (the reader asks again from
+    the damaged one and reads it elsewhere); a damaged first entry answers EIO, never an
+    explicit negative (docs/DISK-FAULTS.md)."""
+    from bk.errors import CorruptedStorageError
+    from bk.proto import StatusCode
+
+    class Damaged(_Bookie):
+        async def read_entry(self, ledger_id, entry_id):
+            if entry_id == 3:
+                raise CorruptedStorageError("record holds another entry", ledger_id=ledger_id, entry_id=3)
+            return await super().read_entry(ledger_id, entry_id)
+
+    entries = [bytes([i]) * 10 for i in range(6)]
+    cfg = types.SimpleNamespace(max_frame_size_bytes=MAX_FRAME, ledger_dirs=["/"])
+    proc = RequestProcessor(Damaged(entries), cfg)
+    resp = asyncio.run(proc._batch_read_entries(BatchReadRequest(0, 7, 0, 1, 10, 0)))
+    assert resp.rc == 0 and resp.entries == entries[:3]
+    with pytest.raises(CorruptedStorageError) as ei:
+        asyncio.run(proc._batch_read_entries(BatchReadRequest(0, 7, 3, 1, 10, 0)))
+    assert ei.value.code == StatusCode.EIO  # what _run answers for it

@@ -1,0 +1,139 @@
+"""Damage stored bytes the way a failing disk does: a flipped bit in an entry-log record
+or a journal record, an entry-log record cut short. Tests only (bk.testing.diskfaults
+re-exports these; that module's docstring is the API).
+
+Entries are found by walking the files (the pure scanners of the formats' owners), not
+through the index, so these work on a stopped bookie's directories as on a running one's
+(once the entry has reached the file: checkpoint first; a cache may still serve it).
+"""
+from __future__ import annotations
+
+import os
+
+from bk._native import load
+from bk.entrylog import format as fmt
+from bk.entrylog.files import LogScan
+from bk.journal.records import HEADER_BYTES as JOURNAL_HEADER_BYTES
+from bk.journal.records import RECORD_HEADER_BYTES, list_files, parse_ids
+
+_PARTS = ("payload", "ids", "size")
+
+
+def flip_bit(path: str, offset: int, bit: int = 0) -> None:
+    """Invert one bit of a file in place (and fsync it, so the damage survives a crash)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        byte = os.pread(fd, 1, offset)
+        if len(byte) != 1:
+            raise ValueError(f"{path} has no byte at offset {offset}")
+        os.pwrite(fd, bytes([byte[0] ^ (1 << (bit % 8))]), offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def entry_records(ledger_dirs, ledger_id: int, entry_id: int) -> list[tuple[str, int, int]]:
+    """Every copy of the entry in the entry logs under `ledger_dirs`: (path, record offset,
+    entry size). A compacted entry may have an old copy in a log not yet deleted."""
+    kernel = load("entrylog")
+    found = []
+    for d in ledger_dirs:
+        log_dir = fmt.log_dir(d)
+        if not os.path.isdir(log_dir):
+            continue
+        for name in sorted(os.listdir(log_dir)):
+            log_id = fmt.parse_log_file_name(name)
+            if log_id is None:
+                continue
+            path = os.path.join(log_dir, name)
+            end = _records_end(path)
+            for lid, eid, location, size in LogScan(kernel, path, log_id, end, 1 << 31):
+                if (lid, eid) == (ledger_id, entry_id):
+                    found.append((path, location & fmt.MAX_OFFSET, size))
+    return found
+
+
+def _records_end(path: str) -> int:
+    with open(path, "rb") as fh:
+        head = fh.read(fmt.HEADER_BYTES)
+        size = os.fstat(fh.fileno()).st_size
+    try:
+        header = fmt.decode_header(head)
+    except fmt.HeaderError:
+        return size
+    return header.map_offset if header.map_offset and header.map_offset <= size else size
+
+
+def flip_entry_bit(ledger_dirs, ledger_id: int, entry_id: int, part: str = "payload",
+                   bit: int = 0) -> list[tuple[str, int]]:
+    """Flip one bit of every stored copy of the entry; returns the (path, offset) flipped.
+
+    part "payload": bit `bit % 8` of the entry's last byte (the bookie serves it; the
+    client's digest check fails); "ids": bit `bit` (0..63, 0 the lowest) of the entry id
+    in the record (the bookie's own check fails: another entry id than the index
+    promised); "size": a high bit of the size field (the record's length is out of range).
+    A flipped id can make a record claim another entry's ids (4 -> 5 with bit 0), and a
+    later call for that entry finds it too: a high bit (40) damages neighbours one by one."""
+    if part not in _PARTS:
+        raise ValueError(f"part must be one of {_PARTS}")
+    copies = entry_records(ledger_dirs, ledger_id, entry_id)
+    if not copies:
+        raise LookupError(f"ledger {ledger_id} entry {entry_id} is in no entry log under {list(ledger_dirs)}")
+    done = []
+    if part == "ids" and not 0 <= bit < 64:
+        raise ValueError("an entry id has bits 0..63")
+    for path, offset, size in copies:
+        at, which = {"payload": (offset + fmt.SIZE_FIELD_BYTES + size - 1, bit % 8),
+                     "ids": (offset + fmt.SIZE_FIELD_BYTES + 15 - bit // 8, bit % 8),  # big-endian id
+                     "size": (offset, 6)}[part]
+        flip_bit(path, at, which)
+        done.append((path, at))
+    return done
+
+
+def truncate_entry(ledger_dirs, ledger_id: int, entry_id: int) -> tuple[str, int]:
+    """Cut the entry log holding the entry in the middle of its record (the last copy);
+    returns (path, new size). Everything after it in that log is gone too."""
+    copies = entry_records(ledger_dirs, ledger_id, entry_id)
+    if not copies:
+        raise LookupError(f"ledger {ledger_id} entry {entry_id} is in no entry log under {list(ledger_dirs)}")
+    path, offset, size = copies[-1]
+    new_size = offset + fmt.SIZE_FIELD_BYTES + size // 2
+    os.truncate(path, new_size)
+    return path, new_size
+
+
+def journal_records(journal_dirs, ledger_id: int, entry_id: int) -> list[tuple[str, int, int]]:
+    """Every journal record of the entry: (path, record offset, body size)."""
+    found = []
+    for d in journal_dirs:
+        for _fid, path in list_files(d):
+            with open(path, "rb") as fh:
+                data = fh.read()
+            pos = JOURNAL_HEADER_BYTES
+            while pos + RECORD_HEADER_BYTES <= len(data):
+                n = int.from_bytes(data[pos:pos + 4], "big")
+                body = data[pos + RECORD_HEADER_BYTES:pos + RECORD_HEADER_BYTES + n]
+                if n < 16 or len(body) < n:
+                    break
+                if parse_ids(body) == (ledger_id, entry_id):
+                    found.append((path, pos, n))
+                pos += RECORD_HEADER_BYTES + n
+    return found
+
+
+def flip_journal_bit(journal_dirs, ledger_id: int, entry_id: int, part: str = "payload",
+                     bit: int = 0) -> list[tuple[str, int]]:
+    """Flip one bit in every journal record of the entry (its CRC then fails); returns
+    the (path, offset) flipped. part "payload": the body's last byte; "ids": the entry id."""
+    if part not in ("payload", "ids"):
+        raise ValueError("part must be 'payload' or 'ids'")
+    copies = journal_records(journal_dirs, ledger_id, entry_id)
+    if not copies:
+        raise LookupError(f"ledger {ledger_id} entry {entry_id} is in no journal under {list(journal_dirs)}")
+    done = []
+    for path, offset, n in copies:
+        at = offset + RECORD_HEADER_BYTES + (n - 1 if part == "payload" else 15)
+        flip_bit(path, at, bit)
+        done.append((path, at))
+    return done

@@ -1,0 +1,128 @@
+"""BookieConnection's response limit against a transport that never drains (no sockets).
+
+Regression for issue 17's slow reader: reads already taken in were answered into
+the transport after it paused writing, so a client sending reads of big entries
+and never reading made the bookie hold every answer (1,000 reads of 1 MiB: 39 ->
+1,468 MiB RSS). Now at most max_response_bytes_per_connection plus one answer
+per read slot waits unwritten, and every read is still answered once the client
+reads.
+"""
+import asyncio
+import types
+
+from bk.config import load_config
+from bk.proto import FrameDecoder, ReadRequest, encode_request
+from bk.server.connection import BookieConnection
+from bk.server.processor import RequestProcessor
+
+ENTRY_BYTES = 256 * 1024
+LIMIT_BYTES = 1024 * 1024
+
+
+class _Bookie:
+    """Even entries are cached (answered without a task), odd ones are read from 'disk'."""
+
+    def read_cached(self, ledger_id, entry_id):
+        return bytes([entry_id % 256]) * ENTRY_BYTES if entry_id % 2 == 0 else None
+
+    async def read_entry(self, ledger_id, entry_id):
+        await asyncio.sleep(0)
+        return bytes([entry_id % 256]) * ENTRY_BYTES
+
+
+class _StuckTransport:
+    """Keeps every byte written (the client does not read) until drain()."""
+
+    def __init__(self):
+        self.buffered: list[bytes] = []
+        self.high = 64 * 1024
+        self.paused_reading = False
+        self.protocol = None
+        self.writing_paused = False
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        self.high = high
+
+    def get_write_buffer_size(self):
+        return sum(map(len, self.buffered))
+
+    def writelines(self, parts):
+        self.buffered.append(b"".join(parts))
+        if self.get_write_buffer_size() > self.high and not self.writing_paused:
+            self.writing_paused = True
+            self.protocol.pause_writing()
+
+    def drain(self) -> bytes:
+        out = b"".join(self.buffered)
+        self.buffered.clear()
+        if self.writing_paused:
+            self.writing_paused = False
+            self.protocol.resume_writing()
+        return out
+
+    def pause_reading(self):
+        self.paused_reading = True
+
+    def resume_reading(self):
+        self.paused_reading = False
+
+    def get_extra_info(self, name):
+        return None
+
+    def close(self):
+        pass
+
+    abort = close
+
+
+def _connection():
+    cfg = load_config(env={}, overrides={"max_response_bytes_per_connection": LIMIT_BYTES,
+                                         "num_read_worker_threads": 2})
+    server = types.SimpleNamespace(config=cfg, connections=set(), auth_provider=None)
+    server.processor = RequestProcessor(_Bookie(), cfg)
+    conn = BookieConnection(server)
+    transport = _StuckTransport()
+    transport.protocol = conn
+    conn.connection_made(transport)
+    conn.v2_only = True
+    return conn, transport
+
+
+def test_answers_wait_in_the_bookie_up_to_the_limit_and_all_arrive_once_read():
+    async def main():
+        conn, transport = _connection()
+        n = 200  # 50 MiB of answers if they all piled up
+        conn.data_received(b"".join(encode_request(ReadRequest(0, 7, e)) for e in range(n)))
+        peak = 0
+        for _ in range(50):
+            await asyncio.sleep(0)
+            peak = max(peak, transport.get_write_buffer_size() + getattr(conn, "_out_bytes", 0))
+        # the limit, plus one answer per read slot (2) and the one that crossed the limit
+        assert peak <= LIMIT_BYTES + 3 * (ENTRY_BYTES + 64)
+        assert conn.pending > 0 and transport.paused_reading  # the rest wait, reading stopped
+        got = []
+        decoder = FrameDecoder(8 * 1024 * 1024)
+        for _ in range(10_000):  # the client reads now and then
+            got += decoder.feed_responses(transport.drain())
+            if len(got) == n:
+                break
+            for _ in range(5):
+                await asyncio.sleep(0)
+        assert sorted(r.entry_id for r in got) == list(range(n))
+        assert all(r.rc == 0 and bytes(r.body) == bytes([r.entry_id % 256]) * ENTRY_BYTES for r in got)
+        assert conn.pending == 0 and conn.idle.is_set() and not transport.paused_reading
+    asyncio.run(main())
+
+
+def test_reads_waiting_for_room_are_forgotten_when_the_client_goes():
+    async def main():
+        conn, transport = _connection()
+        conn.data_received(b"".join(encode_request(ReadRequest(0, 7, e)) for e in range(100)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert conn.pending > 0
+        conn.connection_lost(None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert conn.pending == 0 and conn.idle.is_set() and not conn._reads_waiting
+    asyncio.run(main())
