@@ -12,7 +12,9 @@ Both offer: crash(i) (kill -9), power_loss(i, tear, rng) (crash, then every writ
 not fsynced before the crash dropped, sometimes a torn last page), restart(i),
 pause(i)/resume(i) (SIGSTOP/SIGCONT; in-process: the proxy holds every frame in both
 directions and delivers them late, as a resumed process would), proxy(i) (the same
-rule API for both), expire_session(i) (in-process), data_dir(i), alive(i), heal().
+rule API for both), expire_session(i) (in-process), data_dir_of(i), alive(i), heal_network(), and
+disk_faults (bk.testing.diskfaults: DiskFaults in-process, a DiskFaultControl file the
+bookie processes read): fail(op, errno, path_prefix, count), full_disk(path), heal(rule).
 
 Power loss in-process. A crash of an in-process bookie drains its journals (their
 writer threads are joined), so the fsync log is read *before* the crash: a journal
@@ -59,6 +61,7 @@ class InProcessChaosCluster:
         self.count = bookies
         self.proxies: dict[int, Proxy] = {}
         self.paused: set[int] = set()
+        self._disk_faults = None
         # crash and restart of one bookie never overlap (a crash halts its storage in a thread)
         self._locks = {i: asyncio.Lock() for i in range(bookies)}
 
@@ -171,6 +174,13 @@ class InProcessChaosCluster:
             p.rules[:] = [r for r in p.rules if not (r.action == "hold" and r.match is None)]
             p.release_held()
 
+    @property
+    def disk_faults(self):
+        """bk.testing.diskfaults' injector for this process (installed on first use, removed by stop())."""
+        from bk.testing.diskfaults import DiskFaults
+        self._disk_faults = DiskFaults.install()
+        return self._disk_faults
+
     async def expire_session(self, i: int) -> bool:
         server = self.inner.servers.get(i)
         if server is None or server.store is None:
@@ -197,6 +207,10 @@ class InProcessChaosCluster:
             self.inner.store = None
         for p in self.proxies.values():
             await p.stop()
+        if self._disk_faults is not None:
+            from bk.testing.diskfaults import DiskFaults
+            DiskFaults.uninstall()  # back to zero cost for the next run
+            self._disk_faults = None
         if self._old_track is None:
             os.environ.pop(TRACK_ENV, None)
         else:
@@ -214,7 +228,10 @@ class ProcessChaosCluster:
         from bk.testing.cluster import LocalCluster
         self.data_dir = data_dir
         self.track_file = os.path.join(data_dir, "fsync.track")
-        env = dict(os.environ, **{TRACK_ENV: self.track_file})
+        from bk.testing.diskfaults import DiskFaultControl
+        os.makedirs(data_dir, exist_ok=True)
+        self.disk_faults = DiskFaultControl(os.path.join(data_dir, "disk-faults.json"))  # no rules yet
+        env = dict(os.environ, **{TRACK_ENV: self.track_file}, **self.disk_faults.env())
         self.inner = LocalCluster(data_dir, bookies=bookies, zk_connect=zk_connect, env=env, proxied=True,
                                   **overrides)
         self.count = bookies

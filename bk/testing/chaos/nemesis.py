@@ -28,9 +28,17 @@ What each kind models:
 - zk-expire: the bookie's metadata session expires (it must register again).
 - bitflip: one bit flipped in an entry log or a journal file at rest.
 - recover: a second client opens a ledger with recovery while its writer writes.
+- disk-full: every write under the bookie's directories (or its journal or ledger dirs)
+  finds no space, and the disk reports 100% used; healed, the bookie's disk check makes it
+  writable again.
+- fsync-error, write-error: an fsync or a write under the journal or the ledger dirs fails
+  (EIO or ENOSPC; once, or until healed; a failed fsync also drops what it covered, as
+  Linux does); healed by "replacing the disk": the rule goes, the bookie is killed and
+  started again (a storage failure ends only with a restart).
 """
 from __future__ import annotations
 
+import errno
 import glob
 import os
 from dataclasses import dataclass
@@ -54,6 +62,9 @@ class NemesisKind:
     draw: Callable | None = None
     modes: frozenset = BOTH_MODES
     needs: Callable[[bool, bool], bool] | None = None
+    # "core" kinds share one draw; a later group (disk faults) is drawn from its own stream and
+    # appended, so adding a group leaves every seed's earlier schedule exactly as it was
+    group: str = "core"
 
 
 async def _nothing(ctx, fault) -> None:
@@ -202,6 +213,48 @@ async def _bitflip(ctx, fault) -> str:
     return f"flip a bit of {os.path.basename(path)} ({target}) at {offset} of {size} on bookie {i}"
 
 
+def _disk_dir(ctx, fault) -> str:
+    return os.path.join(ctx.cluster.data_dir_of(fault.bookie), fault.param("target", ""))
+
+
+async def _disk_full(ctx, fault) -> str:
+    ctx.disk_rules[fault.index] = (fault.bookie, ctx.cluster.disk_faults.full_disk(_disk_dir(ctx, fault)))
+    return f"disk full under {fault.param('target') or 'all'} of bookie {fault.bookie}"
+
+
+async def _disk_error(ctx, fault) -> str:
+    op, code = fault.param("op"), getattr(errno, fault.param("errno"))
+    ctx.disk_rules[fault.index] = (fault.bookie, ctx.cluster.disk_faults.fail(
+        op=op, errno=code, path_prefix=_disk_dir(ctx, fault), count=fault.param("count")))
+    return f"{op} fails with {fault.param('errno')} under {fault.param('target')} of bookie {fault.bookie}" \
+           f" ({fault.param('count') or 'until healed'} times)"
+
+
+async def _disk_heal(ctx, fault) -> None:
+    """A full disk ends by itself once there is room (the bookie's disk check)."""
+    held = ctx.disk_rules.pop(fault.index, None)
+    if held is not None:
+        ctx.cluster.disk_faults.heal(held[1])
+
+
+async def _disk_heal_restart(ctx, fault) -> None:
+    """A storage failure ends only with a restart (docs/DISK-FAULTS.md): the disk is
+    "replaced", the bookie killed and started again."""
+    held = ctx.disk_rules.pop(fault.index, None)
+    if held is None:
+        return
+    ctx.cluster.disk_faults.heal(held[1])
+    if ctx.cluster.alive(fault.bookie):
+        ctx.mark_crashed(fault.bookie)
+        await ctx.cluster.crash(fault.bookie)
+    await ctx.restart(fault.bookie)
+
+
+def _disk_error_params(op: str, codes: list[str]):
+    return lambda r: {"op": op, "errno": r.choice(codes), "target": r.choice(["journal", "ledgers"]),
+                      "count": r.choice([1, 1, None])}
+
+
 async def _recover(ctx, fault) -> str:
     return ctx.start_recoverer(fault.param("ledger"), f"fault {fault.index}")
 
@@ -229,6 +282,13 @@ KINDS: dict[str, NemesisKind] = {k.name: k for k in (
     NemesisKind("bitflip", 2, _bitflip, _nothing, (0, 0),
                 draw=lambda r: {"target": r.choice(["entrylog", "entrylog", "journal"])}),
     NemesisKind("recover", 6, _recover, _nothing, (0, 0), draw=lambda r: {"ledger": r.randrange(3)}),
+    # disk faults (bk.testing.diskfaults, from the diskfault branch; docs/DISK-FAULTS.md)
+    NemesisKind("disk-full", 3, _disk_full, _disk_heal, (100, 700),
+                draw=lambda r: {"target": r.choice(["", "journal", "ledgers"])}, group="disk"),
+    NemesisKind("fsync-error", 3, _disk_error, _disk_heal_restart, (50, 500),
+                draw=_disk_error_params("fsync", ["EIO", "EIO", "ENOSPC"]), group="disk"),
+    NemesisKind("write-error", 3, _disk_error, _disk_heal_restart, (50, 500),
+                draw=_disk_error_params("write", ["EIO", "ENOSPC"]), group="disk"),
 )}
 
 __all__ = ["BookieStartError", "KINDS", "NemesisKind"]

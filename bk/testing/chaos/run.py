@@ -82,7 +82,7 @@ def bookie_config(s: Scenario) -> dict:
                   autorecovery_enabled=s.autorecovery, lost_bookie_recovery_delay_s=0,
                   open_ledger_rereplication_grace_period_ms=300, data_integrity_repair_retry_max_s=0.3,
                   write_cache_max_size_bytes="4MiB", read_cache_max_size_bytes="4MiB",
-                  journal_max_group_wait_ms=1.0, disk_check_interval_ms=60_000, gc_wait_time_ms=3_600_000,
+                  journal_max_group_wait_ms=1.0, disk_check_interval_ms=200, gc_wait_time_ms=3_600_000,
                   zk_timeout_ms=2000, admin_socket_enabled=False,
                   # an HTTP server on an ephemeral port of 127.0.0.2 could take the port of a
                   # bookie that is down (seed 4321: the bookie could not come back)
@@ -112,6 +112,7 @@ class Chaos:
         self.corrupted: set[int] = set()
         self.refused: dict[int, str] = {}  # bookie -> why it did not restart (detected corruption)
         self.rules: dict[int, object] = {}
+        self.disk_rules: dict[int, tuple[int, int]] = {}  # fault index -> (bookie, disk-fault rule id)
         self.applied = 0
         self.recoverers: list[asyncio.Task] = []
         self.tailed: list[tuple[int, int, bytes]] = []  # (plan index, entry id, bytes) tailing readers read
@@ -150,6 +151,10 @@ class Chaos:
             await self.cluster.restart(i)
             self.note(f"restart bookie {i}")
         except BookieStartError as e:
+            if any(bookie == i for bookie, _ in self.disk_rules.values()):
+                # its disk is failing or full right now: it is tried again once that is healed
+                self.note(f"bookie {i} cannot start on its failing disk yet: {e}")
+                return
             self.refused[i] = str(e)
             self.note(f"bookie {i} refused to start: {e}")
 

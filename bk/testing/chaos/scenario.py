@@ -10,7 +10,9 @@ Reproducibility rules (what makes replays and shrinking work):
 - each part has its own random stream derived from (seed, part name): the
   cluster and workload are the same whichever faults are kept, and fault k's
   parameters come from (seed, "fault", k) alone, so dropping fault j during
-  shrinking leaves every other fault exactly as it was;
+  shrinking leaves every other fault exactly as it was; a later group of kinds
+  (disk faults) draws from its own streams and is appended, so adding it left
+  every seed's earlier schedule as it was;
 - a Scenario with `keep` set runs only the faults whose index is in `keep`
   (their indices stay the original ones, so replay commands stay short);
 - the mode (in-process or processes) is drawn from (seed, "mode") against
@@ -140,17 +142,27 @@ def generate(seed: int, *, mode: str | None = None, process_share: float = 0.02,
             pace_ms=round(work.uniform(100, 900) / entries, 2),
             writer_end=work.choices(WRITER_ENDS, weights=[3, 4, 3])[0]))
     readers = work.choice([0, 0, 1, 2])
-    usable = [k for k in kinds.values() if mode in k.modes and k.weight > 0
-              and (k.needs is None or k.needs(journal, autorecovery))]
-    count = stream(seed, "faults").choice([k for k in range(0, max_faults + 1)] + [2, 3, 3])
-    faults = []
-    for k in range(count):
-        frng = stream(seed, "fault", k)
-        kind = frng.choices(usable, weights=[u.weight for u in usable])[0]
+    def usable(group: str) -> list:
+        return [k for k in kinds.values() if k.group == group and mode in k.modes and k.weight > 0
+                and (k.needs is None or k.needs(journal, autorecovery))]
+
+    def draw(frng, index: int, choices: list) -> Fault:
+        kind = frng.choices(choices, weights=[u.weight for u in choices])[0]
         at_ms = frng.randint(0, 500)
         duration_ms = frng.randint(*kind.duration_ms)
         params = tuple(sorted(kind.draw(frng).items())) if kind.draw else ()
-        faults.append(Fault(k, kind.name, frng.randrange(bookies), at_ms, duration_ms, params))
+        return Fault(index, kind.name, frng.randrange(bookies), at_ms, duration_ms, params)
+
+    core = usable("core")
+    count = stream(seed, "faults").choice([k for k in range(0, max_faults + 1)] + [2, 3, 3])
+    faults = [draw(stream(seed, "fault", k), k, core) for k in range(count)]
+    # later groups: their own streams, appended after the core faults (see NemesisKind.group)
+    for group in sorted({k.group for k in kinds.values()} - {"core"}):
+        choices = usable(group)
+        if choices:
+            extra = stream(seed, group, "count").choices([0, 1, 2], weights=[6, 3, 1])[0]
+            base = len(faults)
+            faults += [draw(stream(seed, group, j), base + j, choices) for j in range(extra)]
     return Scenario(seed, mode, bookies, journal, autorecovery, tuple(ledgers), readers, tuple(faults),
                     test_break=test_break)
 
