@@ -147,14 +147,16 @@ class Chaos:
     async def restart(self, i: int) -> None:
         if self.cluster.alive(i) or i in self.refused:
             return
+        if any(bookie == i for bookie, _ in self.disk_rules.values()):
+            # not while its disk is failing or full: it would refuse (and an in-process bookie
+            # whose start fails after opening its index leaks that LMDB environment, so its
+            # next start in this process would fail too); it starts once the disk is healed
+            self.note(f"bookie {i} stays down until its disk is healed")
+            return
         try:
             await self.cluster.restart(i)
             self.note(f"restart bookie {i}")
         except BookieStartError as e:
-            if any(bookie == i for bookie, _ in self.disk_rules.values()):
-                # its disk is failing or full right now: it is tried again once that is healed
-                self.note(f"bookie {i} cannot start on its failing disk yet: {e}")
-                return
             self.refused[i] = str(e)
             self.note(f"bookie {i} refused to start: {e}")
 
