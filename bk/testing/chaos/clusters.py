@@ -78,9 +78,13 @@ class InProcessChaosCluster:
         # shared machine) may take it first. Such a collision is the harness's, so: new ports.
         for attempt in range(5):
             try:
+                # ascending ports: bookie ids sort in index order, so a seeded placement picks
+                # the same bookies (by index) in every replay
+                for i, port in enumerate(sorted(free_port() for _ in range(self.count))):
+                    self.inner.ports.setdefault(i, port)
                 for i in range(self.count):
                     if i not in self.proxies:
-                        port = self.inner.ports.setdefault(i, free_port())
+                        port = self.inner.ports[i]
                         self.proxies[i] = await Proxy("127.0.0.2", port, "127.0.0.1", port).start()
                 await self.inner.start()
                 return self

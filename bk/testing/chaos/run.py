@@ -24,6 +24,7 @@ import hashlib
 import io
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -31,6 +32,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from bk.client import BookKeeper
+from bk.client.placement import EnsemblePlacementPolicy
 from bk.errors import BKError, NotEnoughBookiesError
 from bk.testing.history import History
 
@@ -227,7 +229,8 @@ class Chaos:
 # ------------------------------------------------------------ workload
 async def writer(chaos: Chaos, plan) -> None:
     s, h = chaos.s, chaos.history
-    bkc = await BookKeeper.connect(chaos.cluster.metadata_uri, **CLIENT_TIMEOUTS)
+    placement = EnsemblePlacementPolicy(rng=stream(s.seed, "placement", plan.index))
+    bkc = await BookKeeper.connect(chaos.cluster.metadata_uri, placement=placement, **CLIENT_TIMEOUTS)
     chaos.clients.append(bkc)
     lh = None
     for _ in range(40):
@@ -367,6 +370,9 @@ def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, k
     result = RunResult(s.seed, s.mode, ok=False, faults=[f.kind for f in s.active_faults])
     limit = time_limit_s or RUN_LIMIT_S[s.mode]
     os.makedirs(work_dir, exist_ok=True)
+    # the client's ensemble placement (and anything else on the global random) from the seed
+    # too, so a replay puts its ledgers on the same bookies
+    random.seed(f"{s.seed}:global")
     started = time.monotonic()
     try:
         eventloop.run(_watched(_scenario(s, work_dir, result, zk_connect), limit, result))
