@@ -159,6 +159,9 @@ class Chaos:
             await self.cluster.restart(i)
             self.note(f"restart bookie {i}")
         except BookieStartError as e:
+            if any(bookie == i for bookie, _ in self.disk_rules.values()):
+                self.note(f"bookie {i} failed to start as its disk began failing; it starts once healed: {e}")
+                return  # a disk fault applied while it was starting (seed 10322)
             self.refused[i] = str(e)
             self.note(f"bookie {i} refused to start: {e}")
 
