@@ -106,6 +106,7 @@ class Bookie:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self._write_data = config.journal_write_data
+        self._forget_fence = config.test_break == "forget-fence"  # BROKEN ON PURPOSE: chaos self-tests only
         self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
         self._room_queue: deque = deque()  # add_entry_cb arguments of adds waiting for write-cache room
         self._room_task: asyncio.Task | None = None  # retries them (_retry_when_room)
@@ -461,6 +462,8 @@ class Bookie:
     async def fence_ledger(self, ledger_id: int, master_key: bytes) -> None:
         """Fence (idempotent); returns once the fence is durable."""
         desc = self._key_checked(ledger_id, master_key, create=True)
+        if self._forget_fence:
+            return  # config.test_break = "forget-fence": answer the fence, keep accepting adds
         if desc.fenced:
             if desc.fence_pending is not None:
                 await asyncio.shield(desc.fence_pending)

@@ -75,7 +75,7 @@ class _BookieProtocol(asyncio.Protocol):
     goes to the `exchange` waiting for it; on a v3 connection frames are v3 Responses,
     turned into the v2 answers the request core matches (FrameDecoder.feed_v3_responses)."""
 
-    __slots__ = ("client", "core", "decoder", "transport", "v3", "_waiter")
+    __slots__ = ("client", "core", "decoder", "transport", "v3", "lost", "_waiter")
 
     def __init__(self, client: "BookieClient"):
         self.client = client
@@ -83,6 +83,7 @@ class _BookieProtocol(asyncio.Protocol):
         self.decoder = FrameDecoder(client.max_frame_size_bytes)
         self.transport = None
         self.v3 = False
+        self.lost = False  # connection_lost has run (maybe before _connect made it current)
         self._waiter: asyncio.Future | None = None
 
     def connection_made(self, transport) -> None:
@@ -122,6 +123,7 @@ class _BookieProtocol(asyncio.Protocol):
             self._waiter = None
 
     def connection_lost(self, exc) -> None:
+        self.lost = True
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(BookieConnectionError(f"connection lost during set-up: {exc}"))
             return
@@ -299,6 +301,9 @@ class BookieClient:
         core.connect_task = None
         if core.closed:
             protocol.transport.close()
+            return
+        if protocol.lost:  # the peer closed before this task resumed: its connection_lost was ignored
+            self._fail_all(BookieConnectionError(f"connection to bookie {self.bookie_id} lost as it was made"))
             return
         sock = protocol.transport.get_extra_info("socket")
         if sock is not None:

@@ -130,6 +130,9 @@ class Journal:
         self.groups_written = 0
         self.records_written = 0
         self.bytes_written = 0
+        if config.test_break == "ack-before-fsync":  # the chaos runner's broken bookie (config.test_break)
+            self._groups_unsynced = 0
+            self._write_group = self._write_group_acking_unsynced
 
     # ------------------------------------------------------------------ public API
     def replay(self, mark: LogMark, on_record: OnRecord) -> ReplayResult:
@@ -436,6 +439,16 @@ class Journal:
                 on_error(exc)
             except Exception:  # noqa: BLE001 - the listener's bug must not kill the writer
                 logger.exception("journal on_error listener failed")
+
+    def _write_group_acking_unsynced(self, items: list, buffers: list, group_bytes: int, oldest: float = 0.0) -> None:
+        """BROKEN ON PURPOSE (config.test_break = "ack-before-fsync"): acknowledge three groups of
+        four before any fsync covers them. Never installed otherwise."""
+        self._groups_unsynced = (self._groups_unsynced + 1) % 4
+        sync, self._sync_data = self._sync_data, self._sync_data and self._groups_unsynced == 0
+        try:
+            Journal._write_group(self, items, buffers, group_bytes, oldest)
+        finally:
+            self._sync_data = sync
 
     @staticmethod
     def _measure(started: float, oldest: float, records: int, group_bytes: int, ok: bool) -> None:

@@ -293,7 +293,7 @@ def assert_closed(metadata, ledger_id: int | None = None) -> None:
 # ------------------------------------------------------------------ the checker
 def check_ledger(history: History, ledger_id: int, metadata, read_entries, *, lac: int | None = None,
                  require_complete: bool = True, check_order: bool = True,
-                 check_length: bool = False) -> CheckResult:
+                 check_length: bool = False, may_lose: Iterable[int] = ()) -> CheckResult:
     """Check invariants 1-4 of one ledger after a scenario.
 
     metadata: the final LedgerMetadata (or any object with state, last_entry_id,
@@ -307,6 +307,11 @@ def check_ledger(history: History, ledger_id: int, metadata, read_entries, *, la
     require_complete: for a closed ledger every id 0..lastEntryId must be read
         by every reader (a hole is a disagreement with the metadata).
     check_length: compare the closed `length` with the sum of payload sizes.
+    may_lose: entry ids the scenario proved may be gone for real (BP-46: journal
+        off and at least AQ bookies of the entry's write set crashed). Such an
+        entry that no reader read is no violation of invariant 1 nor a hole in
+        invariant 3; one that is read must still carry its payload, and the
+        ledger must still not be closed below it (invariant 2 stays strict).
     """
     ledger_id = int(ledger_id)
     readers = _normalise_readers(read_entries)
@@ -315,10 +320,11 @@ def check_ledger(history: History, ledger_id: int, metadata, read_entries, *, la
     acked = [op for op in ops if op.outcome is Outcome.OK]
     closed = _is_closed(metadata)
     last = metadata.last_entry_id if closed else lac
+    lost = {int(e) for e in may_lose} - set().union(*readers)
 
-    _check_acknowledged(result, acked, readers, closed, last)
+    _check_acknowledged(result, acked, readers, closed, last, lost)
     _check_truncation(result, history, acked, metadata, closed)
-    _check_agreement(result, readers, closed, last, require_complete)
+    _check_agreement(result, readers, closed, last, require_complete, lost)
     _check_provenance(result, ops, acked, readers, check_order)
     _check_segments_and_bounds(result, metadata, readers, last)
     if check_length and closed and all(e in readers[0] for e in range(last + 1)):
@@ -340,11 +346,16 @@ def _normalise_readers(read_entries) -> list[dict[int, bytes]]:
     return out
 
 
-def _check_acknowledged(result: CheckResult, acked: list[AddOp], readers, closed: bool, last) -> None:
-    """Invariant 1: every acknowledged entry is read, by every reader, with its original bytes."""
+def _check_acknowledged(result: CheckResult, acked: list[AddOp], readers, closed: bool, last,
+                        lost: set = frozenset()) -> None:
+    """Invariant 1: every acknowledged entry is read, by every reader, with its original bytes
+    (entries in `lost`, which no reader read and the scenario excused, excepted)."""
     claimed: dict[int, AddOp] = {}
     for op in acked:
         e = op.entry_id
+        if e in lost:
+            claimed.setdefault(e, op)
+            continue
         if e in claimed:
             result._add(1, e, f"{claimed[e]!r} and {op!r} were both acknowledged as entry {e}")
         claimed.setdefault(e, op)
@@ -387,11 +398,12 @@ def _check_truncation(result: CheckResult, history: History, acked: list[AddOp],
                                      f" {metadata.last_entry_id}")
 
 
-def _check_agreement(result: CheckResult, readers, closed: bool, last, require_complete: bool) -> None:
+def _check_agreement(result: CheckResult, readers, closed: bool, last, require_complete: bool,
+                     lost: set = frozenset()) -> None:
     """Invariant 3, first half: every reader reads identical bytes for 0..lastEntryId."""
     ids = set().union(*readers)
     if closed and require_complete:
-        ids |= set(range(last + 1))
+        ids |= set(range(last + 1)) - lost
     for e in sorted(ids):
         if last is not None and not 0 <= e <= last:
             continue  # out of bounds: invariant 4's business

@@ -19,6 +19,8 @@ import os
 import random
 from dataclasses import dataclass, field
 
+from bk.errors import StorageError
+
 PAGE_BYTES = 4096
 LMDB_FILES = {"data.mdb", "lock.mdb"}
 
@@ -104,5 +106,8 @@ def halt_without_checkpoint(bookie) -> None:
     if bookie._read_pool is not None:
         bookie._read_pool.shutdown(wait=True)
     bookie._running = False
-    storage.entry_logger.close()
+    try:
+        storage.entry_logger.close()
+    except StorageError:  # a failed disk (fsyncgate: a file whose fsync failed refuses more):
+        pass              # a killed process closes nothing gracefully either
     storage.close_index()

@@ -1,0 +1,82 @@
+"""python -m bk.testing.chaos: run seeds, replay one, shrink failures (see bk/testing/chaos/__init__.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .nemesis import KINDS
+from .runner import investigate, run_many, run_one
+
+BREAKS = ("ack-before-fsync", "forget-fence")
+
+
+def parse_faults(text: str | None):
+    if text is None:
+        return None
+    if text in ("", "none"):
+        return frozenset()
+    try:
+        return frozenset(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--faults takes comma-separated fault indices or 'none', got {text!r}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bk.testing.chaos", description=(
+        "Seeded chaos runs against bk clusters: each seed draws a cluster, a workload and a fault schedule "
+        f"({', '.join(KINDS)}), heals, recovers and checks the history. Exit status 1 if a run failed."))
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--seed", type=int, help="run (replay) this one seed, printing its trace")
+    which.add_argument("--seeds", type=int, default=20, help="how many seeds to run (default 20)")
+    p.add_argument("--start", type=int, default=1, help="the first seed of --seeds (default 1)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--mode", choices=("inprocess", "process"), help="force every run's cluster mode")
+    p.add_argument("--process-share", type=float, default=0.02,
+                   help="share of seeds run with real `bk bookie` processes (default 0.02, 1 in 50)")
+    p.add_argument("--faults", type=parse_faults, help="keep only these fault indices (a shrunk replay), or 'none'")
+    p.add_argument("--break", dest="test_break", choices=BREAKS, default="",
+                   help="run a deliberately broken bookie (the runner's self-test)")
+    p.add_argument("--json", dest="json_path", help="write the summary and every run's result to this file")
+    p.add_argument("--shrink-limit", type=int, default=3, help="failures to replay and shrink (default 3, 0 = none)")
+    p.add_argument("--shrink", action="store_true", help="with --seed: replay and shrink it if it fails")
+    p.add_argument("--zk", dest="zk_connect", help="ZooKeeper connect string for process runs (default: start one)")
+    p.add_argument("--time-limit", dest="time_limit_s", type=float, help="per-run time limit in seconds")
+    p.add_argument("--keep-dir", action="store_true", help="keep each run's data directory")
+    p.add_argument("--report", metavar="JSON", help="print markdown tables of a run's --json file (done or running)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--verbose", action="store_true", help="let bk's logging through")
+    a = p.parse_args(argv)
+    options = {k: v for k, v in dict(mode=a.mode, process_share=a.process_share, keep=a.faults,
+                                     test_break=a.test_break, zk_connect=a.zk_connect, time_limit_s=a.time_limit_s,
+                                     keep_dir=a.keep_dir, verbose=a.verbose).items() if v not in (None, "", False)}
+    if a.report:
+        from .runner import report_file
+        print(report_file(a.report))
+        return 0
+    if a.seed is not None:
+        import logging
+        if not a.verbose:
+            logging.disable(logging.CRITICAL)
+        r = run_one(a.seed, options)
+        print("\n".join(r.trace))
+        print(f"seed {a.seed}: {'ok' if r.ok else 'FAILED'} in {r.duration_s:.2f}s")
+        for f in r.failures:
+            print(f"  {f}")
+        print(f"replay: {r.replay}")
+        if a.json_path:
+            with open(a.json_path, "w") as fh:
+                json.dump(r.to_json(), fh, indent=1)
+        if not r.ok and a.shrink:
+            investigate(r.to_json(), options)
+        return 0 if r.ok else 1
+    summary = run_many(range(a.start, a.start + a.seeds), options, jobs=a.jobs, json_path=a.json_path,
+                       progress=not a.quiet, shrink_limit=a.shrink_limit)
+    brief = {k: v for k, v in summary.items() if k not in ("failures", "options")}
+    brief["failed_seeds"] = [r["seed"] for r in summary["failures"]]
+    print(json.dumps(brief, indent=1))
+    return 0 if not summary["failures"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""The two clusters a chaos run can drive, behind one small async interface.
+
+- InProcessChaosCluster: real BookieServers in this process (bk.testing.inprocess)
+  on the in-memory metadata store, each behind a bk.testing.proxy.Proxy in the same
+  event loop (the bookie binds 127.0.0.2:P, the proxy listens on 127.0.0.1:P, the
+  bookie id is 127.0.0.1:P). Cheap: a run costs well under a second.
+- ProcessChaosCluster: real `bk bookie` processes (bk.testing.cluster.LocalCluster,
+  proxied) on a ZooKeeper the caller provides: SIGKILL, SIGSTOP, power loss of a
+  process that really died.
+
+Both offer: crash(i) (kill -9), power_loss(i, tear, rng) (crash, then every write
+not fsynced before the crash dropped, sometimes a torn last page), restart(i),
+pause(i)/resume(i) (SIGSTOP/SIGCONT; in-process: the proxy holds every frame in both
+directions and delivers them late, as a resumed process would), proxy(i) (the same
+rule API for both), expire_session(i) (in-process), data_dir_of(i), alive(i), heal_network(), and
+disk_faults (bk.testing.diskfaults: DiskFaults in-process, a DiskFaultControl file the
+bookie processes read): fail(op, errno, path_prefix, count), full_disk(path), heal(rule).
+
+Power loss in-process. A crash of an in-process bookie drains its journals (their
+writer threads are joined), so the fsync log is read *before* the crash: a journal
+file keeps what was fsynced before that instant. Entry logs and the index keep what
+was fsynced when the storage thread stopped (a checkpoint in progress finishes, so
+the index never points past what the entry log kept).
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import shutil
+import signal
+
+from bk.testing.inprocess import InProcessCluster, free_port
+from bk.testing.powerloss import read_fsync_log, simulate_power_loss
+from bk.testing.proxy import Proxy
+
+log = logging.getLogger(__name__)
+TRACK_ENV = "BK_FSYNC_TRACK_FILE"
+
+
+class BookieStartError(Exception):
+    """A bookie did not come back (the message says why: a detected corruption, ...)."""
+
+
+def _write_track(path: str, sizes: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for p, size in sizes.items():
+            fh.write(f"{p}\t{size}\n")
+
+
+class InProcessChaosCluster:
+    mode = "inprocess"
+
+    def __init__(self, data_dir: str, bookies: int, **overrides):
+        self.data_dir = data_dir
+        self.track_file = os.path.join(data_dir, "fsync.track")
+        self._old_track = os.environ.get(TRACK_ENV)
+        os.environ[TRACK_ENV] = self.track_file  # bk.fileio reads it at every fsync (restored by stop())
+        self.inner = InProcessCluster(data_dir, bookies=bookies, bind_address="127.0.0.2", **overrides)
+        self.count = bookies
+        self.proxies: dict[int, Proxy] = {}
+        self.paused: set[int] = set()
+        self._disk_faults = None
+        # crash and restart of one bookie never overlap (a crash halts its storage in a thread)
+        self._locks = {i: asyncio.Lock() for i in range(bookies)}
+
+    @property
+    def metadata_uri(self) -> str:
+        return self.inner.metadata_uri
+
+    @property
+    def servers(self):
+        return self.inner.servers
+
+    async def start(self) -> "InProcessChaosCluster":
+        # free_port() only finds a port free a moment ago: another worker (or another test on a
+        # shared machine) may take it first. Such a collision is the harness's, so: new ports.
+        for attempt in range(5):
+            try:
+                # ascending ports: bookie ids sort in index order, so a seeded placement picks
+                # the same bookies (by index) in every replay
+                for i, port in enumerate(sorted(free_port() for _ in range(self.count))):
+                    self.inner.ports.setdefault(i, port)
+                for i in range(self.count):
+                    if i not in self.proxies:
+                        port = self.inner.ports[i]
+                        self.proxies[i] = await Proxy("127.0.0.2", port, "127.0.0.1", port).start()
+                await self.inner.start()
+                return self
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or attempt == 4:
+                    raise
+                for i in list(self.inner.servers):
+                    await self.inner.stop_bookie(i)
+                for p in self.proxies.values():
+                    await p.stop()
+                self.proxies.clear()
+                self.inner.ports.clear()
+                for i in range(self.count):  # their cookies name the old ports: start afresh
+                    shutil.rmtree(self.data_dir_of(i), ignore_errors=True)
+        return self
+
+    def bookie_id(self, i: int) -> str:
+        return self.inner.bookie_id(i)
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return [self.bookie_id(i) for i in range(self.count)]
+
+    def index_of(self, bookie_id: str) -> int:
+        return self.bookie_ids.index(bookie_id)
+
+    def alive(self, i: int) -> bool:
+        return i in self.inner.servers
+
+    def data_dir_of(self, i: int) -> str:
+        return os.path.join(self.data_dir, f"bookie-{i}")
+
+    def proxy(self, i: int) -> Proxy:
+        return self.proxies[i]
+
+    async def crash(self, i: int) -> None:
+        async with self._locks[i]:
+            if self.alive(i):
+                await self.inner.crash_bookie(i)
+
+    async def power_loss(self, i: int, tear: bool, rng) -> str:
+        async with self._locks[i]:
+            if not self.alive(i):
+                return "already down"
+            return await self._power_loss(i, tear, rng)
+
+    async def _power_loss(self, i: int, tear: bool, rng) -> str:
+        # The instant of the power cut: from here the bookie must not acknowledge anything more,
+        # yet crash_bookie() closes its connections only after a few awaits. So its proxy goes
+        # dark and drops every connection (with the answers queued in it) first.
+        proxy = self.proxies[i]
+        was_dark = proxy._blackhole
+        proxy.set_blackhole(True)
+        proxy.close_connections(reset=True)
+        before = read_fsync_log(self.track_file)
+        journal_dir = os.path.join(self.data_dir_of(i), "journal") + os.sep
+        await self.inner.crash_bookie(i)
+        proxy.set_blackhole(was_dark)
+        after = read_fsync_log(self.track_file)
+        durable = {p: (before.get(p) if p.startswith(journal_dir) else size) for p, size in after.items()}
+        snapshot = os.path.join(self.data_dir, f"powerloss-{i}.track")
+        _write_track(snapshot, {p: s for p, s in durable.items() if s is not None})
+        return str(simulate_power_loss(snapshot, [self.data_dir_of(i)], tear=tear, rng=rng))
+
+    async def restart(self, i: int) -> None:
+        async with self._locks[i]:
+            if not self.alive(i):
+                await self._restart(i)
+
+    async def _restart(self, i: int) -> None:
+        for attempt in range(20):
+            try:
+                await self.inner.start_bookie(i)
+                return
+            except OSError as e:  # its port (its identity) taken meanwhile by someone else: wait
+                if e.errno != errno.EADDRINUSE or attempt == 19:
+                    raise BookieStartError(f"bookie {i} did not start: {type(e).__name__}: {e}") from e
+                await asyncio.sleep(0.1)
+            except Exception as e:  # noqa: BLE001 - the caller decides whether this bookie may refuse
+                raise BookieStartError(f"bookie {i} did not start: {type(e).__name__}: {e}") from e
+
+    async def pause(self, i: int) -> None:
+        from bk.testing.proxy import Rule
+        self.paused.add(i)
+        self.proxies[i].add_rule(Rule("both", None, "hold"))
+
+    async def resume(self, i: int) -> None:
+        if i in self.paused:
+            self.paused.discard(i)
+            p = self.proxies[i]
+            p.rules[:] = [r for r in p.rules if not (r.action == "hold" and r.match is None)]
+            p.release_held()
+
+    @property
+    def disk_faults(self):
+        """bk.testing.diskfaults' injector for this process (installed on first use, removed by stop())."""
+        from bk.testing.diskfaults import DiskFaults
+        self._disk_faults = DiskFaults.install()
+        return self._disk_faults
+
+    async def expire_session(self, i: int) -> bool:
+        server = self.inner.servers.get(i)
+        if server is None or server.store is None:
+            return False
+        await server.store.expire_session()
+        return True
+
+    async def heal_network(self) -> None:
+        for i, p in self.proxies.items():
+            await self.resume(i)
+            p.clear_rules()
+            p.release_held()
+            p.set_blackhole(False)
+
+    async def stop(self) -> None:
+        await self.heal_network()
+        for i in list(self.inner.servers):
+            try:
+                await self.inner.stop_bookie(i)
+            except Exception:  # noqa: BLE001 - tearing down after chaos: keep going
+                log.exception("stopping bookie %d", i)
+        if self.inner.store is not None:
+            await self.inner.store.close()
+            self.inner.store = None
+        for p in self.proxies.values():
+            await p.stop()
+        if self._disk_faults is not None:
+            from bk.testing.diskfaults import DiskFaults
+            DiskFaults.uninstall()  # back to zero cost for the next run
+            self._disk_faults = None
+        if self._old_track is None:
+            os.environ.pop(TRACK_ENV, None)
+        else:
+            os.environ[TRACK_ENV] = self._old_track
+        from bk.meta.memory import InMemoryStore
+        InMemoryStore.drop_shared(self.metadata_uri.split("//", 1)[1].split("/", 1)[0])
+
+
+class ProcessChaosCluster:
+    """Real `bk bookie` processes (proxied) on the ZooKeeper at `zk_connect`."""
+
+    mode = "process"
+
+    def __init__(self, data_dir: str, bookies: int, zk_connect: str, **overrides):
+        from bk.testing.cluster import LocalCluster
+        self.data_dir = data_dir
+        self.track_file = os.path.join(data_dir, "fsync.track")
+        from bk.testing.diskfaults import DiskFaultControl
+        os.makedirs(data_dir, exist_ok=True)
+        self.disk_faults = DiskFaultControl(os.path.join(data_dir, "disk-faults.json"))  # no rules yet
+        env = dict(os.environ, **{TRACK_ENV: self.track_file}, **self.disk_faults.env())
+        self.inner = LocalCluster(data_dir, bookies=bookies, zk_connect=zk_connect, env=env, proxied=True,
+                                  **overrides)
+        self.count = bookies
+        self.paused: set[int] = set()
+        self.servers: dict = {}  # in-process servers: none here
+        self._locks = {i: asyncio.Lock() for i in range(bookies)}  # a kill never races a restart
+
+    @property
+    def metadata_uri(self) -> str:
+        return self.inner.metadata_uri
+
+    async def start(self) -> "ProcessChaosCluster":
+        await asyncio.to_thread(self.inner.start)
+        return self
+
+    def bookie_id(self, i: int) -> str:
+        return self.inner.bookies[i].bookie_id
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return [self.bookie_id(i) for i in range(self.count)]
+
+    def index_of(self, bookie_id: str) -> int:
+        return self.inner.index_of(bookie_id)
+
+    def alive(self, i: int) -> bool:
+        return self.inner.bookies[i].alive
+
+    def data_dir_of(self, i: int) -> str:
+        return os.path.join(self.inner.data_dir, f"bookie-{i}")
+
+    def proxy(self, i: int):
+        return self.inner.proxies[i]
+
+    async def crash(self, i: int) -> None:
+        async with self._locks[i]:
+            self.paused.discard(i)
+            await asyncio.to_thread(self.inner.kill, i)
+
+    async def power_loss(self, i: int, tear: bool, rng) -> str:
+        async with self._locks[i]:
+            if not self.alive(i):
+                return "already down"
+            self.paused.discard(i)
+            await asyncio.to_thread(self.inner.kill, i)  # the process is gone: its fsync log is final
+            return str(simulate_power_loss(self.track_file, [self.data_dir_of(i)], tear=tear, rng=rng))
+
+    async def restart(self, i: int) -> None:
+        async with self._locks[i]:
+            if not self.alive(i):
+                await self._restart(i)
+
+    async def _restart(self, i: int) -> None:
+        try:
+            await asyncio.to_thread(self.inner.start_bookie, i, False)
+            await asyncio.to_thread(self.inner.bookies[i].wait_serving, 60.0)
+        except Exception as e:  # noqa: BLE001
+            raise BookieStartError(f"bookie {i} did not start: {type(e).__name__}: {e}") from e
+
+    async def pause(self, i: int) -> None:
+        if self.alive(i):
+            self.paused.add(i)
+            self.inner.bookies[i].signal(signal.SIGSTOP)
+
+    async def resume(self, i: int) -> None:
+        self.paused.discard(i)
+        self.inner.bookies[i].signal(signal.SIGCONT)
+
+    async def expire_session(self, i: int) -> bool:
+        return False  # needs the bookie's own session: not reachable from outside the process
+
+    async def heal_network(self) -> None:
+        for i, p in self.inner.proxies.items():
+            await self.resume(i)
+            p.clear_rules()
+            p.release_held()
+            p.set_blackhole(False)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.inner.stop)
+
+
+__all__ = ["BookieStartError", "InProcessChaosCluster", "ProcessChaosCluster", "TRACK_ENV"]

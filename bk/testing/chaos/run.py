@@ -1,0 +1,396 @@
+"""Run one Scenario: start the cluster, write and tail, inject the schedule, heal, verify.
+
+    result = run_scenario(generate(seed), work_dir)     # blocking; a fresh event loop
+    result.ok, result.failures, result.trace
+
+Phases of a run:
+1. the cluster (clusters.py) with short timeouts, the journal on or off, AutoRecovery
+   on or off, and the scenario's `test_break`;
+2. one writer client per ledger adds its entries through History.add (a window of
+   adds in flight, payload sizes from the plan), tailing readers read up to the LAC
+   meanwhile, and every fault of the schedule is applied at its time and healed
+   `duration_ms` later (nemesis.py);
+3. each writer ends as planned: closes its ledger, dies (its client closes with
+   adds in flight), or lives on (keeps its handle; its next add must fail);
+4. heal everything, then verify (verify.py).
+A harness exception or a run over its time limit is a failure too (`harness`,
+`timeout`): a hang is a liveness bug until shown otherwise.
+"""
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import hashlib
+import io
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from bk.client import BookKeeper
+from bk.client.placement import EnsemblePlacementPolicy
+from bk.errors import BKError, NotEnoughBookiesError
+from bk.testing.history import History
+
+from .clusters import BookieStartError, InProcessChaosCluster, ProcessChaosCluster
+from .nemesis import KINDS
+from .scenario import INPROCESS, Scenario, stream
+
+log = logging.getLogger(__name__)
+PASSWORD = b"chaos"
+CLIENT_TIMEOUTS = dict(add_timeout_s=0.5, read_timeout_s=0.5, connect_timeout_s=0.5)
+RUN_LIMIT_S = {"inprocess": 60.0, "process": 240.0}
+
+
+@dataclass
+class RunResult:
+    seed: int
+    mode: str
+    ok: bool
+    failures: list[str] = field(default_factory=list)  # "category: message"
+    trace: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # kinds of the active faults, in schedule order
+    faults_applied: int = 0
+    acked: int = 0
+    lost_excused: int = 0
+    duration_s: float = 0.0
+    replay: str = ""
+    describe: object = None  # what the run can say about its writers if it hangs
+
+    @property
+    def categories(self) -> list[str]:
+        return sorted({f.split(":", 1)[0] for f in self.failures})
+
+    def to_json(self) -> dict:
+        return {"seed": self.seed, "mode": self.mode, "ok": self.ok, "failures": self.failures,
+                "categories": self.categories, "faults": self.faults, "faults_applied": self.faults_applied,
+                "acked": self.acked, "lost_excused": self.lost_excused, "duration_s": round(self.duration_s, 3),
+                "replay": self.replay, **({} if self.ok else {"trace": self.trace})}
+
+
+def payload(seed: int, ledger: int, i: int, size: int) -> bytes:
+    head = b"%d/%d/%d:" % (seed, ledger, i)
+    body = hashlib.blake2b(head).digest()
+    return (head + body * (size // len(body) + 1))[:max(size, len(head))] if size else head
+
+
+def bookie_config(s: Scenario) -> dict:
+    rng = stream(s.seed, "config")
+    values = dict(journal_write_data=s.journal, flush_interval_ms=rng.choice([50, 200, 1000]),
+                  autorecovery_enabled=s.autorecovery, lost_bookie_recovery_delay_s=0,
+                  open_ledger_rereplication_grace_period_ms=300, data_integrity_repair_retry_max_s=0.3,
+                  write_cache_max_size_bytes="4MiB", read_cache_max_size_bytes="4MiB",
+                  journal_max_group_wait_ms=1.0, disk_check_interval_ms=200, gc_wait_time_ms=3_600_000,
+                  zk_timeout_ms=2000, admin_socket_enabled=False,
+                  # an HTTP server on an ephemeral port of 127.0.0.2 could take the port of a
+                  # bookie that is down (seed 4321: the bookie could not come back)
+                  http_server_enabled=False)
+    if s.test_break:
+        values["test_break"] = s.test_break
+    if s.mode != INPROCESS and s.autorecovery:
+        # nothing can trigger the auditor's ledger check from outside a process: run it often
+        values["auditor_periodic_check_interval_s"] = 1
+    return values
+
+
+class Chaos:
+    """The run's shared state: the cluster, the history, what the nemesis did."""
+
+    def __init__(self, scenario: Scenario, cluster, trace: list[str]):
+        self.s = scenario
+        self.cluster = cluster
+        self.trace = trace
+        self.t0 = time.monotonic()
+        self.history = History()
+        self.ledgers: dict[int, int] = {}  # plan index -> ledger id
+        self.handles: dict[int, object] = {}  # plan index -> writer's LedgerHandle
+        self.crashed: set[int] = set()
+        self.crash_times: dict[int, list[float]] = {}  # bookie -> when it crashed (monotonic)
+        self.sent_at: dict[tuple[int, int], float] = {}  # (ledger, acknowledged entry) -> add sent
+        self.corrupted: set[int] = set()
+        self.refused: dict[int, str] = {}  # bookie -> why it did not restart (detected corruption)
+        self.rules: dict[int, object] = {}
+        self.disk_rules: dict[int, tuple[int, int]] = {}  # fault index -> (bookie, disk-fault rule id)
+        self.applied = 0
+        self.recoverers: list[asyncio.Task] = []
+        self.tailed: list[tuple[int, int, bytes]] = []  # (plan index, entry id, bytes) tailing readers read
+        self.clients: list[BookKeeper] = []  # writers' clients, closed when the run ends
+
+    def note(self, text: str) -> None:
+        self.trace.append(f"{(time.monotonic() - self.t0) * 1000:7.0f}ms {text}")
+
+    def fault_rng(self, fault):
+        return stream(self.s.seed, "fault", fault.index, "apply")
+
+    def mark_crashed(self, i: int) -> None:
+        self.crashed.add(i)
+        self.crash_times.setdefault(i, []).append(time.monotonic())
+
+    def lossy_for(self, ledger_id: int, entry_id: int) -> set[int]:
+        """Bookies that may have lost this entry without knowing it: journal off, a crash
+        after the entry's add was sent (a crash before it cannot lose it), or a corrupted
+        or refusing bookie. An entry no add of ours acknowledged: any crash."""
+        sent = self.sent_at.get((ledger_id, entry_id), float("-inf"))
+        crashed = set() if self.s.journal else {i for i, ts in self.crash_times.items() if max(ts) >= sent}
+        return crashed | self.corrupted | set(self.refused)
+
+    def mark_corrupted(self, i: int) -> None:
+        self.corrupted.add(i)
+
+    @property
+    def lossy(self) -> set[int]:
+        """Bookies that may have lost acknowledged data without knowing it."""
+        return (set() if self.s.journal else set(self.crashed)) | self.corrupted | set(self.refused)
+
+    async def restart(self, i: int) -> None:
+        if self.cluster.alive(i) or i in self.refused:
+            return
+        if any(bookie == i for bookie, _ in self.disk_rules.values()):
+            # not while its disk is failing or full: it would refuse (and an in-process bookie
+            # whose start fails after opening its index leaks that LMDB environment, so its
+            # next start in this process would fail too); it starts once the disk is healed
+            self.note(f"bookie {i} stays down until its disk is healed")
+            return
+        try:
+            await self.cluster.restart(i)
+            self.note(f"restart bookie {i}")
+        except BookieStartError as e:
+            if any(bookie == i for bookie, _ in self.disk_rules.values()):
+                self.note(f"bookie {i} failed to start as its disk began failing; it starts once healed: {e}")
+                return  # a disk fault applied while it was starting (seed 10322)
+            self.refused[i] = str(e)
+            self.note(f"bookie {i} refused to start: {e}")
+
+    def start_recoverer(self, plan_index: int, who: str) -> str:
+        if not self.ledgers:
+            return "no ledger yet to recover"
+        k = sorted(self.ledgers)[plan_index % len(self.ledgers)]
+        lid = self.ledgers[k]
+
+        async def recover():
+            try:
+                async with BookKeeper(self.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+                    rh = await bkc.open_ledger(lid, password=PASSWORD, recovery=True)
+                self.history.recovered(lid, rh.last_add_confirmed, who)
+                self.note(f"{who}: recovered ledger {lid} at {rh.last_add_confirmed}")
+            except BKError as e:
+                self.note(f"{who}: recovery of ledger {lid} failed: {e!r}")
+        self.recoverers.append(asyncio.ensure_future(recover()))
+        return f"a second client recovers ledger {lid} while its writer writes"
+
+    def describe_writers(self) -> list[str]:
+        """Each writer handle's add path state (for a run that hangs)."""
+        out = []
+        for k, lh in sorted(self.handles.items()):
+            core = lh._core
+            first = core.pending[0] if core.pending else None
+            out.append(f"ledger {lh.ledger_id}: ensemble {list(lh.ensemble)} failed {sorted(core.failed_bookies)}"
+                       f" changing {core.changing} change task {lh._change_task} fatal {lh._fatal}"
+                       f" lac {core.lac} pushed {core.last_add_pushed} pending {len(core.pending)}"
+                       + (f" first {first.entry_id} acks {first.ack_count} sent {first.sent}" if first else "")
+                       + f" metadata session {_session_state(lh._bk.store)}")
+        return out
+
+    # ------------------------------------------------------------ nemesis timeline
+    async def run_fault(self, fault) -> None:
+        kind = KINDS[fault.kind]
+        await asyncio.sleep(fault.at_ms / 1000)
+        self.note(f"fault {fault.describe()}: " + await kind.apply(self, fault))
+        self.applied += 1
+        if fault.duration_ms:
+            await asyncio.sleep(fault.duration_ms / 1000)
+            await kind.heal(self, fault)
+            self.note(f"healed fault #{fault.index} ({fault.kind})")
+
+    async def heal_all(self) -> None:
+        for fault in self.s.active_faults:
+            await KINDS[fault.kind].heal(self, fault)
+        await self.cluster.heal_network()
+        for i in range(self.cluster.count):
+            await self.restart(i)
+        await self.wait_registered()
+        self.note("healed everything")
+
+    async def wait_registered(self, timeout_s: float = 30.0) -> None:
+        """Every running bookie registered again (a bookie process restarted after kill -9
+        registers once ZooKeeper expired its dead session): recovery needs them to choose from."""
+        want = {self.cluster.bookie_id(i) for i in range(self.cluster.count) if self.cluster.alive(i)}
+        async with BookKeeper(self.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+            deadline = time.monotonic() + timeout_s
+            while not want <= set(await bkc.registration.writable_bookies()) | set(
+                    await bkc.registration.readonly_bookies()):
+                if time.monotonic() > deadline:
+                    self.note(f"not every running bookie registered after {timeout_s:g}s")
+                    return
+                await asyncio.sleep(0.1)
+
+
+# ------------------------------------------------------------ workload
+async def writer(chaos: Chaos, plan) -> None:
+    s, h = chaos.s, chaos.history
+    placement = EnsemblePlacementPolicy(rng=stream(s.seed, "placement", plan.index))
+    bkc = await BookKeeper.connect(chaos.cluster.metadata_uri, placement=placement, **CLIENT_TIMEOUTS)
+    chaos.clients.append(bkc)
+    lh = None
+    for _ in range(40):
+        try:
+            lh = await bkc.create_ledger(plan.ensemble, plan.write_quorum, plan.ack_quorum, password=PASSWORD)
+            break
+        except (NotEnoughBookiesError, BKError) as e:
+            chaos.note(f"ledger {plan.index}: create failed: {e!r}")
+            await asyncio.sleep(0.05)
+    if lh is None:
+        return
+    chaos.ledgers[plan.index], chaos.handles[plan.index] = lh.ledger_id, lh
+    chaos.note(f"ledger {plan.index} = {lh.ledger_id} {plan.shape} on {[chaos.cluster.index_of(b) for b in lh.ensemble]}")
+    rng = stream(s.seed, "payloads", plan.index)
+    sem = asyncio.Semaphore(plan.window)
+    failed: list[BaseException] = []
+
+    async def one(i: int) -> None:
+        try:
+            sent = time.monotonic()  # before the add: a crash from here on may lose it (journal off)
+            entry_id = await h.add(lh, payload(s.seed, plan.index, i, rng_sizes[i]))
+            chaos.sent_at[(lh.ledger_id, entry_id)] = sent
+        except BKError as e:
+            failed.append(e)
+        finally:
+            sem.release()
+
+    rng_sizes = [rng.randint(*plan.entry_bytes) for _ in range(plan.entries)]
+    tasks = []
+    for i in range(plan.entries):
+        await sem.acquire()
+        if failed:
+            sem.release()
+            break
+        tasks.append(asyncio.ensure_future(one(i)))
+        await asyncio.sleep(plan.pace_ms / 1000)
+    await asyncio.gather(*tasks)
+    chaos.note(f"ledger {plan.index}: writer done at LAC {lh.last_add_confirmed}"
+               f" ({h.summary(lh.ledger_id)}){f', first error {failed[0]!r}' if failed else ''}")
+    if plan.writer_end == "closes" and not failed:
+        try:
+            await h.close(lh)
+            chaos.note(f"ledger {plan.index}: writer closed at {lh.last_add_confirmed}")
+        except BKError as e:
+            chaos.note(f"ledger {plan.index}: writer close failed: {e!r}")
+    elif plan.writer_end == "dies":
+        await bkc.close()
+        chaos.note(f"ledger {plan.index}: writer died")
+
+
+async def tailer(chaos: Chaos, k: int, writing: asyncio.Future) -> None:
+    async with BookKeeper(chaos.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+        seen: dict[tuple[int, int], bytes] = {}
+        while not writing.done():
+            for plan_index, lid in list(chaos.ledgers.items()):
+                try:
+                    rh = await bkc.open_ledger(lid, password=PASSWORD, recovery=False)
+                    first = max((e for (p, e) in seen if p == plan_index), default=-1) + 1
+                    if rh.last_add_confirmed >= first:
+                        for entry in await rh.read_entries(first, rh.last_add_confirmed):
+                            seen[(plan_index, entry.entry_id)] = bytes(entry.data)
+                except BKError:
+                    pass  # faults: a tailing read may fail; what it does read is checked
+            await asyncio.sleep(0.03)
+        chaos.tailed += [(p, e, v) for (p, e), v in seen.items()]
+        chaos.note(f"tailing reader {k}: read {len(seen)} entries")
+
+
+async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: str | None) -> None:
+    from .verify import verify
+    trace = result.trace
+    if s.mode == INPROCESS:
+        cluster = InProcessChaosCluster(work_dir, s.bookies, **bookie_config(s))
+    else:
+        if zk_connect is None:
+            raise RuntimeError("a process-mode run needs a ZooKeeper (zk_connect)")
+        cluster = ProcessChaosCluster(work_dir, s.bookies, f"{zk_connect}/chaos-{s.seed}-{os.getpid()}-"
+                                      f"{int(time.time() * 1000) % 10**9}", **bookie_config(s))
+    await cluster.start()
+    chaos = Chaos(s, cluster, trace)
+    result.describe = chaos.describe_writers
+    try:
+        chaos.note(s.describe())
+        writers = asyncio.ensure_future(asyncio.gather(*(writer(chaos, p) for p in s.ledgers)))
+        tailers = [asyncio.ensure_future(tailer(chaos, k, writers)) for k in range(s.tailing_readers)]
+        faults = [asyncio.ensure_future(chaos.run_fault(f)) for f in s.active_faults]
+        await asyncio.gather(writers, *faults, *tailers)
+        await asyncio.gather(*chaos.recoverers)
+        await chaos.heal_all()
+        result.faults_applied = chaos.applied
+        await verify(chaos, result)
+    finally:
+        for c in chaos.clients:
+            await c.close()
+        await cluster.stop()
+
+
+def _session_state(store) -> str:
+    zk = getattr(store, "_client", None)  # kazoo's client, for a ZooKeeper store
+    if zk is None:
+        return type(store).__name__
+    return f"{zk.state} (client state {zk.client_state}, connected {zk.connected})"
+
+
+async def _watched(coro, limit_s: float, result: RunResult):
+    """`coro` within `limit_s`; past it, every task's stack goes to the trace (what hangs,
+    and where) before the run is cancelled and reported as a timeout."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=limit_s)
+    if task in done:
+        return task.result()
+    describe = getattr(result, "describe", None)
+    if describe is not None:
+        result.trace += ["writers at the time limit: " + line for line in describe()]
+    with tempfile.TemporaryFile("w+") as fh:  # every thread too: a blocked callback thread shows here
+        faulthandler.dump_traceback(fh, all_threads=True)
+        fh.seek(0)
+        result.trace.append("threads at the time limit:\n" + fh.read())
+    for t in asyncio.all_tasks():
+        if t is asyncio.current_task():
+            continue
+        out = io.StringIO()
+        t.print_stack(limit=12, file=out)
+        result.trace.append(f"still running at the time limit: {t.get_name()}\n{out.getvalue()}")
+    task.cancel()
+    try:
+        await asyncio.wait_for(task, 30)
+    except BaseException:  # noqa: BLE001 - cancelled, or failing while it is: the timeout is the finding
+        pass
+    raise asyncio.TimeoutError
+
+
+def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, keep_dir: bool = False,
+                 time_limit_s: float | None = None) -> RunResult:
+    """Run one scenario in a fresh event loop; never raises for what the run finds."""
+    from bk import eventloop
+    result = RunResult(s.seed, s.mode, ok=False, faults=[f.kind for f in s.active_faults])
+    limit = time_limit_s or RUN_LIMIT_S[s.mode]
+    os.makedirs(work_dir, exist_ok=True)
+    # the client's ensemble placement (and anything else on the global random) from the seed
+    # too, so a replay puts its ledgers on the same bookies
+    random.seed(f"{s.seed}:global")
+    started = time.monotonic()
+    try:
+        eventloop.run(_watched(_scenario(s, work_dir, result, zk_connect), limit, result))
+    except asyncio.TimeoutError:
+        result.failures.append(f"timeout: the run did not finish within {limit:g}s (a hang)")
+    except BaseException as e:  # noqa: BLE001 - a harness error is a finding too
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        result.failures.append(f"harness: {type(e).__name__}: {e}")
+        result.trace.append(traceback.format_exc())
+    result.duration_s = time.monotonic() - started
+    result.ok = not result.failures
+    if not keep_dir:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return result
+
+
+__all__ = ["CLIENT_TIMEOUTS", "Chaos", "PASSWORD", "RunResult", "bookie_config", "payload", "run_scenario"]

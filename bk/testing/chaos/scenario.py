@@ -1,0 +1,170 @@
+"""One chaos run as data: everything it does is drawn from one integer seed.
+
+`generate(seed)` returns a Scenario: the cluster (in-process or real `bk bookie`
+processes, bookie count, journal on/off, AutoRecovery on/off), the workload
+(ledgers with random E/WQ/AQ, entry counts and sizes, writers' in-flight
+windows and how each writer ends, tailing readers) and the nemesis schedule
+(a list of Fault: kind, bookie, start, duration, kind-specific parameters).
+
+Reproducibility rules (what makes replays and shrinking work):
+- each part has its own random stream derived from (seed, part name): the
+  cluster and workload are the same whichever faults are kept, and fault k's
+  parameters come from (seed, "fault", k) alone, so dropping fault j during
+  shrinking leaves every other fault exactly as it was; a later group of kinds
+  (disk faults) draws from its own streams and is appended, so adding it left
+  every seed's earlier schedule as it was;
+- a Scenario with `keep` set runs only the faults whose index is in `keep`
+  (their indices stay the original ones, so replay commands stay short);
+- the mode (in-process or processes) is drawn from (seed, "mode") against
+  the process share, and a replay names the mode explicitly.
+What a run does still depends on timing (thread and socket scheduling), so a
+seed replays to the same fault schedule and workload, and usually, not
+always, to the same interleaving: the runner replays a failure several times
+before it shrinks (runner.py).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+INPROCESS, PROCESS = "inprocess", "process"
+WRITER_ENDS = ("closes", "dies", "lives")  # closes its ledger / stops, handle kept / writes on through recovery
+
+
+def stream(seed: int, *parts) -> random.Random:
+    """The random stream of one part of a scenario (independent of every other part)."""
+    return random.Random(":".join(str(p) for p in (seed, *parts)))
+
+
+@dataclass(frozen=True)
+class LedgerPlan:
+    index: int
+    ensemble: int
+    write_quorum: int
+    ack_quorum: int
+    entries: int
+    entry_bytes: tuple[int, int]  # payload sizes drawn in [lo, hi]
+    window: int  # adds in flight
+    pace_ms: float  # pause between two adds (so the writes span the fault schedule)
+    writer_end: str  # WRITER_ENDS
+
+    @property
+    def shape(self) -> str:
+        return f"{self.ensemble}/{self.write_quorum}/{self.ack_quorum}"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One nemesis action: `kind` (nemesis.KINDS) applied to bookie `bookie` at
+    `at_ms` after the writers start, healed `duration_ms` later (or at the end)."""
+
+    index: int
+    kind: str
+    bookie: int
+    at_ms: int
+    duration_ms: int
+    params: tuple = ()  # kind-specific (key, value) pairs, drawn by the kind
+
+    def param(self, key: str, default=None):
+        return dict(self.params).get(key, default)
+
+    def describe(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in self.params)
+        return f"#{self.index} {self.kind} bookie {self.bookie} at {self.at_ms}ms for {self.duration_ms}ms{extra}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    mode: str
+    bookies: int
+    journal: bool  # False: BP-46, journal_write_data = false
+    autorecovery: bool
+    ledgers: tuple[LedgerPlan, ...]
+    tailing_readers: int
+    faults: tuple[Fault, ...]
+    keep: frozenset | None = None  # None: every fault
+    test_break: str = ""  # a deliberately broken bookie (config.test_break), for the runner's self-tests
+
+    @property
+    def active_faults(self) -> tuple[Fault, ...]:
+        return tuple(f for f in self.faults if self.keep is None or f.index in self.keep)
+
+    def keeping(self, indices) -> "Scenario":
+        return replace(self, keep=frozenset(indices))
+
+    def describe(self) -> str:
+        shapes = ", ".join(f"{p.shape} x{p.entries} w{p.window} {p.writer_end}" for p in self.ledgers)
+        return (f"seed {self.seed}: {self.mode}, {self.bookies} bookies, journal {'on' if self.journal else 'off'},"
+                f" autorecovery {'on' if self.autorecovery else 'off'}, ledgers [{shapes}],"
+                f" {self.tailing_readers} tailing readers, {len(self.active_faults)} of {len(self.faults)} faults")
+
+    def replay_args(self) -> list[str]:
+        """The command-line arguments that replay exactly this scenario."""
+        args = ["--seed", str(self.seed), "--mode", self.mode]
+        if self.keep is not None:
+            args += ["--faults", ",".join(str(i) for i in sorted(self.keep)) or "none"]
+        if self.test_break:
+            args += ["--break", self.test_break]
+        return args
+
+
+def _shape(rng: random.Random, bookies: int) -> tuple[int, int, int]:
+    # Leave at least one spare bookie most of the time (ensemble changes need one).
+    e = rng.choice([k for k in (2, 3, 3, 3, 4) if k <= max(2, bookies - (rng.random() < 0.8))])
+    wq = rng.choice([k for k in range(2, e + 1)])
+    aq = rng.choices(range(1, wq + 1), weights=[1] + [4] * (wq - 1))[0]
+    return e, wq, aq
+
+
+def generate(seed: int, *, mode: str | None = None, process_share: float = 0.02,
+             kinds=None, test_break: str = "", max_faults: int = 5) -> Scenario:
+    """The scenario of `seed` (see the module docstring for what is independent of what).
+
+    kinds: the nemesis table to draw from (default nemesis.KINDS), each with a
+    `weight` and a `modes` set; max_faults bounds the schedule's length."""
+    from .nemesis import KINDS
+    kinds = KINDS if kinds is None else kinds
+    if mode is None:
+        mode = PROCESS if stream(seed, "mode").random() < process_share else INPROCESS
+    rng = stream(seed, "cluster")
+    bookies = rng.choice([3, 4, 4, 5]) if mode == INPROCESS else rng.choice([3, 4])
+    journal = rng.random() < 0.7
+    autorecovery = rng.random() < 0.3
+    work = stream(seed, "workload")
+    ledgers = []
+    for i in range(work.choice([1, 1, 2, 3])):
+        e, wq, aq = _shape(work, bookies)
+        lo = work.choice([0, 1, 16, 100])
+        entries = work.randint(5, 120)
+        ledgers.append(LedgerPlan(i, e, wq, aq, entries=entries, entry_bytes=(lo, lo + work.choice(
+            [0, 64, 512, 3000])), window=work.choice([1, 4, 16, 32]),
+            pace_ms=round(work.uniform(100, 900) / entries, 2),
+            writer_end=work.choices(WRITER_ENDS, weights=[3, 4, 3])[0]))
+    readers = work.choice([0, 0, 1, 2])
+    def usable(group: str) -> list:
+        return [k for k in kinds.values() if k.group == group and mode in k.modes and k.weight > 0
+                and (k.needs is None or k.needs(journal, autorecovery))]
+
+    def draw(frng, index: int, choices: list) -> Fault:
+        kind = frng.choices(choices, weights=[u.weight for u in choices])[0]
+        at_ms = frng.randint(0, 500)
+        duration_ms = frng.randint(*kind.duration_ms)
+        params = tuple(sorted(kind.draw(frng).items())) if kind.draw else ()
+        return Fault(index, kind.name, frng.randrange(bookies), at_ms, duration_ms, params)
+
+    core = usable("core")
+    count = stream(seed, "faults").choice([k for k in range(0, max_faults + 1)] + [2, 3, 3])
+    faults = [draw(stream(seed, "fault", k), k, core) for k in range(count)]
+    # later groups: their own streams, appended after the core faults (see NemesisKind.group)
+    for group in sorted({k.group for k in kinds.values()} - {"core"}):
+        choices = usable(group)
+        if choices:
+            extra = stream(seed, group, "count").choices([0, 1, 2], weights=[6, 3, 1])[0]
+            base = len(faults)
+            faults += [draw(stream(seed, group, j), base + j, choices) for j in range(extra)]
+    return Scenario(seed, mode, bookies, journal, autorecovery, tuple(ledgers), readers, tuple(faults),
+                    test_break=test_break)
+
+
+__all__ = ["Fault", "INPROCESS", "LedgerPlan", "PROCESS", "Scenario", "WRITER_ENDS", "generate", "stream"]

@@ -1,0 +1,307 @@
+"""The end of a chaos run: recover every ledger, read everything, check the history.
+
+Run after everything is healed (run.py). Each finding is "category: message":
+- inv1..inv4: bk.testing.history's invariants (no acknowledged entry lost, no
+  ledger closed below an acknowledged entry, readers agree and read only what
+  some add sent for that id, valid segments and bounds);
+- liveness: a ledger recovery could not close although fewer than AQ bookies of
+  its ensemble may have lost data (journal off: BP-46 refuses to close a ledger
+  it cannot decide, and that is right only when >= AQ copies may be gone);
+- no-such-entry: a read of an entry <= lastEntryId answered "no such entry"
+  (never allowed, even for an entry BP-46 lost for real: the truth is "unknown");
+- unreadable: an entry <= lastEntryId could not be read although fewer than AQ
+  bookies of its write set may have lost it;
+- tailing: a tailing reader read bytes the closed ledger does not have;
+- fence: a fenced (recovered) ledger acknowledged a plain add afterwards, to its
+  old writer or to a raw ADD on AQ bookies of the next entry's write set;
+- replication: with AutoRecovery on, an under-replication marker or lock left, or
+  a bookie's share missing by BookKeeper's own check (LedgerChecker), after an
+  audit of all bookies and all ledgers and time to re-replicate;
+- restart: a bookie did not come back although nothing corrupted its disks.
+Excused losses (journal off, >= AQ bookies of the write set crashed or corrupted)
+are counted in `lost_excused`: BP-46 cannot bring back what no bookie kept.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from bk.client import BookKeeper, quorum
+from bk.errors import BKError, NoSuchEntryError
+from bk.meta.underreplication import LedgerUnderreplicationManager, ur_node_name
+from bk.proto import DigestManager, StatusCode
+from bk.proto.codec import decode_response, encode_request
+from bk.proto.framing import FrameDecoder
+from bk.proto.messages import AddRequest
+from bk.replication.checker import LedgerChecker
+from bk.testing.history import check_ledger
+
+from .run import CLIENT_TIMEOUTS, PASSWORD
+
+RECOVERY_WAIT_S = 4.0
+PROCESS_AUDIT_WAIT_S = 3.0  # > the processes' auditor_periodic_check_interval_s (1 s) plus an audit
+REPLICATION_WAIT_S = 25.0  # > 2 of the bookies' own client read timeouts (10 s): a worker may wait on one
+
+
+def write_set(md, entry_id: int) -> list[str]:
+    """The bookies of entry `entry_id` under the ledger's segments."""
+    k = max(i for i, (first, _) in enumerate(md.segments) if first <= entry_id)
+    return ensemble_write_set(md.segments[k][1], md.write_quorum_size, entry_id)
+
+
+def ensemble_write_set(ensemble, write_quorum_size: int, entry_id: int) -> list[str]:
+    ensemble = list(ensemble)
+    return [ensemble[i] for i in quorum.write_set(entry_id, len(ensemble), write_quorum_size)]
+
+
+def may_be_lost(chaos, md, ledger_id: int, entry_id: int) -> bool:
+    """>= AQ bookies of the entry's write set may have lost it (Chaos.lossy_for)."""
+    lossy = {chaos.cluster.bookie_id(i) for i in chaos.lossy_for(ledger_id, entry_id)}
+    return sum(b in lossy for b in write_set(md, entry_id)) >= md.ack_quorum_size
+
+
+async def _recover(chaos, bkc, lid: int):
+    """Open with recovery until it closes (BP-46 limbo and repair may take a moment)."""
+    deadline = time.monotonic() + RECOVERY_WAIT_S
+    last_error = None
+    while True:
+        try:
+            rh = await bkc.open_ledger(lid, password=PASSWORD, recovery=True)
+            chaos.history.recovered(lid, rh.last_add_confirmed, "verifier")
+            return rh, None
+        except BKError as e:
+            last_error = e
+        if time.monotonic() > deadline:
+            return None, last_error
+        await asyncio.sleep(0.1)
+
+
+async def _read_all(chaos, lid: int, md, out: list[str]) -> dict[int, bytes]:
+    """A fresh client's read of 0..lastEntryId: one range read, entry by entry if it fails."""
+    got: dict[int, bytes] = {}
+    async with BookKeeper(chaos.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+        rh = await bkc.open_ledger(lid, password=PASSWORD, recovery=False)
+        last = md.last_entry_id
+        if last < 0:
+            return got
+        try:
+            return {e.entry_id: bytes(e.data) for e in await rh.read_entries(0, last)}
+        except BKError:
+            pass
+        for entry_id in range(last + 1):
+            try:
+                got[entry_id] = bytes((await rh.read_entries(entry_id, entry_id))[0].data)
+            except NoSuchEntryError as e:
+                out.append(f"no-such-entry: ledger {lid} entry {entry_id} <= lastEntryId {last}: {e!r}")
+            except BKError as e:
+                if not may_be_lost(chaos, md, lid, entry_id):
+                    out.append(f"unreadable: ledger {lid} entry {entry_id} ({e!r}) though fewer than AQ"
+                               f" {md.ack_quorum_size} bookies of {write_set(md, entry_id)} may have lost it")
+    return got
+
+
+# Faults after which a bookie may rightly lack an acknowledged entry of its share (the add
+# never reached it): the restarted-bookie check below runs only without them.
+KINDS_LOSING_ADDS = frozenset({"drop", "partition", "pause", "reorder", "reset", "bitflip"})
+NEGATIVE = (int(StatusCode.ENOENTRY), int(StatusCode.ENOLEDGER))
+
+
+async def _check_restarted_answers(chaos, bkc, out: list[str]) -> None:
+    """Journal off (test_journal_off_random's check, in the catalogue): a bookie restarted
+    after a crash answers each acknowledged entry of its share with the entry or "unknown"
+    (EUNKNOWNLEDGERSTATE, limbo), never an explicit negative: it may have acknowledged it."""
+    for i in sorted(chaos.crashed - set(chaos.refused)):
+        bookie = chaos.cluster.bookie_id(i)
+        client = bkc.pool.get(bookie)
+        for plan_index, lid in chaos.ledgers.items():
+            md = await bkc.get_ledger_metadata(lid)
+            for entry_id in sorted(chaos.history.acknowledged(lid)):
+                if bookie not in write_set(md, entry_id):
+                    continue
+                try:
+                    r = await client.call(client.send_read, lid, entry_id)
+                except BKError:
+                    continue  # unreachable proves nothing
+                if r.rc in NEGATIVE:
+                    out.append(f"no-such-entry: restarted journal-off bookie {i} answered {StatusCode(r.rc).name}"
+                               f" for acknowledged entry {entry_id} of ledger {lid}")
+                    break
+
+
+async def _raw_add(bookie_id: str, lid: int, entry_id: int, key: bytes) -> int | None:
+    """A plain (non-recovery) ADD straight to one bookie; its status code, None if unreachable."""
+    host, _, port = bookie_id.rpartition(":")
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+    except (OSError, asyncio.TimeoutError):
+        return None
+    try:
+        body = b"plain add after the fence"
+        entry = DigestManager(lid, "CRC32C", PASSWORD).frame_entry(entry_id, entry_id - 1, len(body), body)
+        writer.write(encode_request(AddRequest(0, key, lid, entry_id, entry)))
+        decoder = FrameDecoder()
+        while True:
+            chunk = await asyncio.wait_for(reader.read(65536), 1.0)
+            if not chunk:
+                return None
+            frames = decoder.feed(chunk)
+            if frames:
+                return decode_response(frames[0]).rc
+    except (OSError, asyncio.TimeoutError):
+        return None
+    finally:
+        writer.close()
+
+
+async def _check_fence(chaos, plan, lid: int, md, out: list[str]) -> None:
+    from bk.proto import master_key
+    lh = chaos.handles.get(plan.index)
+    if plan.writer_end == "lives" and lh is not None and not lh.is_closed:
+        try:
+            entry_id = await chaos.history.add(lh, b"plain add after recovery %d" % lid)
+            out.append(f"fence: ledger {lid} closed at {md.last_entry_id}, its old writer's add was"
+                       f" acknowledged as entry {entry_id}")
+        except (BKError, ValueError, TypeError):
+            pass
+    if any(ev.kind == "writer_closed" for ev in chaos.history.events(lid)):
+        return  # closed by its writer, never fenced: bookies rightly know nothing of the close
+    if lh is None:
+        return
+    # The old writer's view: the ensemble it would send its next add to. (A bookie that recovery's
+    # write-back brought in never saw the fence, and rightly accepts a plain add; the old writer
+    # does not know it.)
+    nxt = md.last_entry_id + 1
+    targets = ensemble_write_set(lh.ensemble, md.write_quorum_size, nxt)
+    codes = await asyncio.gather(*(_raw_add(b, lid, nxt, master_key(PASSWORD)) for b in targets))
+    accepted = [b for b, rc in zip(targets, codes) if rc == int(StatusCode.EOK)]
+    if len(accepted) >= md.ack_quorum_size:
+        out.append(f"fence: {len(accepted)} bookies {accepted} of the old writer's ensemble accepted a plain add"
+                   f" of entry {nxt} of recovered ledger {lid} (AQ {md.ack_quorum_size})")
+
+
+async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int], out: list[str]) -> None:
+    """AutoRecovery on: audit everything now, wait for re-replication, check what is left.
+    `lids` are the closed ledgers. One that lost entries for real (BP-46, excused) cannot be
+    fully replicated again, nor can one recovery left open: their markers may stay."""
+    audited = False
+    for server in list(chaos.cluster.servers.values()):
+        ar = getattr(server, "autorecovery", None)
+        if ar is not None and ar.is_auditor and ar.auditor is not None:
+            try:
+                await ar.auditor.check_all_bookies()
+                await ar.auditor.check_all_ledgers()
+                audited = True
+            except BKError as e:
+                chaos.note(f"audit failed: {e!r}")
+    if not audited:  # bookie processes: their auditor checks every ledger each second (run.bookie_config)
+        await asyncio.sleep(PROCESS_AUDIT_WAIT_S)
+    # AutoRecovery moves a fragment to a bookie outside its ensemble (BookKeeper's
+    # ReplicationWorker targets its own bookie, never one already in the fragment): a ledger
+    # with a segment that spans every live bookie has nowhere to go, and a hole on a live
+    # bookie of it stays until a bookie joins. Such ledgers are noted, not failed.
+    alive = set(await bkc.registration.writable_bookies())
+    stuck = set()
+    for lid in lids:
+        md = await bkc.get_ledger_metadata(lid)
+        if any(not alive - set(ensemble) for _, ensemble in md.segments):
+            stuck.add(lid)
+    if stuck:
+        chaos.note(f"ledgers {sorted(stuck)}: a segment spans every live bookie, no re-replication target")
+    lids = [lid for lid in lids if lid not in stuck]
+    urm = LedgerUnderreplicationManager(bkc.store)
+    try:
+        deadline = time.monotonic() + REPLICATION_WAIT_S
+        while True:
+            # a ledger left open (>= AQ bookies may have lost data, recovery rightly refused) or
+            # closed with entries lost for real cannot be made whole: its marker may stay
+            marked = [lid for lid in await urm.list_underreplicated_ledgers()
+                      if lid in lids and lid not in really_lost]
+            locks = [n for n in (await bkc.store.children(urm.paths.ur_locks)
+                                 if await bkc.store.exists(urm.paths.ur_locks) is not None else [])
+                     if n in {ur_node_name(lid) for lid in lids if lid not in really_lost}]
+            if not marked and not locks:
+                break
+            if time.monotonic() > deadline:
+                detail = []
+                for lid in marked:
+                    info = await urm.get_ledger_unreplication_info(lid)
+                    md = await bkc.get_ledger_metadata(lid)
+                    detail.append(f"ledger {lid} {md.state.name} segments {md.segments} missing"
+                                  f" {getattr(info, 'missing_replicas', info)} lock {await urm.lock_holder(lid)}")
+                workers = [(i, s.autorecovery.worker.current, s.autorecovery.worker.failures)
+                           for i, s in chaos.cluster.servers.items() if getattr(s, "autorecovery", None)]
+                out.append(f"replication: markers {marked} and locks {locks} left {REPLICATION_WAIT_S:g}s after"
+                           f" the audit: {'; '.join(detail)}; workers (bookie, current, failures) {workers}")
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await urm.close()
+    checker = LedgerChecker(bkc.pool)
+    lost = {chaos.cluster.bookie_id(i) for i in chaos.refused}
+    for lid in lids:
+        if lid in really_lost:
+            continue
+        md = await bkc.get_ledger_metadata(lid)
+        found = await checker.check(lid, md)
+        missing = found.missing - {chaos.cluster.bookie_id(i) for i in chaos.corrupted}
+        if missing or md.bookies() & lost:
+            out.append(f"replication: ledger {lid} not fully replicated after AutoRecovery: missing on"
+                       f" {sorted(missing)}, lost bookies named {sorted(md.bookies() & lost)}")
+
+
+async def verify(chaos, result) -> None:
+    out = result.failures
+    s, h = chaos.s, chaos.history
+    for i, why in chaos.refused.items():
+        if i not in chaos.corrupted:
+            out.append(f"restart: bookie {i} did not come back though nothing corrupted it: {why}")
+    closed: list[int] = []
+    really_lost: set[int] = set()
+    async with BookKeeper(chaos.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+        if not s.journal and not any(KINDS_LOSING_ADDS & {f.kind} for f in s.active_faults):
+            await _check_restarted_answers(chaos, bkc, out)
+        for plan in s.ledgers:
+            lid = chaos.ledgers.get(plan.index)
+            if lid is None:
+                continue
+            rh, error = await _recover(chaos, bkc, lid)
+            md = await bkc.get_ledger_metadata(lid)
+            acked = h.acknowledged(lid)
+            result.acked += len(acked)
+            if rh is None or not md.is_closed:
+                lossy = {chaos.cluster.bookie_id(i) for i in chaos.lossy} & md.bookies()
+                gone = {chaos.cluster.bookie_id(i) for i in chaos.refused} & set(md.last_segment[1])
+                spare = set(await bkc.registration.writable_bookies()) - set(md.last_segment[1])
+                if gone and not spare:
+                    # a bookie of the last ensemble is gone for good (it refused to start on a
+                    # corruption it detected) and no bookie can replace it in the write-back
+                    chaos.note(f"ledger {lid} stays {md.state.name}: bookie(s) {sorted(gone)} gone, no spare"
+                               f" to write recovered entries to: {error!r}")
+                elif len(lossy) < md.ack_quorum_size:
+                    out.append(f"liveness: ledger {lid} ({plan.shape}) still {md.state.name} after"
+                               f" {RECOVERY_WAIT_S:g}s of recovery: {error!r}")
+                else:
+                    chaos.note(f"ledger {lid} stays {md.state.name}: {len(lossy)} of its bookies may have lost"
+                               f" data (AQ {md.ack_quorum_size}), recovery refuses to guess: {error!r}")
+                continue
+            closed.append(lid)
+            readers = [await _read_all(chaos, lid, md, out) for _ in range(2)]
+            lost = [e for e in range(md.last_entry_id + 1)
+                    if all(e not in r for r in readers) and may_be_lost(chaos, md, lid, e)]
+            result.lost_excused += sum(e in acked for e in lost)
+            if lost:
+                really_lost.add(lid)
+            check = check_ledger(h, lid, md, readers, check_length=not lost, may_lose=lost)
+            out += [f"inv{v.invariant}: {v}" for v in check.violations]
+            for p, e, v in chaos.tailed:
+                if p == plan.index and (e > md.last_entry_id or any(r.get(e, v) != v for r in readers)):
+                    out.append(f"tailing: ledger {lid} entry {e}: a tailing reader read {len(v)} bytes the"
+                               f" closed ledger (last {md.last_entry_id}) does not have")
+            await _check_fence(chaos, plan, lid, md, out)
+        if s.autorecovery and closed:
+            await _check_replication(chaos, bkc, closed, really_lost, out)
+    chaos.note(f"verified: {len(closed)} ledgers closed, {result.acked} acknowledged entries,"
+               f" {result.lost_excused} excused losses, {len(out)} findings")
+
+
+__all__ = ["may_be_lost", "verify", "write_set"]

@@ -1,0 +1,73 @@
+"""Regressions found by the chaos runner (bk.testing.chaos), each named after its seed.
+Replay the original: the command in the test's docstring."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from bk.client import BookKeeper
+from bk.testing.inprocess import InProcessCluster
+
+
+@pytest.mark.timeout(60)
+def test_seed25_crash_during_a_checkpoint_does_not_deadlock(tmp_path):
+    """python -m bk.testing.chaos --seed 25 --mode inprocess --break forget-fence hung for good:
+    InProcessCluster.crash_bookie joined the storage thread on the event loop's thread while
+    that thread's checkpoint waited for the loop (LedgerStorage._on_owner). Here the
+    checkpoint is made to reach the loop only once the crash is under way."""
+    async def main():
+        async with InProcessCluster(tmp_path, bookies=1, flush_interval_ms=3_600_000) as cluster:
+            storage = cluster.servers[0].bookie.storage
+            entered = threading.Event()
+            real = storage._on_owner
+
+            def late_on_owner(fn):
+                entered.set()
+                time.sleep(0.3)  # the crash reaches its join meanwhile
+                return real(fn)
+            storage._on_owner = late_on_owner
+            async with BookKeeper(cluster.metadata_uri) as bkc:
+                lh = await bkc.create_ledger(1, 1, 1, password=b"pw")
+                await lh.add_entry(b"in the write cache")
+            storage.request_checkpoint()
+            assert await asyncio.to_thread(entered.wait, 10)
+            await asyncio.wait_for(cluster.crash_bookie(0), 20)
+            server = await cluster.start_bookie(0)
+            assert server.bookie.missing_entries(lh.ledger_id, range(1)) == []  # journal replay
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_seed161_a_connection_lost_before_it_is_registered_fails_the_requests(monkeypatch):
+    """python -m bk.testing.chaos --seed 161 --mode process hung (2 runs in 5): a bookie was
+    killed behind its proxy, which accepted the writer's connection and closed it at once.
+    connection_lost arrived before BookieClient._connect had made that protocol the current
+    one, so it was ignored; the dead protocol then became current, every flush raised
+    RuntimeError, and the adds on it never completed nor failed. Here the connection dies
+    inside connection_made, so its connection_lost runs before _connect resumes."""
+    from bk import eventloop
+    from bk.client import BookieClient, bookie_client
+    from bk.errors import BookieConnectionError
+
+    made = bookie_client._BookieProtocol.connection_made
+
+    def made_then_lost(self, transport):
+        made(self, transport)
+        transport.abort()
+    monkeypatch.setattr(bookie_client._BookieProtocol, "connection_made", made_then_lost)
+
+    async def main():
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = BookieClient(f"127.0.0.1:{port}", read_timeout_s=30.0, connect_timeout_s=30.0)
+        try:
+            with pytest.raises(BookieConnectionError):
+                await asyncio.wait_for(client.call(client.send_read, 1, 0), 10)
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+    eventloop.run(main())
