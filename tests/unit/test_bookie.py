@@ -634,8 +634,8 @@ def test_batch_journal_off_answers_at_once_and_read_only_refuses(tmp_path):
     run(main())
 
 
-def test_seed_10023_read_racing_limbo_clear_never_answers_no_such_entry(tmp_path):
-    """Journal-off random test, seed 10023: a read of a missing entry began while the ledger
+def test_seeds_4602_10023_8468_8663_read_racing_limbo_clear_never_answers_no_such_entry(tmp_path):
+    """Journal-off random test, seeds 4602 (CI) and 10023; chaos seeds 8468 and 8663: a read of a missing entry began while the ledger
     was in limbo; while its lookup ran in a read thread the BP-46 repair stored the copy and
     cleared limbo, and the read answered ENOENTRY for an entry the bookie now held."""
     cfg = make_config(tmp_path)
@@ -701,7 +701,7 @@ def test_a_stop_before_phase_one_completed_keeps_the_unclean_shutdown_flag(tmp_p
     run(main())
 
 
-def test_a_start_that_fails_after_opening_the_storage_lets_go_of_it(tmp_path):
+def test_seed180_a_start_that_fails_after_opening_the_storage_lets_go_of_it(tmp_path):
     """Chaos seed 180: the first checkpoint of a start failed (an injected index-commit
     error), the start raised with the index's LMDB environment still open, and the next
     start in the same process could not open it again."""
