@@ -311,6 +311,9 @@ def _check(cfg: BookieConfig) -> None:
         bad("test_break", f"must be one of {TEST_BREAKS} (a test-only broken bookie)")
     if cfg.http_server_port > 65535:
         bad("http_server_port", "must be 0 (ephemeral) or 1..65535")
+    if cfg.http_server_enabled and cfg.http_server_port == cfg.bookie_port:
+        bad("http_server_port", "the HTTP admin server and the bookie listen on the same address: "
+                                "they need different ports")
     if cfg.log_format not in ("text", "json"):
         bad("log_format", "must be text or json")
     if cfg.bookie_auth_provider not in ("", "token"):

@@ -8,6 +8,10 @@ outgoing connection (the restart cannot bind), or by a server of another test ru
 the machine. No outgoing connection ever gets a port below the range, so a port picked
 there at random and checked by binding can only clash with another server that picked
 the same one, and the check catches a clash that exists when the port is picked.
+
+A port picked but not yet bound (a cluster picks a bookie's port and its HTTP port
+before it starts the bookie) would pass that check again, so this process never hands
+out the same port twice.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ _RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _LOWEST = 10000  # below: well-known and registered services a machine may run
 _TRIES = 200
 _rng = random.SystemRandom()  # not the tests' seeded `random`: seeds must not pick ports
+_handed_out: set[int] = set()  # every port free_port returned in this process
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -46,8 +51,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     if low - _LOWEST >= 1000:
         for _ in range(_TRIES):
             port = _rng.randrange(_LOWEST, low)
-            if port_is_free(port, host):
+            if port not in _handed_out and port_is_free(port, host):
+                _handed_out.add(port)
                 return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    for _ in range(_TRIES):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port found in {_TRIES} tries")
