@@ -3,12 +3,19 @@ then compare-and-set the metadata (REPLICATION.md, "Bookie recovery", steps 1-5)
 
 A lost bookie B at ensemble index i of segment [first, last] held exactly the
 entries e with `(i - e) mod E < WQ` (B is in their write set). Each of them is
-read from a surviving replica of its write set (the write set minus every
-bookie known to be lost), its digest verified, and the stored bytes - entry
+read from a replica of its write set, its digest verified, and the stored bytes - entry
 header, digest and payload, unchanged - are written to the target with
 FLAG_RECOVERY_ADD and the ledger's master key, so fenced and closed ledgers
 accept it. A window of entries is in flight (read, then write); an optional
 rate limit bounds the bytes per second.
+
+Sources are tried in order: the replicas not known to be lost, then the other
+lost ones, then B itself. "Lost" often means "lacks some entries" (the auditor
+marks a bookie a checker found holes on, and with AQ < WQ every bookie of a
+segment may have holes while each entry still has a copy somewhere); excluding
+such bookies left entries with no source at all (chaos seed 89). An entry a
+bookie lacks is answered NoSuchEntry and the next source is tried; a dead
+bookie fails fast or times out, and is only asked when every better one failed.
 
 Only once the target acknowledged every entry is the metadata changed: B is
 replaced by the target in that segment (LedgerMetadata.with_segment_replaced),
@@ -188,7 +195,7 @@ class EntryCopy:
         if self.future.done():
             return
         if at >= len(replicas):
-            detail = "; ".join(answers) or "no surviving replica in its write set"
+            detail = "; ".join(answers) or "no replica in its write set"
             self._fail(ReplicationError(f"ledger {self.ledger_id} entry {entry_id}: no replica could be read"
                                         f" ({detail})"))
             return
@@ -363,12 +370,14 @@ class LedgerReplicator:
         if target in ensemble:
             raise ReplicationError(f"ledger {ledger_id}: target {target} is already in the segment at {first}"
                                    f" ({list(ensemble)})")
-        unusable = set(lost) | {lost_bookie}
+        lost = set(lost)
         digest, key = ledger_digest(ledger_id, md)
         entries = bookie_entries(first, last, md.ensemble_size, md.write_quorum_size, ensemble.index(lost_bookie))
 
         def replicas_for(entry_id: int) -> list[str]:
-            return [b for b in write_set(md, ensemble, entry_id) if b not in unusable]
+            # sorted() is stable: within each rank the write set's order is kept
+            return sorted(write_set(md, ensemble, entry_id),
+                          key=lambda b: 2 if b == lost_bookie else 1 if b in lost else 0)
 
         op = EntryCopy(self.bk.pool, digest, key, entries, replicas_for, target, self.window_entries,
                         self.limiter, on_bytes)

@@ -236,6 +236,26 @@ async def test_corrupt_replica_is_skipped_and_a_refusing_target_fails_the_segmen
 
 
 @run_async
+async def test_seed_89_every_replica_with_holes_is_still_a_source():
+    # Chaos seed 89: with AQ < WQ every bookie of a segment may lack some entries while each
+    # entry has a copy somewhere. The auditor marks all of them; the worker passed them all as
+    # `lost`, the replicator read only from replicas outside `lost`, found none, and the marker
+    # stayed. Each hole must be filled from whichever bookie has the entry, the lost one included.
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        ids = [x.bookie_id for x in cluster.bookies]
+        lh, data = await write_ledger(bkc, 10, e=2, wq=2, aq=1, ensemble=ids[:2])
+        for entry_id in range(10):  # ids[0] lacks the even entries, ids[1] the odd ones
+            del cluster.bookies[entry_id % 2].entries[(lh.ledger_id, entry_id)]
+        md, _ = await bkc.ledger_manager.read_ledger_metadata(lh.ledger_id)
+        replicator = LedgerReplicator(bkc, window_entries=3)
+        result = await replicator.replicate_segment(lh.ledger_id, md, 0, ids[0], ids[2], {ids[0], ids[1]})
+        assert result.replaced and result.entries == 10
+        stored = cluster.bookies[2].ledger_entries(lh.ledger_id)
+        digest = DigestManager(lh.ledger_id, DigestType.CRC32C, b"pw")
+        assert [bytes(digest.verify_entry(e, stored[e])[2]) for e in range(10)] == data
+
+
+@run_async
 async def test_a_segment_replaced_meanwhile_is_not_replaced_twice():
     async with FakeCluster(5) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
         ids = [x.bookie_id for x in cluster.bookies]
