@@ -17,6 +17,9 @@ Ops (each calls the bookie's Python API, which a later HTTP endpoint can call to
     entry_logs   {}                                           -> GarbageCollector.entry_log_usage()
     gc_compact_logs {"log_ids": [int, ...]}                   -> GarbageCollector.compact_logs()
                  (a compaction plan: `bk shell compact --plan`, docs/ANALYTICS.md)
+    expire_metadata_session {}  -> the ZooKeeper server expires the bookie's session (a fault
+                 drill: the bookie must register again; the chaos runner's zk-expire on real
+                 bookie processes). Answers with the old and new session ids.
 """
 from __future__ import annotations
 
@@ -46,6 +49,16 @@ def gc_ops(gc) -> dict:
         "entry_logs": lambda a: {"entry_logs": gc.entry_log_usage()},
         "gc_compact_logs": lambda a: gc.compact_logs(_log_ids(a.get("log_ids"))),
     }
+
+
+def metadata_ops(store, loop: asyncio.AbstractEventLoop, timeout_s: float = 60.0) -> dict:
+    """op name -> blocking handler(args) acting on the bookie's metadata store (on `loop`)."""
+    def expire(_args) -> dict:
+        old = getattr(store, "session_id", None)
+        asyncio.run_coroutine_threadsafe(store.expire_session(), loop).result(timeout_s)
+        return {"old_session_id": old, "session_id": getattr(store, "session_id", None)}
+
+    return {"expire_metadata_session": expire}
 
 
 def _log_ids(value) -> list[int]:

@@ -32,7 +32,7 @@ from bk.meta.registration import BookieServiceInfo, Endpoint, RegistrationManage
 from . import auth, integrity
 from .tls import ServerTls
 
-from .admin import AdminServer, gc_ops
+from .admin import AdminServer, gc_ops, metadata_ops
 from .connection import BookieConnection
 from .gc_policy import ScanAndCompareGarbageCollector
 from .processor import RequestProcessor
@@ -200,7 +200,8 @@ class BookieServer:
         self.gc_policy = ScanAndCompareGarbageCollector(self.store, cfg, self.bookie_id)
         self.bookie.gc.policy = self.gc_policy
         if cfg.admin_socket_enabled:
-            admin = AdminServer(cfg.resolved_admin_socket_path, gc_ops(self.bookie.gc))
+            ops = {**gc_ops(self.bookie.gc), **metadata_ops(self.store, asyncio.get_running_loop())}
+            admin = AdminServer(cfg.resolved_admin_socket_path, ops)
             if await admin.start():
                 self.admin = admin
 

@@ -305,7 +305,18 @@ class ProcessChaosCluster:
         self.inner.bookies[i].signal(signal.SIGCONT)
 
     async def expire_session(self, i: int) -> bool:
-        return False  # needs the bookie's own session: not reachable from outside the process
+        """The bookie process asks the ZooKeeper server to expire its own session (its admin
+        socket's expire_metadata_session: the session's password never leaves the process)."""
+        from bk.server.admin import AdminError, admin_call
+        async with self._locks[i]:
+            if not self.alive(i) or i in self.paused:
+                return False
+            sock = os.path.join(self.data_dir_of(i), "ledgers", "admin.sock")
+            try:
+                await asyncio.to_thread(admin_call, sock, "expire_metadata_session", 30.0)
+            except AdminError:
+                return False  # not serving yet (restarting) or exited meanwhile
+            return True
 
     async def heal_network(self) -> None:
         for i, p in self.inner.proxies.items():

@@ -278,7 +278,7 @@ KINDS: dict[str, NemesisKind] = {k.name: k for k in (
                                 "once": r.random() < 0.4}),
     NemesisKind("reorder", 4, _reorder, _remove_rule, (20, 400)),
     NemesisKind("reset", 3, _reset, _remove_rule, (50, 300), draw=lambda r: {"direction": r.choice([UP, DOWN])}),
-    NemesisKind("zk-expire", 3, _zk_expire, _nothing, (0, 0), modes=frozenset({INPROCESS})),
+    NemesisKind("zk-expire", 3, _zk_expire, _nothing, (0, 0)),
     NemesisKind("bitflip", 2, _bitflip, _nothing, (0, 0),
                 draw=lambda r: {"target": r.choice(["entrylog", "entrylog", "journal"])}),
     NemesisKind("recover", 6, _recover, _nothing, (0, 0), draw=lambda r: {"ledger": r.randrange(3)}),

@@ -85,7 +85,9 @@ def bookie_config(s: Scenario) -> dict:
                   open_ledger_rereplication_grace_period_ms=300, data_integrity_repair_retry_max_s=0.3,
                   write_cache_max_size_bytes="4MiB", read_cache_max_size_bytes="4MiB",
                   journal_max_group_wait_ms=1.0, disk_check_interval_ms=200, gc_wait_time_ms=3_600_000,
-                  zk_timeout_ms=2000, admin_socket_enabled=False,
+                  zk_timeout_ms=2000,
+                  # bookie processes: zk-expire goes through the admin socket (in-process: the store)
+                  admin_socket_enabled=s.mode != INPROCESS,
                   # an HTTP server on an ephemeral port of 127.0.0.2 could take the port of a
                   # bookie that is down (seed 4321: the bookie could not come back)
                   http_server_enabled=False)
