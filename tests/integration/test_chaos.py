@@ -29,12 +29,9 @@ PROCESS_SEEDS = [1069, 1193, 1292]  # the seeds whose draw (1 in 50) is a proces
 # Seeds that once failed because of a bug in the harness itself (docs/CHAOS.md, "What the
 # runner found"); they failed only under load, so they stay here as scenarios, not proofs.
 REGRESSION_SEEDS = [44, 58, 737, 1747, 2002, 2150, 2226, 2257, 2871]
-REGRESSION_PROCESS_SEEDS = [161, 2073, 2434]  # 161: the client hang (test_chaos_regressions.py)
-# Open finding (docs/CHAOS.md): process seed 89 left an under-replication marker naming all
-# three bookies of a closed ledger 25 s after the audit, once in the CI run of efe30ee and
-# once in the chaos engineer's runs; it did not fail on replay. Not understood yet: it runs
-# on its own, reported as xfail / xpass, until it is.
-OPEN_PROCESS_SEEDS = [89]
+# 161: the client hang (test_chaos_regressions.py); 89: AutoRecovery found no source when every
+# replica of a segment had holes (test_replication.py::test_seed_89_...)
+REGRESSION_PROCESS_SEEDS = [89, 161, 2073, 2434]
 # Seeds (journal on, a whole-cluster power cut, a 1 s flush interval so no checkpoint makes the
 # unsynced tail durable by chance) that caught the broken journal in 2 of 2 runs each.
 ACK_BEFORE_FSYNC_CATCHERS = [148, 171, 370, 395, 442, 462, 488]
@@ -55,15 +52,6 @@ def test_fixed_seeds_keep_every_invariant():
     assert summary["faults_applied"] > len(INPROCESS_SEEDS)  # the nemesis did act
     assert not summary["failures"], _explain(summary)
 
-
-@pytest.mark.timeout(240)
-@pytest.mark.xfail(reason="open: process seed 89 sometimes leaves an under-replication marker (docs/CHAOS.md)",
-                   strict=False)
-def test_open_seed_89_replication_marker_left():
-    assert all(generate(s).mode == PROCESS for s in OPEN_PROCESS_SEEDS)
-    summary = run_many(OPEN_PROCESS_SEEDS, {}, jobs=1, progress=False, shrink_limit=0)
-    assert summary["runs"] == len(OPEN_PROCESS_SEEDS)
-    assert not summary["failures"], _explain(summary)
 
 @pytest.mark.timeout(180)
 def test_forgotten_fence_is_caught_replayed_and_shrunk():

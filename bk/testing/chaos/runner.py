@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -59,6 +60,7 @@ def stop_zookeeper() -> None:
     server, _ZK["server"], _ZK["connect"] = _ZK["server"], None, None
     if server is not None:
         server.stop()
+        shutil.rmtree(server.data_dir, ignore_errors=True)  # its own temp dir (made in _zk_connect)
 
 
 def scenario_for(seed: int, options: dict):
