@@ -30,11 +30,16 @@ EOK = int(StatusCode.EOK)
 NEGATIVE = (int(StatusCode.ENOENTRY), int(StatusCode.ENOLEDGER))
 
 
+Share = tuple[int, str]  # (first entry of a segment, a bookie of it): that bookie's share of the segment
+
+
 @dataclass
 class CheckResult:
     ledger_id: int
     missing: set[str] = field(default_factory=set)  # bookies that lack (part of) their share
     unknown: set[str] = field(default_factory=set)  # bookies that could not be asked
+    missing_shares: set[Share] = field(default_factory=set)  # the shares found lacking
+    unknown_shares: set[Share] = field(default_factory=set)  # the shares that could not be asked about
     reads: int = 0
 
 
@@ -79,13 +84,15 @@ class LedgerChecker:
                 if wanted is not None and bookie not in wanted:
                     continue
                 for entry_id in share_ends(first, last, md.ensemble_size, md.write_quorum_size, position):
-                    probes.append((bookie, self._probe(digest, bookie, entry_id)))
+                    probes.append(((first, bookie), self._probe(digest, bookie, entry_id)))
         answers = await asyncio.gather(*(p for _, p in probes))
         result.reads = len(probes)
-        for (bookie, _), present in zip(probes, answers):
+        for (share, _), present in zip(probes, answers):
             if present is False:
-                result.missing.add(bookie)
+                result.missing_shares.add(share)
             elif present is None:
-                result.unknown.add(bookie)
-        result.unknown -= result.missing
+                result.unknown_shares.add(share)
+        result.unknown_shares -= result.missing_shares
+        result.missing = {bookie for _, bookie in result.missing_shares}
+        result.unknown = {bookie for _, bookie in result.unknown_shares} - result.missing
         return result

@@ -416,16 +416,23 @@ class LedgerReplicator:
 
     async def replicate_ledger(self, ledger_id: int, lost: Iterable[str], choose_target: TargetChooser, *,
                                open_grace_s: float = 0.0, skip_open: bool = False,
-                               on_bytes: Callable[[int], None] | None = None) -> LedgerOutcome:
+                               on_bytes: Callable[[int], None] | None = None,
+                               shares: set[tuple[int, str]] | None = None) -> LedgerOutcome:
         """Replace every lost bookie in every segment of the ledger, one segment and bookie at a time.
 
         `choose_target(metadata, segment_index, lost_bookie)` names the target, or None to leave that
-        one (it is reported in `left`). A ledger deleted meanwhile counts as done."""
+        one (it is reported in `left`). `shares`, when given, limits the work to those (segment first
+        entry, bookie) pairs: a bookie that lacks entries of one segment keeps the segments it holds
+        whole. A ledger deleted meanwhile counts as done."""
         lost = set(lost)
+
+        def wanted(first: int, bookie: str) -> bool:
+            return bookie in lost and (shares is None or (first, bookie) in shares)
+
         outcome = LedgerOutcome(ledger_id)
         try:
             md, _ = await self.bk.ledger_manager.read_ledger_metadata(ledger_id)
-            if not md.is_closed and lost & set(md.last_segment[1]):
+            if not md.is_closed and any(wanted(md.last_segment[0], b) for b in md.last_segment[1]):
                 if skip_open:
                     outcome.skipped_open = True
                     return outcome
@@ -433,7 +440,7 @@ class LedgerReplicator:
             done: set[tuple[int, str]] = set()
             while True:
                 todo = [(i, b) for i, (first, ensemble) in enumerate(md.segments) for b in ensemble
-                        if b in lost and (first, b) not in done and segment_bounds(md, i)[1] is not None]
+                        if wanted(first, b) and (first, b) not in done and segment_bounds(md, i)[1] is not None]
                 if not todo:
                     break
                 index, bookie = todo[0]
@@ -445,7 +452,7 @@ class LedgerReplicator:
                 outcome.segments.append(await self.replicate_segment(ledger_id, md, index, bookie, target, lost,
                                                                      on_bytes))
                 md, _ = await self.bk.ledger_manager.read_ledger_metadata(ledger_id)
-            outcome.left = [(first, b) for first, ensemble in md.segments for b in ensemble if b in lost]
+            outcome.left = [(first, b) for first, ensemble in md.segments for b in ensemble if wanted(first, b)]
         except NoSuchLedgerMetadataError:
             outcome.deleted = True
             outcome.left = []

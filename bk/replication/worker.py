@@ -10,10 +10,13 @@ Loop:
    a back-off that doubles with each failure, and so are ledgers it cannot
    help with (its bookie is in every segment naming a marked bookie): holding
    their lock would only keep out the worker that can.
-3. Decide which bookies are lost: the marker's missing replicas and every
-   bookie of the ledger that is not registered; a marked bookie that is
-   registered again is probed (LedgerChecker) and kept only if it really lacks
-   entries.
+3. Decide which shares (a bookie's part of one segment) are lost: every share
+   of a bookie of the ledger that is not registered, and of a marked bookie that
+   is registered, only the shares a probe (LedgerChecker) finds lacking or
+   cannot ask about. A whole marked bookie is not lost: with AQ < WQ every
+   bookie of a ledger may lack a few entries (the writer died before its second
+   copy), and replacing each one everywhere made workers swap bookies back and
+   forth for ever (chaos seed 89).
 4. LedgerReplicator with its own bookie as target: segments that already
    contain its bookie are left for other workers; an open ledger whose last
    segment names a lost bookie gets `open_ledger_rereplication_grace_period_ms`
@@ -191,18 +194,18 @@ class ReplicationWorker:
                 log.warning("replication worker %s: releasing the lock of ledger %d: %s", self.bookie_id,
                             ledger_id, e)
 
-    async def lost_bookies(self, ledger_id: int, md, marked) -> set[str]:
-        """Step 3: the bookies of the ledger to replace."""
+    async def lost_shares(self, ledger_id: int, md, marked) -> set[tuple[int, str]]:
+        """Step 3: the (segment first entry, bookie) shares of the ledger to replace."""
         reg = self.bk.registration
         available = set(await reg.writable_bookies()) | set(await reg.readonly_bookies())
         bookies = md.bookies()
-        marked = set(marked) & bookies
-        lost = (bookies - available) | marked
-        alive_marked = marked & available
+        gone = bookies - available
+        alive_marked = set(marked) & bookies & available
+        lacking: set[tuple[int, str]] = set()
         if alive_marked:
             result = await self.checker.check(ledger_id, md, alive_marked)
-            lost -= alive_marked - result.missing - result.unknown
-        return lost
+            lacking = result.missing_shares | result.unknown_shares
+        return {(first, b) for first, ensemble in md.segments for b in ensemble if b in gone or (first, b) in lacking}
 
     async def rereplicate(self, info: UnderreplicatedLedger) -> LedgerOutcome:
         ledger_id = info.ledger_id
@@ -210,12 +213,13 @@ class ReplicationWorker:
             md, _ = await self.bk.ledger_manager.read_ledger_metadata(ledger_id)
         except NoSuchLedgerMetadataError:
             return LedgerOutcome(ledger_id, deleted=True)
-        lost = await self.lost_bookies(ledger_id, md, info.replicas)
-        if not lost:
+        shares = await self.lost_shares(ledger_id, md, info.replicas)
+        if not shares:
             return LedgerOutcome(ledger_id)
         me = self.bookie_id
 
         def choose(metadata, index: int, bookie: str) -> str | None:
             return None if me in metadata.segments[index][1] else me
 
-        return await self.replicator.replicate_ledger(ledger_id, lost, choose, open_grace_s=self.open_grace_s)
+        return await self.replicator.replicate_ledger(ledger_id, {b for _, b in shares}, choose,
+                                                      open_grace_s=self.open_grace_s, shares=shares)

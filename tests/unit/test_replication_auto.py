@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from test_client_support import FakeCluster, run_async, until
-from test_replication import check_recovered, payloads, write_ledger
+from test_replication import check_recovered, payloads, raw_entries_ok, write_ledger
 
 from bk.client import BookKeeper
 from bk.errors import LedgerClosedError, LedgerFencedError
@@ -290,6 +290,48 @@ async def test_a_marked_bookie_that_is_back_with_its_data_is_not_copied():
             assert worker.segments_replicated == 0
             assert (await bkc.get_ledger_metadata(lh.ledger_id)).segments[0][1] == tuple(ids[:3])
             await worker.stop()
+
+
+@run_async
+async def test_seed_89_only_the_lacking_shares_move_when_every_bookie_is_marked():
+    # Chaos seed 89: a 2/2/1 ledger over three bookies whose writer died; each bookie lacks an
+    # entry of one segment and the auditor marks all three. Workers used to treat every marked
+    # bookie as lost in every segment and swapped bookies back and forth for ever; each must
+    # replace only the share its probe finds lacking, and the marker must go.
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        ids = [b.bookie_id for b in cluster.bookies]
+        plan = [(0, (ids[0], ids[1])), (10, (ids[1], ids[2])), (20, (ids[2], ids[0]))]
+        lh = await bkc.create_ledger(2, 2, 1, password=b"pw")
+        await bkc.ledger_manager.update_ledger_metadata(lh.ledger_id, lambda md: md.replace(segments=(plan[0],)))
+        data = payloads(30, 3)
+        for first, ensemble in plan:
+            if first:
+                await bkc.ledger_manager.update_ledger_metadata(
+                    lh.ledger_id, lambda md, f=first, e=ensemble: md.with_ensemble_change(f, e))
+            lh._set_ensemble(ensemble)
+            await asyncio.gather(*(lh.add_entry(x) for x in data[first:first + 10]))
+        await lh.close()
+        for bookie, entry_id in ((0, 9), (1, 10), (2, 29)):  # the last or first entry of a share
+            del cluster.bookies[bookie].entries[(lh.ledger_id, entry_id)]
+        urm = LedgerUnderreplicationManager(bkc.store)
+        await urm.mark_ledger_underreplicated(lh.ledger_id, ids)
+        clients = [BookKeeper(cluster.metadata_uri) for _ in ids]
+        workers = []
+        try:
+            for c, bookie_id in zip(clients, ids):
+                await c.start()
+                workers.append((await start_worker(c, bookie_id))[0])
+            await until(lambda: sum(w.ledgers_replicated for w in workers) == 1, "the marker went")
+            assert not await urm.is_ledger_underreplicated(lh.ledger_id)
+            assert sum(w.segments_replicated for w in workers) == 3  # one share per segment, no swapping back
+            md = await bkc.get_ledger_metadata(lh.ledger_id)
+            assert md.segments == ((0, (ids[2], ids[1])), (10, (ids[0], ids[2])), (20, (ids[1], ids[0])))
+            await raw_entries_ok(bkc, lh.ledger_id, data)
+        finally:
+            for w in workers:
+                await w.stop()
+            for c in clients:
+                await c.close()
 
 
 # ---------------------------------------------------------------------- inside real bookies
