@@ -238,3 +238,30 @@ def test_feed_responses_byte_by_byte():
     d = FrameDecoder()
     got = [m for i in range(len(stream)) for m in d.feed_responses(stream[i:i + 1])]
     assert got == [AddResponse(104, 5, i) for i in range(20)]
+
+
+def test_decode_errors_handed_back_leave_no_reference_cycle():
+    # An error returned as an item kept its traceback, whose frames reached the decoder's
+    # `items` list holding the error: a cycle per bad frame, freed only by the cyclic GC and
+    # pinning the read buffer meanwhile (the live fuzzer's bookie RSS). Refcounting alone must
+    # free everything a bad frame produced.
+    import gc
+
+    def frame(header: int) -> bytes:
+        body = struct.pack(">I", header) + bytes(40)
+        return struct.pack(">i", len(body)) + body
+
+    bad_version = frame((9 << 24) | (1 << 16))  # version 9, ADD
+    unknown_op = frame((2 << 24) | (0x77 << 16))  # version 2, op 0x77
+    gc.collect()
+    gc.disable()
+    try:
+        decoder = FrameDecoder()
+        requests = decoder.feed_requests((bad_version + unknown_op) * 3)
+        assert [type(r).__name__ for r in requests] == ["RequestVersionError", "RequestDecodeError"] * 3
+        responses = decoder.feed_responses(unknown_op * 2)
+        assert all(isinstance(r, Exception) for r in responses) and len(responses) == 2
+        del requests, responses, decoder
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
