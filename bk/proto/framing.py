@@ -148,7 +148,7 @@ class FrameDecoder:
                 try:
                     items[i] = v3.response_to_v2(mv[off:off + ln])
                 except ResponseDecodeError as e:
-                    items[i] = e.with_traceback(None)  # see _slow_request
+                    items[i] = _detached(e)
         return self._settle(buf, end, err, items)
 
     def feed_responses(self, data) -> list:
@@ -174,15 +174,17 @@ def _v3_slow_requests(mv: memoryview, items: list, deferred: list, end: int) -> 
         try:
             req = v3.parse(v3.Request, mv[off:off + ln])
         except v3.V3DecodeError:
-            del items[i:]
-            pos = off - 4
-            while pos < end:
-                (ln,) = _i32.unpack_from(mv, pos)
-                items.append(_slow_request(mv, (pos + 4, ln)))
-                pos += 4 + ln
-            return True
+            break  # the v2 decoding is done outside the handler: its errors must not chain to this one
         items[i] = v3.request_item(req, key_cache)
-    return False
+    else:
+        return False
+    del items[i:]
+    pos = off - 4
+    while pos < end:
+        (ln,) = _i32.unpack_from(mv, pos)
+        items.append(_slow_request(mv, (pos + 4, ln)))
+        pos += 4 + ln
+    return True
 
 
 def _slow_request(mv: memoryview, item):
@@ -190,11 +192,16 @@ def _slow_request(mv: memoryview, item):
     try:
         return decode_request(mv[off:off + ln])
     except RequestDecodeError as e:
-        # An error handed back as a value keeps no traceback: its frames reach the caller's
-        # frame, whose `items` list holds the error, a cycle only the cyclic GC frees, and with
-        # it the read buffer the frames' memoryviews pin. A flood of bad frames piled up tens of
-        # thousands of such cycles in a bookie (the live fuzzer's RSS growth).
-        return e.with_traceback(None)
+        return _detached(e)
+
+
+def _detached(e: Exception) -> Exception:
+    """An error handed back as an item, without its traceback and chained exceptions: their
+    frames reach the caller's frame, whose `items` list holds the error, a cycle only the
+    cyclic GC frees, and with it the read buffers the frames' memoryviews pin. A flood of bad
+    frames piled up tens of thousands of such cycles in a bookie (the live fuzzer's RSS)."""
+    e.__traceback__ = e.__context__ = e.__cause__ = None
+    return e
 
 
 def _slow_response(mv: memoryview, item):
@@ -202,4 +209,4 @@ def _slow_response(mv: memoryview, item):
     try:
         return decode_response(mv[off:off + ln])
     except ResponseDecodeError as e:
-        return e.with_traceback(None)  # see _slow_request
+        return _detached(e)

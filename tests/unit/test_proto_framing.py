@@ -261,7 +261,11 @@ def test_decode_errors_handed_back_leave_no_reference_cycle():
         assert [type(r).__name__ for r in requests] == ["RequestVersionError", "RequestDecodeError"] * 3
         responses = decoder.feed_responses(unknown_op * 2)
         assert all(isinstance(r, Exception) for r in responses) and len(responses) == 2
-        del requests, responses, decoder
+        # a connection's first frames that are no v3 Request fall back to v2, inside what was
+        # the protobuf error's handler: the v2 errors chained to it
+        fallback = FrameDecoder().feed_v3_requests((bad_version + unknown_op) * 3)
+        assert [type(r).__name__ for r in fallback] == ["RequestVersionError", "RequestDecodeError"] * 3
+        del requests, responses, fallback, decoder
         assert gc.collect() == 0
     finally:
         gc.enable()
