@@ -15,6 +15,7 @@ With a provider configured (BookKeeper's AuthHandler.ServerSideHandler):
 from __future__ import annotations
 
 import logging
+import weakref
 
 from bk.errors import ConfigError, UnauthorizedAccessError
 from bk.proto import AuthRequest, MessageEncodeError, encode_error_response, encode_response, AuthResponse
@@ -64,13 +65,20 @@ def _auth_message(plugin_name: str, payload: bytes):
 class ServerSession:
     """Authentication state of one connection."""
 
-    __slots__ = ("provider", "conn", "authenticated", "principal")
+    __slots__ = ("provider", "_conn", "authenticated", "principal")
 
     def __init__(self, provider, conn):
         self.provider = provider
-        self.conn = conn
+        # weak: the connection holds its session; a strong reference back made every closed
+        # connection a cycle for the cyclic GC, holding its buffers and queued items meanwhile
+        self._conn = weakref.ref(conn)
         self.authenticated = provider is None
         self.principal = None
+
+    @property
+    def conn(self):
+        """The connection (alive whenever a request of it is being handled)."""
+        return self._conn()
 
     # ------------------------------------------------------------ gate (unauthenticated only)
     def admit(self, items: list) -> list:
