@@ -71,3 +71,40 @@ def test_seed161_a_connection_lost_before_it_is_registered_fails_the_requests(mo
             server.close()
             await server.wait_closed()
     eventloop.run(main())
+
+
+def test_seed20099_a_start_failed_by_a_disk_fault_healed_meanwhile_is_not_a_refusal():
+    """python -m bk.testing.chaos --seed 20099 --mode process (1 of 150 process seeds): a crashed
+    bookie's restart was under way when an fsync-error fault hit its disk; the fault was healed
+    before the start gave up on the failing fsync, so the runner found no disk rule active, called
+    the bookie one that refused to start although nothing corrupted it, and never restarted it.
+    A start during which any disk fault was applied is excused; the fault's heal restarts it."""
+    from bk.testing.chaos.clusters import BookieStartError
+    from bk.testing.chaos.run import Chaos
+    from bk.testing.chaos.scenario import generate
+
+    class _Cluster:
+        def __init__(self):
+            self.up = False
+            self.starts = 0
+
+        def alive(self, i):
+            return self.up
+
+        async def restart(self, i):
+            self.starts += 1
+            if self.starts == 1:  # the fault comes and goes while this start runs
+                chaos.add_disk_rule(7, i, 1)
+                chaos.disk_rules.pop(7)
+                raise BookieStartError(f"bookie {i} did not start: fsync of directory failed (EIO)")
+            self.up = True
+
+    async def main():
+        await chaos.restart(1)
+        assert 1 not in chaos.refused and not cluster.up
+        await chaos.restart(1)  # what the fault's heal does
+        assert cluster.up and 1 not in chaos.refused
+
+    cluster = _Cluster()
+    chaos = Chaos(generate(20099), cluster, [])
+    asyncio.run(main())

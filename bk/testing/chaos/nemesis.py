@@ -218,13 +218,13 @@ def _disk_dir(ctx, fault) -> str:
 
 
 async def _disk_full(ctx, fault) -> str:
-    ctx.disk_rules[fault.index] = (fault.bookie, ctx.cluster.disk_faults.full_disk(_disk_dir(ctx, fault)))
+    ctx.add_disk_rule(fault.index, fault.bookie, ctx.cluster.disk_faults.full_disk(_disk_dir(ctx, fault)))
     return f"disk full under {fault.param('target') or 'all'} of bookie {fault.bookie}"
 
 
 async def _disk_error(ctx, fault) -> str:
     op, code = fault.param("op"), getattr(errno, fault.param("errno"))
-    ctx.disk_rules[fault.index] = (fault.bookie, ctx.cluster.disk_faults.fail(
+    ctx.add_disk_rule(fault.index, fault.bookie, ctx.cluster.disk_faults.fail(
         op=op, errno=code, path_prefix=_disk_dir(ctx, fault), count=fault.param("count")))
     return f"{op} fails with {fault.param('errno')} under {fault.param('target')} of bookie {fault.bookie}" \
            f" ({fault.param('count') or 'until healed'} times)"

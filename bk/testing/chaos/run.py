@@ -117,6 +117,7 @@ class Chaos:
         self.refused: dict[int, str] = {}  # bookie -> why it did not restart (detected corruption)
         self.rules: dict[int, object] = {}
         self.disk_rules: dict[int, tuple[int, int]] = {}  # fault index -> (bookie, disk-fault rule id)
+        self.disk_faults_applied: dict[int, int] = {}  # bookie -> disk rules ever applied to it
         self.applied = 0
         self.recoverers: list[asyncio.Task] = []
         self.tailed: list[tuple[int, int, bytes]] = []  # (plan index, entry id, bytes) tailing readers read
@@ -148,6 +149,10 @@ class Chaos:
         """Bookies that may have lost acknowledged data without knowing it."""
         return (set() if self.s.journal else set(self.crashed)) | self.corrupted | set(self.refused)
 
+    def add_disk_rule(self, fault_index: int, bookie: int, rule_id: int) -> None:
+        self.disk_rules[fault_index] = (bookie, rule_id)
+        self.disk_faults_applied[bookie] = self.disk_faults_applied.get(bookie, 0) + 1
+
     async def restart(self, i: int) -> None:
         if self.cluster.alive(i) or i in self.refused:
             return
@@ -157,13 +162,16 @@ class Chaos:
             # next start in this process would fail too); it starts once the disk is healed
             self.note(f"bookie {i} stays down until its disk is healed")
             return
+        applied = self.disk_faults_applied.get(i, 0)
         try:
             await self.cluster.restart(i)
             self.note(f"restart bookie {i}")
         except BookieStartError as e:
-            if any(bookie == i for bookie, _ in self.disk_rules.values()):
+            if self.disk_faults_applied.get(i, 0) != applied:
+                # a disk fault applied while it was starting (seed 10322), maybe healed again before
+                # the start gave up (seed 20099): that fault's heal restarts it
                 self.note(f"bookie {i} failed to start as its disk began failing; it starts once healed: {e}")
-                return  # a disk fault applied while it was starting (seed 10322)
+                return
             self.refused[i] = str(e)
             self.note(f"bookie {i} refused to start: {e}")
 
