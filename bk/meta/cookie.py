@@ -38,7 +38,7 @@ def decode_dir_paths(text: str) -> tuple[str, ...]:
     dirs = tuple(rest.split(_SEPARATOR)) if sep else ()
     if len(dirs) != int(count):
         raise MetadataFormatError(f"malformed cookie directory list {text!r}: count {count}, {len(dirs)} paths")
-    return dirs
+    return _no_empty_path(dirs, text)
 
 
 def _decode_journal_dirs(text: str) -> tuple[str, ...]:
@@ -46,7 +46,15 @@ def _decode_journal_dirs(text: str) -> tuple[str, ...]:
     count, sep, _ = text.partition(_SEPARATOR)
     if sep and count.isdigit():
         return decode_dir_paths(text)
-    return tuple(text.split(",")) if text else ()
+    return _no_empty_path(tuple(text.split(",")), text) if text else ()
+
+
+def _no_empty_path(dirs: tuple[str, ...], text: str) -> tuple[str, ...]:
+    # A directory is a path: an empty one cannot be written back (',' joins nothing) and would
+    # compare equal to no directory at all (fuzz/regressions/cookie/empty-journal-dir).
+    if "" in dirs:
+        raise MetadataFormatError(f"malformed cookie directory list {text!r}: an empty path")
+    return dirs
 
 
 @dataclass(frozen=True)
