@@ -45,7 +45,12 @@ def _decode_journal_dirs(text: str) -> tuple[str, ...]:
     # BookKeeper joins journal dirs with ','; accept a count+tab list as well.
     count, sep, _ = text.partition(_SEPARATOR)
     if sep and count.isdigit():
-        return decode_dir_paths(text)
+        dirs = decode_dir_paths(text)
+        # to_text writes BookKeeper's ',' form, in which such a path would come back split
+        # in two (fuzz/regressions/cookie/comma-in-counted-journal-dir)
+        if any("," in d for d in dirs):
+            raise MetadataFormatError(f"malformed cookie journal directory list {text!r}: a path with ','")
+        return dirs
     return _no_empty_path(tuple(text.split(",")), text) if text else ()
 
 
