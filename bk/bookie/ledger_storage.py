@@ -41,7 +41,7 @@ from bk.errors import StorageError
 from bk.index import Index, LedgerState
 
 from .ledger_descriptor import LedgerDescriptor
-from .write_cache import ReadCache, WriteCache
+from .write_cache import ReadCache, ReadRuns, WriteCache
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class LedgerStorage:
             raise
         self.entry_logger.behind = self._checkpoint_behind
         self.read_cache = ReadCache(config.read_cache_max_size_bytes)
+        self._read_runs = ReadRuns(max(1, config.read_ahead_batch_size))
         self._owner_thread: int | None = None
         self._checkpoint_lock = threading.Lock()
         self._active = WriteCache(self._half_bytes)
@@ -154,6 +155,7 @@ class LedgerStorage:
         self._active.delete_ledger(ledger_id)
         self._dirty[ledger_id] = None
         self.read_cache.delete_ledger(ledger_id)
+        self._read_runs.forget(ledger_id)
         return existed
 
     # ------------------------------------------------------------ writes
@@ -393,7 +395,9 @@ class LedgerStorage:
                 location = moved
 
     def _read_at(self, ledger_id: int, entry_id: int, location: int) -> bytes:
-        batch = max(1, self.config.read_ahead_batch_size)
+        batch = self.config.read_ahead_batch_size
+        if batch <= 1 or not self._read_runs.continues_run(ledger_id, entry_id):
+            return self.entry_logger.read_entry(ledger_id, entry_id, location)
         run = self.entry_logger.read_run(location, batch, READ_AHEAD_MAX_BYTES)
         if not run or run[0][0] != ledger_id or run[0][1] != entry_id:
             # read_run does not know which ids to expect; the strict read does.

@@ -206,3 +206,49 @@ class ReadCache:
                         self._young_bytes -= size
                     else:
                         self._old_bytes -= size
+
+
+class ReadRuns:
+    """Which entry-log reads continue a sequential run: the read-ahead decision.
+
+    A read that misses both caches reads ahead (`read_ahead_batch_size` entries, up to
+    1 MiB) only when it looks sequential: the ledger's first miss, or a miss within
+    `window` entries after one of the ledger's recent misses (a reader scanning on, whose
+    read-ahead ran out). Other misses read their one entry: a random 64 KiB read that
+    read 1 MiB ahead read 16 times the bytes it needed (docs/BENCHMARKS.md, sixth round).
+    Up to STREAMS recent miss positions per ledger, so concurrent sequential readers of one
+    ledger do not take each other for random ones.
+
+    Any thread (the bookie's read workers). State is a heuristic: a race between readers
+    can only cost or save one read-ahead, never change what is read; so each update
+    replaces a ledger's tuple of heads whole instead of locking.
+    """
+
+    STREAMS = 8
+    MAX_LEDGERS = 4096  # forgotten all at once beyond this: the next miss of each starts a run
+
+    __slots__ = ("window", "_heads")
+
+    def __init__(self, window: int):
+        self.window = window
+        self._heads: dict[int, tuple[int, ...]] = {}
+
+    def continues_run(self, ledger_id: int, entry_id: int) -> bool:
+        """Record a miss at entry_id; True if it should read ahead."""
+        heads = self._heads.get(ledger_id)
+        if heads is None:
+            if len(self._heads) >= self.MAX_LEDGERS:
+                self._heads.clear()
+            self._heads[ledger_id] = (entry_id,)
+            return True
+        window = self.window
+        for i, head in enumerate(heads):
+            if 0 < entry_id - head <= window:
+                self._heads[ledger_id] = heads[:i] + (entry_id,) + heads[i + 1:]
+                return True
+        self._heads[ledger_id] = heads[1 - self.STREAMS:] + (entry_id,) if len(heads) >= self.STREAMS \
+            else heads + (entry_id,)
+        return False
+
+    def forget(self, ledger_id: int) -> None:
+        self._heads.pop(ledger_id, None)

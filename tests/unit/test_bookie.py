@@ -733,3 +733,24 @@ def test_seed180_a_start_that_fails_after_opening_the_storage_lets_go_of_it(tmp_
         finally:
             await b.stop()
     run(main())
+
+
+def test_a_random_cold_read_reads_one_entry_and_a_scan_reads_ahead(tmp_path):
+    async def main():
+        b = await started(make_config(tmp_path, read_ahead_batch_size=8))
+        try:
+            for eid in range(200):
+                await b.add_entry(1, eid, entry(1, eid, b"x" * 100), KEY)
+            await b.checkpoint()
+            cache = b.storage.read_cache
+            assert await b.read_entry(1, 0) == entry(1, 0, b"x" * 100)  # first miss: reads ahead
+            assert cache.get(1, 1) is not None and cache.get(1, 7) is not None
+            assert await b.read_entry(1, 100) == entry(1, 100, b"x" * 100)  # a jump: this entry only
+            assert cache.get(1, 101) is None
+            assert await b.read_entry(1, 101) == entry(1, 101, b"x" * 100)  # continues: reads ahead
+            assert cache.get(1, 102) is not None and cache.get(1, 108) is not None
+            for eid in range(200):  # whatever the guesses, every read is right
+                assert await b.read_entry(1, (eid * 37) % 200) == entry(1, (eid * 37) % 200, b"x" * 100)
+        finally:
+            await b.stop()
+    run(main())

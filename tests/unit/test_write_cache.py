@@ -1,7 +1,7 @@
 """WriteCache: one half of the two-half write cache (sorted flush order, rewrites, sizes)."""
 import random
 
-from bk.bookie.write_cache import WriteCache
+from bk.bookie.write_cache import ReadRuns, WriteCache
 
 
 def _entry(lid: int, eid: int, tag: bytes = b"") -> bytes:
@@ -143,3 +143,37 @@ def test_a_read_racing_a_checkpoint_finds_the_entry_it_moved(tmp_path):
         storage.index.get_location = real
         storage.stop()
         storage.close_index()
+
+
+# ReadRuns: read-ahead only for misses that continue a sequential run
+def test_first_miss_of_a_ledger_reads_ahead_then_only_misses_that_continue_a_run():
+    runs = ReadRuns(window=16)
+    assert runs.continues_run(1, 0)           # first miss of ledger 1
+    assert runs.continues_run(1, 16)          # the read-ahead ran out: next miss 16 on
+    assert not runs.continues_run(1, 500)     # a jump: random
+    assert not runs.continues_run(1, 10)      # backwards: random
+    assert runs.continues_run(1, 501)         # right after the jump: a run again
+    assert runs.continues_run(2, 900)         # ledgers are tracked apart
+    assert runs.continues_run(1, 32)          # the first scan goes on beside the other
+
+
+def test_concurrent_scans_of_one_ledger_keep_their_read_ahead():
+    runs = ReadRuns(window=10)
+    starts = [0, 1000, 2000, 3000]
+    for s in starts:
+        runs.continues_run(7, s)
+    for step in range(1, 20):  # four readers interleaved, each 10 entries on per miss
+        for s in starts:
+            assert runs.continues_run(7, s + 10 * step), (s, step)
+
+
+def test_heads_are_bounded_and_forget_drops_a_ledger():
+    runs = ReadRuns(window=1)
+    for e in range(0, 100 * ReadRuns.STREAMS, 100):
+        runs.continues_run(3, e)
+    assert len(runs._heads[3]) == ReadRuns.STREAMS
+    runs.forget(3)
+    assert runs.continues_run(3, 5)  # a first miss again
+    for lid in range(ReadRuns.MAX_LEDGERS + 5):
+        runs.continues_run(lid + 10, 0)
+    assert len(runs._heads) <= ReadRuns.MAX_LEDGERS
