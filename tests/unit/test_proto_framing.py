@@ -194,6 +194,33 @@ def test_feed_copies_mutable_input():
     assert bytes(frames[0]) == b"hello"
 
 
+def test_a_partial_frame_survives_the_caller_reusing_its_buffers():
+    # A frame split over a mutable chunk and a memoryview; both buffers are scribbled over
+    # after each feed, as a receive loop reusing one buffer does.
+    first, second = frame(b"a" * 300), frame(b"b" * 5000)
+    stream = first + second
+    d = FrameDecoder()
+    got = []
+    for piece in (stream[:200], stream[200:1000], stream[1000:]):
+        buf = bytearray(piece)
+        got += d.feed(memoryview(buf) if len(got) % 2 else buf)
+        buf[:] = b"X" * len(buf)
+    assert [bytes(f) for f in got] == [b"a" * 300, b"b" * 5000]
+    assert d.buffered_bytes == 0
+
+
+def test_a_long_tail_is_a_view_and_a_short_one_a_copy():
+    # The tail left by a scan: a view of the chunk when it is most of it (no copy of a big
+    # partial frame), a copy when short (an idle connection does not pin the chunk).
+    d = FrameDecoder()
+    small, big = frame(b"s" * 10), frame(b"B" * 100_000)
+    assert [bytes(f) for f in d.feed(small + big[:90_000])] == [b"s" * 10]
+    assert isinstance(d._pending[0], memoryview) and d.buffered_bytes == 90_000
+    assert [bytes(f) for f in d.feed(big[90_000:] + small[:3])] == [b"B" * 100_000]
+    assert type(d._pending[0]) is bytes and d.buffered_bytes == 3
+    assert [bytes(f) for f in d.feed(small[3:])] == [b"s" * 10]
+
+
 def test_bad_max_frame_size():
     with pytest.raises(ValueError):
         FrameDecoder(-1)
