@@ -16,6 +16,7 @@ from bk.errors import CorruptedStorageError, StorageError
 from bk.entrylog.format import HEADER_BYTES
 
 MAX_OPEN_READ_FILES = 256
+_FADV_RANDOM = getattr(os, "POSIX_FADV_RANDOM", None)
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 
 SCAN_CLEAN, SCAN_TRUNCATED, SCAN_BAD_SIZE = 0, 1, 2
@@ -57,6 +58,15 @@ class ReadFiles:
                     raise CorruptedStorageError(f"entry log {path} is missing", path=path) from None
                 except OSError as e:
                     raise StorageError(f"cannot open entry log {path}: {e.strerror}") from e
+                if _FADV_RANDOM is not None:
+                    # No kernel readahead on these fds: the bookie reads ahead itself (its read
+                    # cache) and asks for what a scan needs next (WILLNEED, read_run). The
+                    # kernel's readahead on top read more than a random read needs and, on a
+                    # virtio disk, made 1 MiB reads slower (docs/STORAGE.md, reads).
+                    try:
+                        os.posix_fadvise(fd, 0, 0, _FADV_RANDOM)
+                    except OSError:
+                        pass  # a hint
                 h = ReadHandle(log_id, path, fd)
                 self._open[log_id] = h
                 self._evict_locked()

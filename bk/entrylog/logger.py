@@ -42,7 +42,9 @@ from bk.fileio import DiskUsage, DurableFile, disk_space, ensure_dir, remove_fil
 
 log = logging.getLogger("bk.entrylog")
 
+_FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _READ_GUESS_BYTES = 4096  # first pread of read_entry: size + ids + most small entries
+_RECORD_SIZES_MAX = 4096  # ledgers whose last record size read_entry remembers (cleared beyond)
 _FRAME_MAX_BYTES = 8 * 1024 * 1024  # add_entries frames at most this much at a time
 SPLIT_MIN_ENTRY_BYTES = 16 * 1024  # from this average entry size a batch is written without copying
 # The fdatasync step while the checkpoint is behind (`behind()`): bigger groups get more
@@ -92,6 +94,9 @@ class EntryLogger:
         self.behind: Callable[[], bool] = _never
         self.max_entry_bytes = config.max_frame_size_bytes
         self._kernel = load_kernel("entrylog")
+        # ledger id -> bytes of its last record read (above _READ_GUESS_BYTES): read_entry's
+        # guess. Any thread; a stale or lost guess costs one more pread or a few bytes more.
+        self._record_sizes: dict[int, int] = {}
         self._lock = threading.Lock()  # guards _paths, _info, _current_usage, current_log_id
         self._paths: dict[int, str] = {}
         self._info: dict[int, _LogInfo] = {}  # filled lazily for non-current logs
@@ -380,7 +385,10 @@ class EntryLogger:
             if offset < fmt.HEADER_BYTES:
                 raise CorruptedStorageError(f"location {location:#x} points into the header of {h.path}",
                                             path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
-            buf = self._pread(h, _READ_GUESS_BYTES, offset)
+            # One pread for the whole record when the ledger's last record had its size: with
+            # no kernel readahead (ReadFiles), a second pread is a second trip to the disk.
+            sizes = self._record_sizes
+            buf = self._pread(h, sizes.get(ledger_id, _READ_GUESS_BYTES), offset)
             size, lid, eid = self._check_record(h.path, offset, buf)
             if (lid, eid) != (ledger_id, entry_id):
                 raise CorruptedStorageError(
@@ -388,6 +396,10 @@ class EntryLogger:
                     f"expected ledger {ledger_id} entry {entry_id}",
                     path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
             need = fmt.SIZE_FIELD_BYTES + size
+            if need > _READ_GUESS_BYTES and sizes.get(ledger_id) != need:
+                if len(sizes) >= _RECORD_SIZES_MAX:
+                    sizes.clear()
+                sizes[ledger_id] = need
             if len(buf) >= need:
                 return buf[fmt.SIZE_FIELD_BYTES:need]
             rest = self._pread(h, need - len(buf), offset + len(buf))
@@ -398,9 +410,12 @@ class EntryLogger:
         finally:
             self._files.release(h)
 
-    def read_run(self, location: int, max_count: int, max_bytes: int) -> list[tuple[int, int, bytes, int]]:
+    def read_run(self, location: int, max_count: int, max_bytes: int,
+                 hint_bytes: int = 0) -> list[tuple[int, int, bytes, int]]:
         """Up to max_count whole records from `location` on, within about max_bytes
-        (at least one record): [(ledger_id, entry_id, entry, location)]. For read-ahead."""
+        (at least one record): [(ledger_id, entry_id, entry, location)]. For read-ahead.
+        `hint_bytes`: also ask the kernel for the log's next bytes, in blocks of that
+        size (a scan's next read-aheads, see _hint); only a hint, never an error."""
         if max_count <= 0:
             return []
         log_id, offset = fmt.split_location(location)
@@ -410,6 +425,8 @@ class EntryLogger:
         h = self._files.acquire(log_id)
         try:
             buf = self._pread(h, min(max(max_bytes, _READ_GUESS_BYTES), end - offset), offset)
+            if hint_bytes > 0:
+                self._hint(h, offset + len(buf), hint_bytes, end)
             records, stop, status = self._kernel.scan_log(buf, 0, len(buf), self.max_entry_bytes)
             if not records:
                 size, _, _ = self._check_record(h.path, offset, buf)  # raises on a bad size / short head
@@ -429,6 +446,18 @@ class EntryLogger:
             used += size
             out.append((lid, eid, buf[off + 4:off + 4 + size], location + off))
         return out
+
+    @staticmethod
+    def _hint(h, after: int, hint_bytes: int, end: int) -> None:
+        """Ask the kernel for the hint_bytes-aligned blocks after the next one past `after`
+        (two of them): a block is asked for whole the first time, so the disk gets large
+        requests; a block already cached or in flight costs a page-cache lookup."""
+        start = (after // hint_bytes + 1) * hint_bytes
+        if start < end and _FADV_WILLNEED is not None:
+            try:
+                os.posix_fadvise(h.fd, start, min(2 * hint_bytes, end - start), _FADV_WILLNEED)
+            except OSError:
+                pass  # a hint; the read that needs those bytes reports any real error
 
     def _pread(self, h, n: int, offset: int) -> bytes:
         try:

@@ -226,6 +226,49 @@ def test_read_run(tmp_path):
     el.close()
 
 
+def test_read_fds_have_no_kernel_readahead_and_a_scan_hints_whole_blocks(tmp_path, monkeypatch):
+    advice = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, how: (advice.append((off, n, how)),
+                                                                       real(fd, off, n, how))[1])
+    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=1 << 20))
+    es = [entry(4, i, 1000) for i in range(200)]  # ~1 KB records: ~200 KB, one log
+    locs = el.add_entries(es)
+    el.flush()
+    advice.clear()
+    run = el.read_run(locs[0], 10, 8192, hint_bytes=65536)
+    assert [r[1] for r in run] == list(range(len(run))) and 5 <= len(run) < 10  # 8 KiB of records
+    assert advice[0] == (0, 0, os.POSIX_FADV_RANDOM)  # opened once, for every pread after
+    # the blocks after the one past the run's end: whole, aligned, clipped to the data
+    log_end = fmt.split_location(locs[-1])[1] + 4 + len(es[-1])
+    assert advice[1:] == [(65536, min(2 * 65536, log_end - 65536), os.POSIX_FADV_WILLNEED)]
+    advice.clear()
+    assert el.read_run(locs[150], 10, 8192, hint_bytes=65536)[0][1] == 150
+    assert el.read_run(locs[190], 10, 8192)[0][1] == 190  # no hint asked, none given; past the data: none
+    assert advice == [] or all(off < log_end for off, _, _ in advice)
+    el.close()
+
+
+def test_read_entry_reads_a_ledgers_record_in_one_pread_once_it_knows_its_size(tmp_path, monkeypatch):
+    es = [entry(4, i, 20_000) for i in range(5)] + [entry(6, 0, 100), entry(4, 5, 30_000)]
+    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=1 << 20))
+    locs = el.add_entries(es)
+    el.flush()
+    preads = []
+    real = el._pread
+    monkeypatch.setattr(el, "_pread", lambda h, n, off: (preads.append(n), real(h, n, off))[1])
+    assert el.read_entry(4, 0, locs[0]) == es[0]
+    assert len(preads) == 2  # a guess of 4 KiB, then the rest
+    preads.clear()
+    assert el.read_entry(4, 3, locs[3]) == es[3] and len(preads) == 1
+    assert el.read_entry(6, 0, locs[5]) == es[5] and len(preads) == 2  # another ledger: its own guess
+    preads.clear()
+    assert el.read_entry(4, 5, locs[6]) == es[6] and len(preads) == 2  # larger than the guess: the rest
+    preads.clear()
+    assert el.read_entry(4, 1, locs[1]) == es[1] and len(preads) == 1  # smaller: one read, bytes cut
+    el.close()
+
+
 def test_new_logs_go_to_the_dir_with_most_free_space(dirs, monkeypatch):
     space = {}
 
