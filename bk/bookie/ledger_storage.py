@@ -46,6 +46,9 @@ from .write_cache import ReadCache, ReadRuns, WriteCache
 log = logging.getLogger(__name__)
 
 READ_AHEAD_MAX_BYTES = 1 << 20
+# A read-ahead that continues a scan asks the kernel to fetch this much after it
+# (POSIX_FADV_WILLNEED), so the scan's next read-ahead finds its bytes in the page cache.
+READ_AHEAD_HINT_BYTES = 4 << 20
 FLUSH_CHUNK_ENTRIES = 65536  # a flush writes and indexes this many entries at a time
 
 
@@ -70,7 +73,7 @@ class LedgerStorage:
             raise
         self.entry_logger.behind = self._checkpoint_behind
         self.read_cache = ReadCache(config.read_cache_max_size_bytes)
-        self._read_runs = ReadRuns(max(1, config.read_ahead_batch_size))
+        self._read_runs = ReadRuns()
         self._owner_thread: int | None = None
         self._checkpoint_lock = threading.Lock()
         self._active = WriteCache(self._half_bytes)
@@ -396,9 +399,11 @@ class LedgerStorage:
 
     def _read_at(self, ledger_id: int, entry_id: int, location: int) -> bytes:
         batch = self.config.read_ahead_batch_size
-        if batch <= 1 or not self._read_runs.continues_run(ledger_id, entry_id):
+        count, scanning = self._read_runs.plan(ledger_id, entry_id, batch) if batch > 1 else (1, False)
+        if count <= 1:
             return self.entry_logger.read_entry(ledger_id, entry_id, location)
-        run = self.entry_logger.read_run(location, batch, READ_AHEAD_MAX_BYTES)
+        run = self.entry_logger.read_run(location, count, READ_AHEAD_MAX_BYTES,
+                                         hint_bytes=READ_AHEAD_HINT_BYTES if scanning else 0)
         if not run or run[0][0] != ledger_id or run[0][1] != entry_id:
             # read_run does not know which ids to expect; the strict read does.
             return self.entry_logger.read_entry(ledger_id, entry_id, location)
@@ -410,6 +415,7 @@ class LedgerStorage:
             where = self.index.get_locations([(lid, eid) for lid, eid, _, _ in ahead])
             ahead = [(lid, eid, e) for (lid, eid, e, loc), want in zip(ahead, where) if want == loc]
         self.read_cache.put_many([(ledger_id, entry_id, run[0][2]), *ahead])
+        self._read_runs.ran(ledger_id, entry_id, ahead[-1][1] if ahead else entry_id)
         return run[0][2]
 
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:

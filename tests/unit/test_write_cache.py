@@ -145,35 +145,58 @@ def test_a_read_racing_a_checkpoint_finds_the_entry_it_moved(tmp_path):
         storage.close_index()
 
 
-# ReadRuns: read-ahead only for misses that continue a sequential run
+# ReadRuns: read-ahead only for misses that continue a sequential run, never over a span read
 def test_first_miss_of_a_ledger_reads_ahead_then_only_misses_that_continue_a_run():
-    runs = ReadRuns(window=16)
-    assert runs.continues_run(1, 0)           # first miss of ledger 1
-    assert runs.continues_run(1, 16)          # the read-ahead ran out: next miss 16 on
-    assert not runs.continues_run(1, 500)     # a jump: random
-    assert not runs.continues_run(1, 10)      # backwards: random
-    assert runs.continues_run(1, 501)         # right after the jump: a run again
-    assert runs.continues_run(2, 900)         # ledgers are tracked apart
-    assert runs.continues_run(1, 32)          # the first scan goes on beside the other
+    runs = ReadRuns()
+    assert runs.plan(1, 0, 16) == (16, False)     # first miss of ledger 1: reads ahead, no hint
+    runs.ran(1, 0, 15)
+    assert runs.plan(1, 16, 16) == (16, True)     # the read-ahead ran out: next miss 16 on, a scan
+    runs.ran(1, 16, 31)
+    assert runs.plan(1, 500, 16) == (1, False)    # a jump: random
+    assert runs.plan(1, 10, 16) == (1, False)     # inside a span read ahead (evicted since): one entry
+    assert runs.plan(1, 501, 16) == (16, True)    # right after the jump: a run again
+    assert runs.plan(2, 900, 16) == (16, False)   # ledgers are tracked apart
+    assert runs.plan(1, 32, 16) == (16, True)     # the first scan goes on beside the other
+    assert runs.plan(1, 700, 16) == (1, False)
+    assert runs.plan(1, 705, 16) == (1, False)    # near a random read, but not next to it: random
+
+
+def test_concurrent_range_reads_of_one_scan_read_each_byte_once():
+    # A reader with ranges of 16 in flight; 1 MiB of 64 KiB entries holds 15 of them.
+    runs = ReadRuns()
+    assert runs.plan(5, 0, 100) == (100, False)   # range 0..15, being read
+    assert runs.plan(5, 16, 100) == (1, False)    # range 16..31 while 0.. is read: far from 0..0
+    assert runs.plan(5, 17, 100) == (100, True)   # its next entry follows it: reads ahead
+    runs.ran(5, 0, 14)
+    runs.ran(5, 17, 31)
+    assert runs.plan(5, 15, 100) == (1, False)    # the range's last entry: up to the next span only
+    assert runs.plan(5, 20, 100) == (1, False)    # read ahead already (evicted, or a race): one entry
+    assert runs.plan(5, 32, 100) == (100, True)   # the next range goes on from the newest span
 
 
 def test_concurrent_scans_of_one_ledger_keep_their_read_ahead():
-    runs = ReadRuns(window=10)
+    runs = ReadRuns()
     starts = [0, 1000, 2000, 3000]
     for s in starts:
-        runs.continues_run(7, s)
+        runs.plan(7, s, 10)
+        runs.ran(7, s, s + 9)
     for step in range(1, 20):  # four readers interleaved, each 10 entries on per miss
         for s in starts:
-            assert runs.continues_run(7, s + 10 * step), (s, step)
+            count, scanning = runs.plan(7, s + 10 * step, 10)
+            assert count == 10 and scanning, (s, step)
+            runs.ran(7, s + 10 * step, s + 10 * step + 9)
 
 
-def test_heads_are_bounded_and_forget_drops_a_ledger():
-    runs = ReadRuns(window=1)
-    for e in range(0, 100 * ReadRuns.STREAMS, 100):
-        runs.continues_run(3, e)
-    assert len(runs._heads[3]) == ReadRuns.STREAMS
+def test_spans_are_bounded_and_forget_drops_a_ledger():
+    runs = ReadRuns()
+    for e in range(0, 100 * (ReadRuns.STREAMS + 3), 100):
+        runs.plan(3, e, 8)
+    assert len(runs._spans[3]) == ReadRuns.STREAMS
+    runs.ran(3, 50_000, 50_007)  # the bound dropped the span while it was read: kept, still bounded
+    assert len(runs._spans[3]) == ReadRuns.STREAMS
     runs.forget(3)
-    assert runs.continues_run(3, 5)  # a first miss again
+    runs.ran(3, 0, 10)  # finished after the forget: nothing to extend
+    assert runs.plan(3, 5, 8) == (8, False)  # a first miss again
     for lid in range(ReadRuns.MAX_LEDGERS + 5):
-        runs.continues_run(lid + 10, 0)
-    assert len(runs._heads) <= ReadRuns.MAX_LEDGERS
+        runs.plan(lid + 10, 0, 8)
+    assert len(runs._spans) <= ReadRuns.MAX_LEDGERS
