@@ -17,6 +17,8 @@ which keeps what was written last in the write cache). Steps:
    `--range-entries`, `--in-flight` entries outstanding (each range is a
    BATCH_READ; a miss reads `read_ahead_batch_size` entries on from the entry
    log into the read cache);
+   `raw-disk logs seq`: the bookie's entry-log files themselves, pages dropped,
+   read front to back as the bookie reads a scan (see raw_log_reads);
 4. `read-cache seq`: read again the last quarter of the read cache's size of
    the cold ledger (the last entries step 3 read ahead);
 5. `entry-log rand`: drop the page cache again, read `--random-reads` entries
@@ -46,11 +48,15 @@ import time
 
 import numpy as np
 
+from bk.entrylog.format import LOG_SUFFIX
+
 from . import bench_base_dir, scratch_dir
 from .load import bookie_setting, local_cluster
 from .stats import MB, human_size, latency_summary_ms, parse_size, positive_int
 
 RAW_SEQ_READ_BYTES = 1024 * 1024
+RAW_LOG_HINT_BYTES = 4 * RAW_SEQ_READ_BYTES
+RAW_LOG_HINT_AHEAD_BYTES = 9 * RAW_SEQ_READ_BYTES
 
 
 def drop_page_cache(path: str) -> int:
@@ -122,6 +128,39 @@ async def read_random(rh, first: int, last: int, count: int, in_flight: int, pay
     return count, time.perf_counter() - t0, latencies
 
 
+def raw_log_reads(data_dir: str, entry_size: int) -> dict:
+    """The disk's rate for the very bytes the bookie reads: its entry-log files, pages
+    dropped, read front to back in 1 MiB preads by one thread the way the bookie reads a
+    scan - no kernel readahead, WILLNEED for 4 MiB blocks up to 9 MiB ahead. On the
+    virtio disk this read the logs at 1.7-1.9 GB/s where the kernel's own 8 MiB readahead
+    read them at 0.54-0.63 (docs/BENCHMARKS.md, seventh round)."""
+    paths = sorted(os.path.join(root, name) for root, _, files in os.walk(data_dir)
+                   for name in files if name.endswith(LOG_SUFFIX))
+    drop_page_cache(data_dir)
+    latencies, n = [], 0
+    t0 = time.perf_counter()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        hinted = 0
+        try:
+            offset = 0
+            while True:
+                while hinted < offset + RAW_LOG_HINT_AHEAD_BYTES:
+                    os.posix_fadvise(fd, hinted, RAW_LOG_HINT_BYTES, os.POSIX_FADV_WILLNEED)
+                    hinted += RAW_LOG_HINT_BYTES
+                t = time.perf_counter()
+                data = os.pread(fd, RAW_SEQ_READ_BYTES, offset)
+                latencies.append(time.perf_counter() - t)
+                if not data:
+                    break
+                offset += len(data)
+            n += offset
+        finally:
+            os.close(fd)
+    return row("raw-disk logs seq", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
+
+
 def raw_disk_reads(directory: str, total_bytes: int, entry_size: int, random_reads: int, depth: int, seed: int):
     """The disk's own read rate: sequential 1 MiB reads and random entry-size preads of a cold file."""
     path = os.path.join(directory, "raw-read")
@@ -185,6 +224,7 @@ async def run(cluster, args) -> list[dict]:
         drop_page_cache(data_dir)
         n, s, lat = await read_seq(rh, 0, last, args.range_entries, args.in_flight, payload)
         rows.append(row("entry-log seq", n, size, s, lat))
+        rows.append(raw_log_reads(data_dir, size))
         first = max(0, last - tail + 1)
         n, s, lat = await read_seq(rh, first, last, args.range_entries, args.in_flight, payload)
         rows.append(row("read-cache seq", n, size, s, lat))
