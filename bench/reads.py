@@ -128,6 +128,22 @@ async def read_random(rh, first: int, last: int, count: int, in_flight: int, pay
     return count, time.perf_counter() - t0, latencies
 
 
+def read_front_to_back(fd: int, latencies: list, hinted: bool = False) -> int:
+    """Read a file in RAW_SEQ_READ_BYTES preads, timing each; `hinted`: WILLNEED for
+    RAW_LOG_HINT_BYTES blocks up to RAW_LOG_HINT_AHEAD_BYTES ahead. Returns bytes read."""
+    offset = hinted_to = 0
+    while True:
+        while hinted and hinted_to < offset + RAW_LOG_HINT_AHEAD_BYTES:
+            os.posix_fadvise(fd, hinted_to, RAW_LOG_HINT_BYTES, os.POSIX_FADV_WILLNEED)
+            hinted_to += RAW_LOG_HINT_BYTES
+        t = time.perf_counter()
+        data = os.pread(fd, RAW_SEQ_READ_BYTES, offset)
+        latencies.append(time.perf_counter() - t)
+        if not data:
+            return offset
+        offset += len(data)
+
+
 def raw_log_reads(data_dir: str, entry_size: int) -> dict:
     """The disk's rate for the very bytes the bookie reads: its entry-log files, pages
     dropped, read front to back in 1 MiB preads by one thread the way the bookie reads a
@@ -137,25 +153,14 @@ def raw_log_reads(data_dir: str, entry_size: int) -> dict:
     paths = sorted(os.path.join(root, name) for root, _, files in os.walk(data_dir)
                    for name in files if name.endswith(LOG_SUFFIX))
     drop_page_cache(data_dir)
-    latencies, n = [], 0
+    latencies: list[float] = []
+    n = 0
     t0 = time.perf_counter()
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        hinted = 0
         try:
-            offset = 0
-            while True:
-                while hinted < offset + RAW_LOG_HINT_AHEAD_BYTES:
-                    os.posix_fadvise(fd, hinted, RAW_LOG_HINT_BYTES, os.POSIX_FADV_WILLNEED)
-                    hinted += RAW_LOG_HINT_BYTES
-                t = time.perf_counter()
-                data = os.pread(fd, RAW_SEQ_READ_BYTES, offset)
-                latencies.append(time.perf_counter() - t)
-                if not data:
-                    break
-                offset += len(data)
-            n += offset
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            n += read_front_to_back(fd, latencies, hinted=True)
         finally:
             os.close(fd)
     return row("raw-disk logs seq", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
@@ -172,15 +177,9 @@ def raw_disk_reads(directory: str, total_bytes: int, entry_size: int, random_rea
             written += os.write(fd, block)
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        latencies, n = [], 0
+        latencies: list[float] = []
         t0 = time.perf_counter()
-        while True:
-            t = time.perf_counter()
-            data = os.pread(fd, RAW_SEQ_READ_BYTES, n)
-            latencies.append(time.perf_counter() - t)
-            if not data:
-                break
-            n += len(data)
+        n = read_front_to_back(fd, latencies)
         seq = row("raw-disk seq", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         rng = random.Random(seed)
