@@ -11,12 +11,14 @@ Invariants:
   earlier in the same call ride along in `err.frames`. The stream cannot be
   resynchronised after that, so every later call raises too: close the
   connection.
-- A partial frame is kept as the list of chunks that brought it and joined
-  once, when they hold the whole frame (`_need`): feeding a frame byte by byte
-  costs O(size), not O(size^2), and a large frame's bytes are copied once on
-  the way (a bytearray grown by appends, then copied to bytes, copied a 1 MiB
-  read answer two to three times). A tail of at least half the chunk it came
-  in is kept as a view of that chunk, not a copy.
+- A partial frame is kept as a list of parts joined once, when they hold the
+  whole frame (`_need`): a large chunk is a part of its own (so a 1 MiB read
+  answer is copied once here, not two to three times as when every chunk was
+  appended to one bytearray that was then copied to bytes); chunks under
+  _SMALL_CHUNK_BYTES are appended to a bytearray part, so a peer dripping a
+  frame byte by byte costs O(size) time and about `size` bytes, not an object
+  per byte. A tail of at least half the chunk it came in is kept as a view of
+  that chunk, not a copy.
 - `feed` returns read-only memoryviews into an immutable bytes buffer (no copy).
   The message-level feeds copy bodies into messages, so nothing they return
   aliases a receive buffer.
@@ -45,6 +47,8 @@ _codec_v3 = _native.load("codec_v3")
 _scan_v3_add_requests = _codec_v3.scan_v3_add_requests
 _scan_v3_add_responses = _codec_v3.scan_v3_add_responses
 _i32 = struct.Struct(">i")
+# A chunk under this is appended to a bytearray part of a partial frame, not kept whole
+_SMALL_CHUNK_BYTES = 16 * 1024
 _V2_BY_V3 = {v3_code: int(v2) for v3_code, v2 in V2_STATUS_BY_V3.items()}
 
 
@@ -57,7 +61,7 @@ class FrameDecoder:
         if not isinstance(max_frame_size_bytes, int) or max_frame_size_bytes < 0:
             raise ValueError(f"max_frame_size_bytes must be an int >= 0, got {max_frame_size_bytes!r}")
         self.max_frame_size_bytes = max_frame_size_bytes
-        self._pending: list = []  # the incomplete tail, if any: bytes or views of immutable bytes
+        self._pending: list = []  # the incomplete tail, if any: bytes, views of bytes, bytearrays
         self._pending_bytes = 0
         self._need = 0  # bytes _pending must hold before a scan can complete a frame
         self._failed: str | None = None
@@ -73,19 +77,25 @@ class FrameDecoder:
         if self._failed is not None:
             raise BadFrameLengthError(f"stream already failed: {self._failed}", length=-1,
                                       max_frame_size_bytes=self.max_frame_size_bytes)
-        # The caller may reuse a bytearray/memoryview buffer: take an immutable copy.
-        if type(data) is not bytes:
-            data = bytes(data)
-        if self._pending:
-            self._pending.append(data)
+        pending = self._pending
+        if pending:
+            if len(data) < _SMALL_CHUNK_BYTES:
+                if type(pending[-1]) is bytearray:
+                    pending[-1] += data
+                else:
+                    pending.append(bytearray(data))
+            else:
+                # The caller may reuse a bytearray/memoryview buffer: keep an immutable copy.
+                pending.append(data if type(data) is bytes else bytes(data))
             self._pending_bytes += len(data)
             if self._pending_bytes < self._need:
                 return None
-            buf = b"".join(self._pending)
+            buf = b"".join(pending)
             self._pending = []
             self._pending_bytes = 0
             return buf
-        return data
+        # The caller may reuse a bytearray/memoryview buffer: take an immutable copy.
+        return data if type(data) is bytes else bytes(data)
 
     def _settle(self, buf: bytes, end: int, err: int, done: list) -> list:
         if err:

@@ -209,6 +209,17 @@ def test_a_partial_frame_survives_the_caller_reusing_its_buffers():
     assert d.buffered_bytes == 0
 
 
+def test_a_frame_dripped_byte_by_byte_is_held_in_few_parts():
+    # One Python object per byte would hold ~34x the frame's size for a slow peer.
+    d = FrameDecoder()
+    f = add_frame(0, 100_000)
+    for i in range(len(f) - 1):
+        assert d.feed_requests(f[i:i + 1]) == []
+    assert d.buffered_bytes == len(f) - 1 and len(d._pending) <= 2
+    [req] = d.feed_requests(f[-1:])
+    assert d.buffered_bytes == 0 and len(req.body) == 100_000 + 32 + 4
+
+
 def test_a_long_tail_is_a_view_and_a_short_one_a_copy():
     # The tail left by a scan: a view of the chunk when it is most of it (no copy of a big
     # partial frame), a copy when short (an idle connection does not pin the chunk).
