@@ -68,8 +68,12 @@ SUSPECT_S = 5.0
 EAGER_FLUSH_BYTES = _core.EAGER_FLUSH_BYTES  # the core's flush bound (core_py explains it)
 
 
-class _BookieProtocol(asyncio.Protocol):
+class _BookieProtocol(asyncio.BufferedProtocol):
     """The transport adapter of one connection; forwards to its BookieClient.
+
+    A BufferedProtocol: the transport reads into the decoder's buffers, so the rest of a
+    large answer (a batch read's 1 MiB) lands straight in that frame's own buffer, and the
+    entries the client checks are views of it (framing.py).
 
     While the connection is set up (START_TLS, AUTH: wire_v3.handshake) an answer frame
     goes to the `exchange` waiting for it; on a v3 connection frames are v3 Responses,
@@ -88,6 +92,14 @@ class _BookieProtocol(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+
+    def get_buffer(self, sizehint: int):
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = self.decoder.received(nbytes)
+        if data is not None:
+            self.data_received(data)
 
     def data_received(self, data) -> None:
         if self._waiter is not None or self.v3:

@@ -15,7 +15,8 @@ import importlib
 _EXPORTS = {
     "bk.proto.codec": (
         "decode_request", "decode_response", "encode_add_acks", "encode_add_responses", "encode_error_response",
-        "encode_header", "encode_request", "encode_response", "error_response_for", "split_header"),
+        "encode_header", "encode_request", "encode_response", "encode_response_parts", "error_response_for",
+        "split_header"),
     "bk.proto.constants": (
         "DEFAULT_MAX_FRAME_SIZE_BYTES", "FLAG_DO_FENCING", "FLAG_HIGH_PRIORITY", "FLAG_RECOVERY_ADD",
         "PROTOCOL_VERSION", "V3_STATUS", "OpCode", "StatusCode"),

@@ -303,18 +303,20 @@ def _encode_add_response(m: AddResponse, h: int) -> bytes:
     return _rc_ids.pack(ADD_RESPONSE_BYTES, h, m.rc, m.ledger_id, m.entry_id)
 
 
-def _encode_read_response(m: ReadResponse, h: int) -> bytes:
+# The READ and BATCH_READ encoders return a list of buffers (the entries themselves among them):
+# encode_response joins it, encode_response_parts hands it to a writev uncopied.
+def _encode_read_response(m: ReadResponse, h: int) -> bytes | list:
     if (m.body is not None) != (m.rc == EOK):
         raise MessageEncodeError("a READ response carries a body exactly when rc is EOK")
     head = _rc_ids.pack(READ_RESPONSE_HEADER_BYTES + (len(m.body) if m.body is not None else 0),
                         h, m.rc, m.ledger_id, m.entry_id)
-    return head + m.body if m.body is not None else head
+    return [head, m.body] if m.body is not None else head
 
 
-def _encode_batch_read_response(m: BatchReadResponse, h: int) -> bytes:
+def _encode_batch_read_response(m: BatchReadResponse, h: int) -> list:
     if m.rc != EOK and m.entries:
         raise MessageEncodeError("a BATCH_READ error response carries no entries")
-    parts = [b""]  # the header goes first once the length is known: one copy of the entries, not two
+    parts = [b""]  # the header goes first once the length is known
     size = 0
     for entry in m.entries:
         parts.append(_i32.pack(len(entry)))  # BATCH_READ_ENTRY_LENGTH_BYTES
@@ -322,7 +324,7 @@ def _encode_batch_read_response(m: BatchReadResponse, h: int) -> bytes:
         size += 4 + len(entry)
     parts[0] = _batch_resp.pack(BATCH_READ_RESPONSE_HEADER_BYTES + size, h, m.rc, m.ledger_id, m.start_entry_id,
                                 m.request_id)
-    return b"".join(parts)
+    return parts
 
 
 def _encode_auth_response(m: AuthResponse, h: int) -> bytes:
@@ -353,8 +355,7 @@ _RESPONSE_ENCODERS = {
 }
 
 
-def encode_response(msg, version: int = PROTOCOL_VERSION) -> bytes:
-    """One complete response frame; `version` should echo the request's version."""
+def _encode_response(msg, version: int):
     found = _RESPONSE_ENCODERS.get(type(msg))
     if found is None:
         raise MessageEncodeError(f"not a response message: {type(msg).__name__}")
@@ -363,6 +364,19 @@ def encode_response(msg, version: int = PROTOCOL_VERSION) -> bytes:
         return enc(msg, encode_header(version, op))
     except (struct.error, TypeError) as e:
         raise MessageEncodeError(f"cannot encode {type(msg).__name__}: {e}") from None
+
+
+def encode_response(msg, version: int = PROTOCOL_VERSION) -> bytes:
+    """One complete response frame; `version` should echo the request's version."""
+    out = _encode_response(msg, version)
+    return out if type(out) is bytes else b"".join(out)
+
+
+def encode_response_parts(msg, version: int = PROTOCOL_VERSION) -> list:
+    """encode_response's frame as a list of buffers that concatenate to it, for a writev: a
+    READ or BATCH_READ answer's entries are parts of their own, not copied into one frame."""
+    out = _encode_response(msg, version)
+    return [out] if type(out) is bytes else out
 
 
 def encode_add_responses(rows, version: int = PROTOCOL_VERSION) -> bytes:
@@ -445,7 +459,7 @@ def _decode_read_response(f, n):
             raise ResponseDecodeError(f"READ error response (rc {rc}) with {n - READ_RESPONSE_HEADER_BYTES} "
                                       "trailing bytes")
         return ReadResponse(rc, ledger_id, entry_id, None)
-    return ReadResponse(rc, ledger_id, entry_id, bytes(f[READ_RESPONSE_HEADER_BYTES:]))
+    return ReadResponse(rc, ledger_id, entry_id, f[READ_RESPONSE_HEADER_BYTES:])
 
 
 def _decode_batch_read_response(f, n):
@@ -461,7 +475,7 @@ def _decode_batch_read_response(f, n):
         pos += BATCH_READ_ENTRY_LENGTH_BYTES
         if ln < 0 or ln > n - pos:
             raise ResponseDecodeError(f"BATCH_READ response: entry length {ln} at {pos} overruns the frame")
-        entries.append(bytes(f[pos:pos + ln]))
+        entries.append(f[pos:pos + ln])
         pos += ln
     if rc != EOK and entries:
         raise ResponseDecodeError(f"BATCH_READ error response (rc {rc}) carries entries")
@@ -516,7 +530,11 @@ _RESPONSE_DECODERS = {
 
 
 def decode_response(frame) -> object:
-    """The response message in one frame body (bytes or memoryview, without the length)."""
+    """The response message in one frame body (without the length).
+
+    A READ body and batch entries are slices of `frame`: copies when it is bytes, views when
+    it is a memoryview, so pass a view only of a buffer nobody writes again (FrameDecoder's
+    feeds do: 64 KiB entries are not copied on their way to the digest check)."""
     n = len(frame)
     if n < HEADER_BYTES:
         raise ResponseDecodeError(f"response frame of {n} bytes has no header")

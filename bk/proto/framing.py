@@ -19,9 +19,22 @@ Invariants:
   frame byte by byte costs O(size) time and about `size` bytes, not an object
   per byte. A tail of at least half the chunk it came in is kept as a view of
   that chunk, not a copy.
-- `feed` returns read-only memoryviews into an immutable bytes buffer (no copy).
-  The message-level feeds copy bodies into messages, so nothing they return
-  aliases a receive buffer.
+- Every buffer a feed scans is one the decoder never writes again: a bytes
+  object, or the frame buffer a BufferedProtocol read filled (`get_buffer`),
+  dropped by the decoder once complete. So `feed` returns read-only
+  memoryviews into it, and the message decoders give READ bodies and batch
+  entries as read-only views too (no copy): they never change under the
+  holder, and keep their frame alive while held. A buffer a caller passes
+  in, and the decoder's own receive area, are never kept: they are copied.
+- BufferedProtocol receive (`get_buffer` / `received`): while a frame of at
+  least _DIRECT_FRAME_BYTES is incomplete, the transport reads the rest of it
+  straight into that frame's own buffer, sized from its validated length
+  prefix; the frame's bytes are copied at most once more in user space (what
+  came with the previous read). Other bytes land in a reusable receive area
+  and are fed as a copy, as `data_received`'s bytes would be. The frame
+  buffer is allocated only once bytes of its frame arrived and its prefix
+  passed the max-size check, so a peer cannot make the decoder allocate more
+  than one frame of at most `max_frame_size_bytes` per connection.
 - Malformed *content* of one frame is not a framing error: `feed_requests`
   puts the RequestDecodeError instance in the output list at that frame's
   position (answer it with codec.error_response_for and carry on);
@@ -49,13 +62,18 @@ _scan_v3_add_responses = _codec_v3.scan_v3_add_responses
 _i32 = struct.Struct(">i")
 # A chunk under this is appended to a bytearray part of a partial frame, not kept whole
 _SMALL_CHUNK_BYTES = 16 * 1024
+# BufferedProtocol receive: the reusable area's size, and the least remainder of an incomplete
+# frame that is read straight into the frame's own buffer
+_RECEIVE_AREA_BYTES = 64 * 1024
+_DIRECT_FRAME_BYTES = 32 * 1024
 _V2_BY_V3 = {v3_code: int(v2) for v3_code, v2 in V2_STATUS_BY_V3.items()}
 
 
 class FrameDecoder:
     """Splits a byte stream into v2 frames (4-byte length + body)."""
 
-    __slots__ = ("max_frame_size_bytes", "_pending", "_pending_bytes", "_need", "_failed", "v3_failed")
+    __slots__ = ("max_frame_size_bytes", "_pending", "_pending_bytes", "_need", "_failed", "v3_failed",
+                 "_area", "_frame", "_frame_view", "_ready")
 
     def __init__(self, max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES):
         if not isinstance(max_frame_size_bytes, int) or max_frame_size_bytes < 0:
@@ -66,17 +84,62 @@ class FrameDecoder:
         self._need = 0  # bytes _pending must hold before a scan can complete a frame
         self._failed: str | None = None
         self.v3_failed = False  # feed_v3_requests met a frame that is no v3 Request
+        self._area: memoryview | None = None  # BufferedProtocol receive area, made on first use
+        self._frame: bytearray | None = None  # the incomplete frame read in place (_pending_bytes filled)
+        self._frame_view: memoryview | None = None
+        self._ready: bytearray | None = None  # a frame `received` completed, for the next feed
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes held for a frame that is not complete yet."""
         return self._pending_bytes
 
-    # -- plumbing shared by the three feeds
-    def _collect(self, data) -> bytes | None:
+    # -- BufferedProtocol receive
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the transport should put the next bytes (asyncio.BufferedProtocol.get_buffer):
+        the rest of an incomplete large frame, else the receive area. After the transport
+        wrote n bytes there, call `received(n)` and feed what it returns."""
+        frame = self._frame
+        if frame is None:
+            if (self._pending_bytes >= 4 and self._need - self._pending_bytes >= _DIRECT_FRAME_BYTES
+                    and self._failed is None):
+                frame = self._frame = bytearray(self._need)
+                view = self._frame_view = memoryview(frame)
+                pos = 0
+                for part in self._pending:
+                    view[pos:pos + len(part)] = part  # a memcpy (bytearray slice assignment is not)
+                    pos += len(part)
+                self._pending = []
+            else:
+                if self._area is None:
+                    self._area = memoryview(bytearray(_RECEIVE_AREA_BYTES))
+                return self._area
+        return self._frame_view[self._pending_bytes:]
+
+    def received(self, nbytes: int):
+        """The bytes the transport just wrote into `get_buffer`'s buffer, to pass to one of the
+        feeds: None while a frame read in place is incomplete, then that whole frame (taken by
+        the feed as is); else a view of the receive area (copied by the feed)."""
+        if self._frame is None:
+            return self._area[:nbytes]
+        self._pending_bytes += nbytes
+        if self._pending_bytes < len(self._frame):
+            return None
+        ready = self._ready = self._frame
+        self._frame = self._frame_view = None
+        self._pending_bytes = 0
+        return ready
+
+    # -- plumbing shared by the feeds
+    def _collect(self, data) -> bytes | bytearray | None:
         if self._failed is not None:
             raise BadFrameLengthError(f"stream already failed: {self._failed}", length=-1,
                                       max_frame_size_bytes=self.max_frame_size_bytes)
+        if self._ready is not None and data is self._ready:
+            self._ready = None  # a whole frame `received` completed: nothing else is pending
+            return data
+        if self._frame is not None:
+            raise RuntimeError("a frame is being read in place (get_buffer): pass what received() returns")
         pending = self._pending
         if pending:
             if len(data) < _SMALL_CHUNK_BYTES:
@@ -97,7 +160,7 @@ class FrameDecoder:
         # The caller may reuse a bytearray/memoryview buffer: take an immutable copy.
         return data if type(data) is bytes else bytes(data)
 
-    def _settle(self, buf: bytes, end: int, err: int, done: list) -> list:
+    def _settle(self, buf, end: int, err: int, done: list) -> list:
         if err:
             (length,) = _i32.unpack_from(buf, end)
             why = "negative" if length < 0 else f"above max_frame_size_bytes {self.max_frame_size_bytes}"
@@ -121,7 +184,7 @@ class FrameDecoder:
         if buf is None:
             return []
         frames, end, err = _split_frames(buf, 0, self.max_frame_size_bytes)
-        mv = memoryview(buf)
+        mv = memoryview(buf).toreadonly()
         return self._settle(buf, end, err, [mv[off:off + ln] for off, ln in frames])
 
     def feed_requests(self, data) -> list:
@@ -136,7 +199,7 @@ class FrameDecoder:
             return []
         items, end, err, deferred = _scan_add_requests(buf, 0, self.max_frame_size_bytes, AddRequest)
         if deferred:
-            mv = memoryview(buf)
+            mv = memoryview(buf).toreadonly()
             for i in deferred:
                 items[i] = _slow_request(mv, items[i])
         return self._settle(buf, end, err, items)
@@ -150,7 +213,7 @@ class FrameDecoder:
         if buf is None:
             return []
         items, end, err, deferred = _scan_v3_add_requests(buf, 0, self.max_frame_size_bytes, v3.V3AddRequest)
-        if deferred and _v3_slow_requests(memoryview(buf), items, deferred, end):
+        if deferred and _v3_slow_requests(memoryview(buf).toreadonly(), items, deferred, end):
             self.v3_failed = True
         return self._settle(buf, end, err, items)
 
@@ -163,7 +226,7 @@ class FrameDecoder:
         items, end, err, deferred = _scan_v3_add_responses(buf, 0, self.max_frame_size_bytes, _V2_BY_V3,
                                                           AddResponse)
         if deferred:
-            mv = memoryview(buf)
+            mv = memoryview(buf).toreadonly()
             for i in deferred:
                 off, ln = items[i]
                 try:
@@ -179,7 +242,7 @@ class FrameDecoder:
             return []
         items, end, err, deferred = _scan_add_responses(buf, 0, self.max_frame_size_bytes, AddResponse)
         if deferred:
-            mv = memoryview(buf)
+            mv = memoryview(buf).toreadonly()
             for i in deferred:
                 items[i] = _slow_response(mv, items[i])
         return self._settle(buf, end, err, items)

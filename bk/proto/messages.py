@@ -5,8 +5,11 @@ builds them straight from kernel tuples laid out in field order), comparable in
 tests. Every request class carries its op code as the class attribute `op`
 and the header `version` it arrived with (a server answers in that version).
 
-Decoded bodies (`AddRequest.body`, `ReadResponse.body`, batch entries, LAC
-buffers) are `bytes` owned by the message: they never alias a receive buffer.
+Decoded bodies never change under their holder: `AddRequest.body` and LAC
+buffers are `bytes`; `ReadResponse.body` and batch entries decoded by
+FrameDecoder are read-only memoryviews of the frame's buffer, which nothing
+writes again (framing.py), so they keep that frame alive while held: copy
+what you keep for long (the client hands `bytes` payloads to applications).
 """
 from __future__ import annotations
 

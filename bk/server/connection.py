@@ -287,14 +287,20 @@ class BookieConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     # ------------------------------------------------------------ responses
-    def send(self, frame: bytes) -> None:
+    def send(self, frame) -> None:
+        """Whole frames: bytes, or a list of buffers that concatenate to them (encode_response_parts:
+        they go to the writev as they are, a read answer's entries uncopied)."""
         if self.closed:
             return
         if self._add_rows:  # keep responses in completion order
             self._out.append(encode_add_responses(self._add_rows))
             self._add_rows = []
-        self._out.append(frame)
-        self._out_bytes += len(frame)
+        if type(frame) is list:
+            self._out += frame
+            self._out_bytes += sum(map(len, frame))
+        else:
+            self._out.append(frame)
+            self._out_bytes += len(frame)
         self._schedule_flush()
 
     def send_add_result(self, rc: int, req) -> None:

@@ -27,7 +27,7 @@ from bk.errors import (BookieError, BookieIOError, LedgerLimboError, NoSuchEntry
 from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest,
                       BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
                       ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
-                      WriteLacResponse, encode_response)
+                      WriteLacResponse, encode_response, encode_response_parts)
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
 from bk.server.v3 import V3Processor
@@ -159,7 +159,7 @@ class RequestProcessor:
             start = monotonic()
             entry = self.bookie.read_cached(req.ledger_id, req.entry_id)
             if entry is not None:
-                conn.send(encode_response(ReadResponse(0, req.ledger_id, req.entry_id, entry), req.version))
+                conn.send(encode_response_parts(ReadResponse(0, req.ledger_id, req.entry_id, entry), req.version))
                 _READ_REQUEST.success((monotonic() - start) * 1000.0)
                 _READ_BYTES.inc(len(entry))
                 return
@@ -174,7 +174,7 @@ class RequestProcessor:
                 response = self._error(req, _code(err))
             finally:
                 conn.end(0)
-            conn.send(encode_response(response, req.version))
+            conn.send(encode_response_parts(response, req.version))
         finally:
             if gated:  # after the send: the next read's room check counts this answer
                 conn.read_done()

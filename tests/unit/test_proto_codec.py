@@ -11,7 +11,7 @@ from bk.proto import (
     GetBookieInfoResponse, MessageEncodeError, OpCode, ReadLacRequest, ReadLacResponse, ReadRequest,
     ReadResponse, RequestDecodeError, RequestVersionError, ResponseDecodeError, StatusCode, WriteLacRequest,
     WriteLacResponse, decode_request, decode_response, encode_add_responses, encode_error_response,
-    encode_header, encode_request, encode_response, error_response_for, master_key, split_header,
+    encode_header, encode_request, encode_response, encode_response_parts, error_response_for, master_key, split_header,
 )
 
 KEY = master_key(b"pw")
@@ -136,6 +136,30 @@ def test_every_response_round_trips(version):
         assert split_header(struct.unpack_from(">I", frame, 4)[0])[:2] == (version, int(msg.op))
         assert decode_response(body_of(frame)) == msg
     assert decode_response(body_of(encode_response(ReadLacResponse(0, 5, b"", b"")))) == ReadLacResponse(0, 5)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_response_parts_concatenate_to_the_frame_and_keep_entries_uncopied(version):
+    for msg in RESPONSES:
+        parts = encode_response_parts(msg, version)
+        assert b"".join(parts) == encode_response(msg, version)
+    entries = [bytes([i]) * 1000 for i in range(3)]
+    parts = encode_response_parts(BatchReadResponse(0, 5, 0, 1, entries), version)
+    assert [p for p in parts if len(p) == 1000] == entries and all(
+        any(p is e for p in parts) for e in entries)  # the entries themselves, not copies
+    body = memoryview(b"x" * 500)
+    assert encode_response_parts(ReadResponse(0, 5, 1, body), version)[1] is body
+
+
+def test_views_in_views_out():
+    # A memoryview frame decodes to views of it (what FrameDecoder relies on); bytes to bytes.
+    entries = [b"a" * 50, b"b"]
+    frame = memoryview(encode_response(BatchReadResponse(0, 5, 0, 1, entries)))[4:]
+    got = decode_response(frame).entries
+    assert all(type(e) is memoryview and e.obj is frame.obj for e in got) and got == entries
+    assert all(type(e) is bytes for e in decode_response(bytes(frame)).entries)
+    read = memoryview(encode_response(ReadResponse(0, 5, 1, b"body")))[4:]
+    assert decode_response(read).body.obj is read.obj
 
 
 def test_decoded_bodies_are_owned_bytes():

@@ -307,3 +307,94 @@ def test_decode_errors_handed_back_leave_no_reference_cycle():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+# ---------------------------------------------------------------- BufferedProtocol receive
+def receive(d: FrameDecoder, stream: bytes, feed: str = "feed_responses", most: int = 1 << 30) -> tuple[list, list]:
+    """Play a transport: write at most `most` bytes per read into get_buffer's buffer. Returns the
+    items and the sizes of the buffers the decoder offered."""
+    items, offered = [], []
+    src = memoryview(stream)
+    pos = 0
+    while pos < len(stream):
+        buf = d.get_buffer(-1)
+        offered.append(len(buf))
+        n = min(len(buf), most, len(stream) - pos)
+        buf[:n] = src[pos:pos + n]
+        pos += n
+        data = d.received(n)
+        if data is not None:
+            items += getattr(d, feed)(data)
+    return items, offered
+
+
+def test_buffered_receive_decodes_what_feed_decodes():
+    rng = random.Random(7)
+    entries = [DM.frame_entry(i, i - 1, 0, rng.randbytes(rng.choice([10, 70_000, 300_000]))) for i in range(12)]
+    stream = b"".join([encode_add_responses([(0, 5, i) for i in range(100)]),
+                       encode_response(BatchReadResponse(0, 5, 0, 1, entries[:6])),
+                       encode_response(ReadResponse(0, 5, 6, entries[6])),
+                       encode_response(BatchReadResponse(0, 5, 7, 2, entries[7:])),
+                       frame(b"\x02\x08\0\0" + b"\0" * 20),  # a bad response: an error item
+                       encode_add_responses([(0, 5, 100)])])
+    want = FrameDecoder().feed_responses(stream)
+    assert isinstance(want[-2], ResponseDecodeError)
+    for most in (1, 1000, 70_001, 1 << 30):
+        d = FrameDecoder()
+        got, offered = receive(d, stream, most=most)
+        assert [(type(x), str(x)) if isinstance(x, Exception) else x for x in got] == \
+            [(type(x), str(x)) if isinstance(x, Exception) else x for x in want]
+        assert d.buffered_bytes == 0
+        if most > 1000:  # the large frames' rest was offered as a buffer of its own
+            assert any(n > 64 * 1024 for n in offered)
+
+
+def test_entries_read_in_place_are_read_only_views_that_never_change():
+    entries = [DM.frame_entry(i, i - 1, 0, bytes([i]) * 100_000) for i in range(4)]
+    stream = encode_response(BatchReadResponse(0, 5, 0, 1, entries)) * 3
+    d = FrameDecoder()
+    got, _ = receive(d, stream, most=50_000)
+    assert len(got) == 3
+    first = got[0].entries
+    assert all(type(e) is memoryview and e.readonly for e in first)
+    # later frames were read after the first was handed out: none overwrote it
+    assert [bytes(e) for e in first] == entries
+    assert all(m.entries == entries for m in got)
+    with pytest.raises(TypeError):
+        first[0][0] = 0
+
+
+def test_receive_area_bytes_are_copied():
+    # Small frames land in the decoder's reusable area: what comes out must not alias it.
+    stream = encode_response(ReadResponse(0, 5, 1, b"x" * 100)) + encode_response(ReadResponse(0, 5, 2, b"y" * 100))
+    d = FrameDecoder()
+    got, offered = receive(d, stream)
+    assert offered == [64 * 1024]
+    d.get_buffer(-1)[:len(stream)] = b"Z" * len(stream)  # the next read scribbles on the area
+    assert [bytes(m.body) for m in got] == [b"x" * 100, b"y" * 100]
+
+
+def test_a_frame_buffer_is_allocated_only_after_its_prefix_passed_the_size_check():
+    d = FrameDecoder(max_frame_size_bytes=1 << 20)
+    buf = d.get_buffer(-1)
+    head = struct.pack(">i", (1 << 20) + 1)
+    buf[:4] = head
+    with pytest.raises(BadFrameLengthError):
+        d.feed_responses(d.received(4))
+    assert d._frame is None and len(d.get_buffer(-1)) == 64 * 1024  # no frame-sized buffer was made
+    # a frame at the limit is read in place
+    d = FrameDecoder(max_frame_size_bytes=1 << 20)
+    body = struct.pack(">I", 0x02080000) + bytes((1 << 20) - 4)
+    d.get_buffer(-1)[:100] = struct.pack(">i", len(body)) + body[:96]
+    assert d.feed(d.received(100)) == []
+    assert len(d.get_buffer(-1)) == 4 + len(body) - 100
+
+
+def test_feeding_other_bytes_while_a_frame_is_read_in_place_is_refused():
+    d = FrameDecoder()
+    f = encode_response(ReadResponse(0, 5, 1, b"x" * 200_000))
+    d.get_buffer(-1)[:1000] = f[:1000]
+    assert d.feed_responses(d.received(1000)) == []
+    d.get_buffer(-1)  # the frame's own buffer now
+    with pytest.raises(RuntimeError):
+        d.feed_responses(f[1000:])
