@@ -599,7 +599,8 @@ class Bookie:
         return self.storage.get_cached(ledger_id, entry_id)
 
     async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
-        """The stored entry bytes; entry_id -1 = the last entry this bookie has."""
+        """The stored entry: bytes, or a read-only view of a read-ahead's buffer (never written
+        again); entry_id -1 = the last entry this bookie has."""
         desc = self._existing(ledger_id)
         storage = self.storage
         if entry_id < 0:

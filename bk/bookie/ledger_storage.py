@@ -45,7 +45,7 @@ from .write_cache import ReadCache, ReadRuns, WriteCache
 
 log = logging.getLogger(__name__)
 
-READ_AHEAD_MAX_BYTES = 1 << 20
+READ_AHEAD_MAX_BYTES = (1 << 20) + (1 << 18)
 # A read-ahead that continues a scan asks the kernel to fetch this much after it
 # (POSIX_FADV_WILLNEED), so the scan's next read-ahead finds its bytes in the page cache.
 READ_AHEAD_HINT_BYTES = 4 << 20
@@ -414,9 +414,16 @@ class LedgerStorage:
             # places exactly here are cached, so a flipped id never shadows a healthy entry.
             where = self.index.get_locations([(lid, eid) for lid, eid, _, _ in ahead])
             ahead = [(lid, eid, e) for (lid, eid, e, loc), want in zip(ahead, where) if want == loc]
-        self.read_cache.put_many([(ledger_id, entry_id, run[0][2]), *ahead])
+        first = run[0][2]
+        # The entries are views of the run's one buffer: cached as views they keep it whole, so
+        # they are copied when they are less than half of it (other ledgers' records), so that
+        # the cache's byte bound stays within twice the memory it really holds.
+        if 2 * (len(first) + sum(len(e) for _, _, e in ahead)) < len(first.obj):
+            first = bytes(first)
+            ahead = [(lid, eid, bytes(e)) for lid, eid, e in ahead]
+        self.read_cache.put_many([(ledger_id, entry_id, first), *ahead])
         self._read_runs.ran(ledger_id, entry_id, ahead[-1][1] if ahead else entry_id)
-        return run[0][2]
+        return first
 
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:
         """Those of `entry_ids` stored nowhere (blocking; not on the loop). The order of the

@@ -23,7 +23,7 @@ SCAN_CLEAN, SCAN_TRUNCATED, SCAN_BAD_SIZE = 0, 1, 2
 
 
 class ReadHandle:
-    __slots__ = ("log_id", "path", "fd", "refs", "doomed")
+    __slots__ = ("log_id", "path", "fd", "refs", "doomed", "hinted")
 
     def __init__(self, log_id: int, path: str, fd: int):
         self.log_id = log_id
@@ -31,6 +31,7 @@ class ReadHandle:
         self.fd = fd
         self.refs = 0
         self.doomed = False  # close once the last reader releases it
+        self.hinted = (0, 0)  # the byte range last asked for with WILLNEED (EntryLogger._hint)
 
 
 class ReadFiles:

@@ -414,6 +414,8 @@ class EntryLogger:
                  hint_bytes: int = 0) -> list[tuple[int, int, bytes, int]]:
         """Up to max_count whole records from `location` on, within about max_bytes
         (at least one record): [(ledger_id, entry_id, entry, location)]. For read-ahead.
+        Entries are read-only views of the one bytes buffer read (no copy): they keep it all
+        alive, so a caller keeping only a few of them long should copy those.
         `hint_bytes`: also ask the kernel for the log's next bytes, in blocks of that
         size (a scan's next read-aheads, see _hint); only a hint, never an error."""
         if max_count <= 0:
@@ -440,11 +442,12 @@ class EntryLogger:
             self._files.release(h)
         out = []
         used = 0
+        mv = memoryview(buf)  # buf is bytes: the views are read-only
         for off, size, lid, eid in records[:max_count]:
             if out and used + size > max_bytes:
                 break
             used += size
-            out.append((lid, eid, buf[off + 4:off + 4 + size], location + off))
+            out.append((lid, eid, mv[off + 4:off + 4 + size], location + off))
         return out
 
     @staticmethod
@@ -453,11 +456,23 @@ class EntryLogger:
         (two of them): a block is asked for whole the first time, so the disk gets large
         requests; a block already cached or in flight costs a page-cache lookup."""
         start = (after // hint_bytes + 1) * hint_bytes
-        if start < end and _FADV_WILLNEED is not None:
-            try:
-                os.posix_fadvise(h.fd, start, min(2 * hint_bytes, end - start), _FADV_WILLNEED)
-            except OSError:
-                pass  # a hint; the read that needs those bytes reports any real error
+        stop = min(start + 2 * hint_bytes, end)
+        if start >= stop or _FADV_WILLNEED is None:
+            return
+        # Each call costs a page-cache walk of the whole range (~27 us for 8 MiB, cached), so what
+        # the previous hint of this file covered is not asked again: a scan's read-aheads inside
+        # one block ask nothing, the first past it asks one new block. (Threads share the handle;
+        # a race only repeats or skips a hint.)
+        last_start, last_stop = h.hinted
+        h.hinted = (start, stop)
+        if last_start <= start < last_stop:
+            start = max(start, last_stop)
+            if start >= stop:
+                return
+        try:
+            os.posix_fadvise(h.fd, start, stop - start, _FADV_WILLNEED)
+        except OSError:
+            pass  # a hint; the read that needs those bytes reports any real error
 
     def _pread(self, h, n: int, offset: int) -> bytes:
         try:

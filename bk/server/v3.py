@@ -142,12 +142,13 @@ class V3Processor:
             if piggyback:
                 if known > r.previousLAC:  # best effort: the next entry, if this bookie has it
                     try:
-                        out.body = await bookie.read_entry(r.ledgerId, r.previousLAC + 1)
+                        out.body = bytes(await bookie.read_entry(r.ledgerId, r.previousLAC + 1))
                         out.entryId = r.previousLAC + 1
                     except NoSuchEntryError:
                         pass
                 return resp
-        out.body = await bookie.read_entry(r.ledgerId, r.entryId)
+        # protobuf takes bytes only; a read-ahead entry is a view (bytes() of bytes is no copy)
+        out.body = bytes(await bookie.read_entry(r.ledgerId, r.entryId))
         return resp
 
     async def _wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_ms: int) -> int:
@@ -186,7 +187,7 @@ class V3Processor:
         if lac_buf is not None:
             out.lacBody = lac_buf
         if last_entry is not None:
-            out.lastEntryBody = last_entry
+            out.lastEntryBody = bytes(last_entry)
         return resp
 
     async def _bookie_info(self, req):

@@ -585,3 +585,27 @@ def test_synced_entry_log_pages_are_dropped(tmp_path, fadvise_calls, remove):
 def test_flush_bytes_must_not_be_negative(tmp_path):
     with pytest.raises(ConfigError, match="entry_log_flush_bytes"):
         cfg(entry_log_flush_bytes=-1)
+
+
+def test_a_scan_hints_each_block_once(tmp_path, monkeypatch):
+    # A WILLNEED call walks the page cache of its whole range; a scan's read-aheads inside one
+    # block ask nothing new, the first past it asks for the one new block only.
+    advice = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, how: (advice.append((off, n, how)),
+                                                                       real(fd, off, n, how))[1])
+    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=4 << 20))
+    es = [entry(4, i, 1000) for i in range(1000)]  # ~1 MB, one log
+    locs = el.add_entries(es)
+    el.flush()
+    run = el.read_run(locs[0], 10, 8192, hint_bytes=65536)
+    advice.clear()
+    el.read_run(locs[len(run)], 10, 8192, hint_bytes=65536)  # still before 64 KiB: asked already
+    assert advice == []
+    past = next(i for i, loc in enumerate(locs) if fmt.split_location(loc)[1] >= 65536)
+    el.read_run(locs[past], 10, 8192, hint_bytes=65536)
+    assert advice == [(3 * 65536, 65536, os.POSIX_FADV_WILLNEED)]
+    advice.clear()
+    el.read_run(locs[0], 10, 8192, hint_bytes=65536)  # another scan from the start: asked whole again
+    assert advice == [(65536, 2 * 65536, os.POSIX_FADV_WILLNEED)]
+    el.close()

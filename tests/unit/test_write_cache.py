@@ -1,6 +1,8 @@
 """WriteCache: one half of the two-half write cache (sorted flush order, rewrites, sizes)."""
 import random
 
+import pytest
+
 from bk.bookie.write_cache import ReadRuns, WriteCache
 
 
@@ -200,3 +202,39 @@ def test_spans_are_bounded_and_forget_drops_a_ledger():
     for lid in range(ReadRuns.MAX_LEDGERS + 5):
         runs.plan(lid + 10, 0, 8)
     assert len(runs._spans) <= ReadRuns.MAX_LEDGERS
+
+
+def _storage_with(tmp_path, ledgers: list[int], count: int, size: int):
+    """A LedgerStorage holding `count` entries of each ledger, written interleaved and checkpointed."""
+    from bk.bookie.ledger_storage import LedgerStorage
+    from bk.config import load_config
+    config = load_config(env={}, overrides={"ledger_dirs": [str(tmp_path / "ledgers")],
+                                            "journal_dirs": [str(tmp_path / "journal")]})
+    storage = LedgerStorage(config)
+    for lid in ledgers:
+        storage.create_ledger(lid)
+    for eid in range(count):
+        for lid in ledgers:
+            assert storage.put(lid, eid, _entry(lid, eid, bytes([eid % 251]) * size))
+    storage.checkpoint()
+    return storage
+
+
+@pytest.mark.parametrize("ledgers,views", [([1], True), ([1, 2, 3], False)])
+def test_read_ahead_caches_views_of_its_read_only_when_they_are_most_of_it(tmp_path, ledgers, views):
+    # Views of one read keep the whole read alive: a ledger interleaved with others would pin
+    # a 1 MiB read per few cached bytes, so its entries are copied; a ledger alone stays a view.
+    storage = _storage_with(tmp_path, ledgers, 40, 4000)
+    try:
+        first = storage.read_from_storage(1, 0)
+        assert first == _entry(1, 0, bytes([0]) * 4000)
+        ahead = [storage.read_cache.get(1, e) for e in range(1, 10)]
+        assert all(a is not None for a in ahead)
+        assert [a == _entry(1, e, bytes([e]) * 4000) for e, a in zip(range(1, 10), ahead)] == [True] * 9
+        kinds = {type(x) for x in [first, *ahead]}
+        assert kinds == ({memoryview} if views else {bytes})
+        if views:
+            assert all(x.readonly for x in ahead)
+    finally:
+        storage.stop()
+        storage.close_index()
