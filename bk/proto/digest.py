@@ -21,8 +21,6 @@ import hmac
 import struct
 import zlib
 
-import google_crc32c
-
 from bk import _native
 from bk.proto import layout
 from bk.errors import BKError, DigestMismatchError
@@ -30,9 +28,6 @@ from bk.proto.constants import DIGEST_LENGTH_BYTES, ENTRY_HEADER_LENGTH, LAC_HEA
 
 _codec = _native.load("codec")
 _crc32c = _codec.crc32c
-_g_value = google_crc32c.value
-_g_extend = google_crc32c.extend
-_CRC32C_COPY_MIN_BYTES = 8192
 _crc32 = zlib.crc32
 _compare = hmac.compare_digest
 
@@ -108,15 +103,10 @@ class DigestManager:
 
     @staticmethod
     def _digest_crc32c(header: bytes, payload) -> bytes:
-        # google_crc32c (3-way interleaved, ~16 GB/s) takes only bytes; the kernel
-        # takes any buffer but runs one stream (~6 GB/s). Copying a view to bytes
-        # pays off only for large payloads (measured crossover ~8 KiB).
-        crc = _g_value(header)
-        if type(payload) is bytes:
-            return _u32.pack(_g_extend(crc, payload))
-        if len(payload) >= _CRC32C_COPY_MIN_BYTES:
-            return _u32.pack(_g_extend(crc, bytes(payload)))
-        return _u32.pack(_crc32c(payload, crc))
+        # The codec kernel takes any buffer (a read's payload is a view of its frame) and runs
+        # three interleaved streams (~28 GB/s on 64 KiB, google_crc32c ~16 GB/s on bytes plus
+        # a copy for a view); its pure twin is google_crc32c.
+        return _u32.pack(_crc32c(payload, _crc32c(header)))
 
     def _digest_mac(self, header: bytes, payload) -> bytes:
         h = self._mac.copy()

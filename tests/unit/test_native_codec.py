@@ -316,3 +316,16 @@ def test_encode_add_acks_is_encode_add_responses_of_one_rc(k):
                                        (reqs, 0, 3, ValueError), ([(0, KEY, "x", 0)], 0, 2, TypeError)):
         with pytest.raises(err):
             k.encode_add_acks(bad_reqs, rc, version)
+
+
+@pytest.mark.parametrize("k", KERNELS)
+def test_crc32c_three_stream_joins_at_every_boundary(k):
+    # The hardware path runs three streams over blocks of 8 KiB, then 256 B, then one stream:
+    # lengths around each block multiple and every start alignment must give the same CRC.
+    rng = random.Random(11)
+    buf = rng.randbytes(80_000)
+    for n in (767, 768, 769, 1535, 1536, 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 1, 3 * 8192 + 768 + 7, 65_572, 79_990):
+        for off in range(8):
+            seed = rng.getrandbits(32)
+            view = memoryview(buf)[off:off + n]
+            assert k.crc32c(view, seed) == google_crc32c.extend(seed, bytes(view)), (n, off)
