@@ -79,7 +79,8 @@ class BookieConfig:
     index_sync: bool = True
     # Threads for reads that miss both caches (BookKeeper's default, 8): they wait on the
     # disk, so more of them keep more reads in flight; 2 held random cold 64 KiB reads to
-    # 315-335 MB/s where 8 read 400-470 (docs/BENCHMARKS.md, seventh round).
+    # 315-335 MB/s where 8 read 400-470 (docs/BENCHMARKS.md, seventh round); 32 read 480-556
+    # (eighth round). Each is also a read slot per connection (OVERLOAD.md's bound).
     num_read_worker_threads: int = 8
 
     # --- server
