@@ -226,16 +226,23 @@ def test_read_run(tmp_path):
     el.close()
 
 
-def test_read_fds_have_no_kernel_readahead_and_a_scan_hints_whole_blocks(tmp_path, monkeypatch):
+def _advised_log(tmp_path, monkeypatch, count: int):
+    """An entry logger with `count` ~1 KB records in one log, and the list every
+    posix_fadvise call after they were written is recorded in."""
     advice = []
     real = os.posix_fadvise
     monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, how: (advice.append((off, n, how)),
                                                                        real(fd, off, n, how))[1])
-    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=1 << 20))
-    es = [entry(4, i, 1000) for i in range(200)]  # ~1 KB records: ~200 KB, one log
+    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=4 << 20))
+    es = [entry(4, i, 1000) for i in range(count)]
     locs = el.add_entries(es)
     el.flush()
     advice.clear()
+    return el, es, locs, advice
+
+
+def test_read_fds_have_no_kernel_readahead_and_a_scan_hints_whole_blocks(tmp_path, monkeypatch):
+    el, es, locs, advice = _advised_log(tmp_path, monkeypatch, 200)  # ~200 KB
     run = el.read_run(locs[0], 10, 8192, hint_bytes=65536)
     assert [r[1] for r in run] == list(range(len(run))) and 5 <= len(run) < 10  # 8 KiB of records
     assert advice[0] == (0, 0, os.POSIX_FADV_RANDOM)  # opened once, for every pread after
@@ -590,14 +597,7 @@ def test_flush_bytes_must_not_be_negative(tmp_path):
 def test_a_scan_hints_each_block_once(tmp_path, monkeypatch):
     # A WILLNEED call walks the page cache of its whole range; a scan's read-aheads inside one
     # block ask nothing new, the first past it asks for the one new block only.
-    advice = []
-    real = os.posix_fadvise
-    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, how: (advice.append((off, n, how)),
-                                                                       real(fd, off, n, how))[1])
-    el = EntryLogger([str(tmp_path)], cfg(entry_log_size_limit_bytes=4 << 20))
-    es = [entry(4, i, 1000) for i in range(1000)]  # ~1 MB, one log
-    locs = el.add_entries(es)
-    el.flush()
+    el, _, locs, advice = _advised_log(tmp_path, monkeypatch, 1000)  # ~1 MB
     run = el.read_run(locs[0], 10, 8192, hint_bytes=65536)
     advice.clear()
     el.read_run(locs[len(run)], 10, 8192, hint_bytes=65536)  # still before 64 KiB: asked already
