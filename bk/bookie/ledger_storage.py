@@ -402,7 +402,11 @@ class LedgerStorage:
         count, scanning = self._read_runs.plan(ledger_id, entry_id, batch) if batch > 1 else (1, False)
         if count <= 1:
             return self.entry_logger.read_entry(ledger_id, entry_id, location)
-        run = self.entry_logger.read_run(location, count, READ_AHEAD_MAX_BYTES,
+        # Read what `count` records of the ledger's last size need, not a whole 1.25 MiB: 100
+        # records of 1 KiB read 1.25 MiB to keep 100 KiB, and every kept entry was copied out.
+        record = self.entry_logger.record_bytes(ledger_id)
+        max_bytes = READ_AHEAD_MAX_BYTES if record is None else min(READ_AHEAD_MAX_BYTES, count * record)
+        run = self.entry_logger.read_run(location, count, max_bytes,
                                          hint_bytes=READ_AHEAD_HINT_BYTES if scanning else 0)
         if not run or run[0][0] != ledger_id or run[0][1] != entry_id:
             # read_run does not know which ids to expect; the strict read does.

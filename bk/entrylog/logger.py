@@ -94,8 +94,9 @@ class EntryLogger:
         self.behind: Callable[[], bool] = _never
         self.max_entry_bytes = config.max_frame_size_bytes
         self._kernel = load_kernel("entrylog")
-        # ledger id -> bytes of its last record read (above _READ_GUESS_BYTES): read_entry's
-        # guess. Any thread; a stale or lost guess costs one more pread or a few bytes more.
+        # ledger id -> bytes of its last record read (size prefix included): read_entry's
+        # guess, and how much a read-ahead of n records reads (record_bytes). Any thread; a
+        # stale or lost guess costs one more pread, a few bytes more or a shorter read-ahead.
         self._record_sizes: dict[int, int] = {}
         self._lock = threading.Lock()  # guards _paths, _info, _current_usage, current_log_id
         self._paths: dict[int, str] = {}
@@ -387,8 +388,7 @@ class EntryLogger:
                                             path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
             # One pread for the whole record when the ledger's last record had its size: with
             # no kernel readahead (ReadFiles), a second pread is a second trip to the disk.
-            sizes = self._record_sizes
-            buf = self._pread(h, sizes.get(ledger_id, _READ_GUESS_BYTES), offset)
+            buf = self._pread(h, max(self._record_sizes.get(ledger_id, 0), _READ_GUESS_BYTES), offset)
             size, lid, eid = self._check_record(h.path, offset, buf)
             if (lid, eid) != (ledger_id, entry_id):
                 raise CorruptedStorageError(
@@ -396,10 +396,7 @@ class EntryLogger:
                     f"expected ledger {ledger_id} entry {entry_id}",
                     path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
             need = fmt.SIZE_FIELD_BYTES + size
-            if need > _READ_GUESS_BYTES and sizes.get(ledger_id) != need:
-                if len(sizes) >= _RECORD_SIZES_MAX:
-                    sizes.clear()
-                sizes[ledger_id] = need
+            self._remember_size(ledger_id, need)
             if len(buf) >= need:
                 return buf[fmt.SIZE_FIELD_BYTES:need]
             rest = self._pread(h, need - len(buf), offset + len(buf))
@@ -448,7 +445,20 @@ class EntryLogger:
                 break
             used += size
             out.append((lid, eid, mv[off + 4:off + 4 + size], location + off))
+        self._remember_size(out[0][0], fmt.SIZE_FIELD_BYTES + len(out[0][2]))
         return out
+
+    def record_bytes(self, ledger_id: int) -> int | None:
+        """The size of the ledger's last record read (size prefix included), if remembered:
+        a read-ahead of n records needs about n times this, not a whole max_bytes."""
+        return self._record_sizes.get(ledger_id)
+
+    def _remember_size(self, ledger_id: int, need: int) -> None:
+        sizes = self._record_sizes
+        if sizes.get(ledger_id) != need:
+            if len(sizes) >= _RECORD_SIZES_MAX:
+                sizes.clear()
+            sizes[ledger_id] = need
 
     @staticmethod
     def _hint(h, after: int, hint_bytes: int, end: int) -> None:

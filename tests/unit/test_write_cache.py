@@ -238,3 +238,26 @@ def test_read_ahead_caches_views_of_its_read_only_when_they_are_most_of_it(tmp_p
     finally:
         storage.stop()
         storage.close_index()
+
+
+def test_a_read_ahead_reads_what_its_records_need_not_the_whole_cap(tmp_path):
+    # 100 records of ~1 KB read 1.25 MiB to keep 100 KB (and copied every kept entry out):
+    # once the ledger's record size is known, a read-ahead reads count x that size.
+    from bk.bookie.ledger_storage import READ_AHEAD_MAX_BYTES
+    storage = _storage_with(tmp_path, [1], 2000, 1000)  # ~2 MB: more than the cap
+    preads = []
+    real = storage.entry_logger._pread
+    storage.entry_logger._pread = lambda h, n, offset: (preads.append(n), real(h, n, offset))[1]
+    try:
+        assert storage.read_from_storage(1, 0) == _entry(1, 0, bytes([0]) * 1000)
+        assert preads == [READ_AHEAD_MAX_BYTES]  # the first: the size is not known yet
+        record = 4 + len(_entry(1, 0, bytes(1000)))
+        assert storage.entry_logger.record_bytes(1) == record
+        batch = storage.config.read_ahead_batch_size
+        preads.clear()
+        assert storage.read_from_storage(1, batch) == _entry(1, batch, bytes([batch % 251]) * 1000)
+        assert preads == [batch * record]
+        assert type(storage.read_cache.get(1, batch + 1)) is memoryview  # all of the read kept: views
+    finally:
+        storage.stop()
+        storage.close_index()
