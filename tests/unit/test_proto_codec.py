@@ -143,12 +143,17 @@ def test_response_parts_concatenate_to_the_frame_and_keep_entries_uncopied(versi
     for msg in RESPONSES:
         parts = encode_response_parts(msg, version)
         assert b"".join(parts) == encode_response(msg, version)
-    entries = [bytes([i]) * 1000 for i in range(3)]
+    entries = [bytes([i]) * 20_000 for i in range(3)]
     parts = encode_response_parts(BatchReadResponse(0, 5, 0, 1, entries), version)
-    assert [p for p in parts if len(p) == 1000] == entries and all(
+    assert [p for p in parts if len(p) == 20_000] == entries and all(
         any(p is e for p in parts) for e in entries)  # the entries themselves, not copies
-    body = memoryview(b"x" * 500)
+    body = memoryview(b"x" * 20_000)
     assert encode_response_parts(ReadResponse(0, 5, 1, body), version)[1] is body
+    # small entries cost less copied than as iovecs of their own: one joined frame
+    small = [bytes([i]) * 1000 for i in range(3)]
+    assert encode_response_parts(BatchReadResponse(0, 5, 0, 1, small), version) == \
+        [encode_response(BatchReadResponse(0, 5, 0, 1, small), version)]
+    assert len(encode_response_parts(ReadResponse(0, 5, 1, b"x" * 500), version)) == 1
 
 
 def test_views_in_views_out():
