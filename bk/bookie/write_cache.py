@@ -212,7 +212,7 @@ class ReadRuns:
     """How far an entry-log read reads ahead: the read-ahead plan.
 
     A read that misses both caches reads ahead (up to `read_ahead_batch_size` entries,
-    about 1 MiB) only when it looks sequential: the ledger's first miss, or a miss that
+    at most ledger_storage.READ_AHEAD_MAX_BYTES) only when it looks sequential: the ledger's first miss, or a miss that
     follows a span read earlier, by at most that span's length (a reader scanning on,
     whose read-ahead ran out). Other misses read their one entry: a random 64 KiB read
     that read 1 MiB ahead read 16 times the bytes it needed (docs/BENCHMARKS.md, sixth

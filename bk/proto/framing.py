@@ -87,7 +87,7 @@ class FrameDecoder:
         self._area: memoryview | None = None  # BufferedProtocol receive area, made on first use
         self._frame: bytearray | None = None  # the incomplete frame read in place (_pending_bytes filled)
         self._frame_view: memoryview | None = None
-        self._ready: bytearray | None = None  # a frame `received` completed, for the next feed
+        self._ready: memoryview | None = None  # read-only: a frame `received` completed, to feed
 
     @property
     def buffered_bytes(self) -> int:
@@ -125,13 +125,14 @@ class FrameDecoder:
         self._pending_bytes += nbytes
         if self._pending_bytes < len(self._frame):
             return None
-        ready = self._ready = self._frame
+        # Read-only once here, so every view the feeds cut of it is read-only too
+        ready = self._ready = self._frame_view.toreadonly()
         self._frame = self._frame_view = None
         self._pending_bytes = 0
         return ready
 
     # -- plumbing shared by the feeds
-    def _collect(self, data) -> bytes | bytearray | None:
+    def _collect(self, data) -> bytes | memoryview | None:
         if self._failed is not None:
             raise BadFrameLengthError(f"stream already failed: {self._failed}", length=-1,
                                       max_frame_size_bytes=self.max_frame_size_bytes)
@@ -184,7 +185,7 @@ class FrameDecoder:
         if buf is None:
             return []
         frames, end, err = _split_frames(buf, 0, self.max_frame_size_bytes)
-        mv = memoryview(buf).toreadonly()
+        mv = memoryview(buf)
         return self._settle(buf, end, err, [mv[off:off + ln] for off, ln in frames])
 
     def feed_requests(self, data) -> list:
@@ -199,7 +200,7 @@ class FrameDecoder:
             return []
         items, end, err, deferred = _scan_add_requests(buf, 0, self.max_frame_size_bytes, AddRequest)
         if deferred:
-            mv = memoryview(buf).toreadonly()
+            mv = memoryview(buf)
             for i in deferred:
                 items[i] = _slow_request(mv, items[i])
         return self._settle(buf, end, err, items)
@@ -213,7 +214,7 @@ class FrameDecoder:
         if buf is None:
             return []
         items, end, err, deferred = _scan_v3_add_requests(buf, 0, self.max_frame_size_bytes, v3.V3AddRequest)
-        if deferred and _v3_slow_requests(memoryview(buf).toreadonly(), items, deferred, end):
+        if deferred and _v3_slow_requests(memoryview(buf), items, deferred, end):
             self.v3_failed = True
         return self._settle(buf, end, err, items)
 
@@ -226,7 +227,7 @@ class FrameDecoder:
         items, end, err, deferred = _scan_v3_add_responses(buf, 0, self.max_frame_size_bytes, _V2_BY_V3,
                                                           AddResponse)
         if deferred:
-            mv = memoryview(buf).toreadonly()
+            mv = memoryview(buf)
             for i in deferred:
                 off, ln = items[i]
                 try:
@@ -242,7 +243,7 @@ class FrameDecoder:
             return []
         items, end, err, deferred = _scan_add_responses(buf, 0, self.max_frame_size_bytes, AddResponse)
         if deferred:
-            mv = memoryview(buf).toreadonly()
+            mv = memoryview(buf)
             for i in deferred:
                 items[i] = _slow_response(mv, items[i])
         return self._settle(buf, end, err, items)
