@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import deque
 
 from bk.errors import ProtocolError
@@ -55,6 +56,13 @@ _V3_ADDS_ONLY = {V3AddRequest}
 _ADD_TYPES = (AddRequest, V3AddRequest)
 DECODE_SLICE_BYTES = 16 * 1024
 _WHOLE_READ = 1 << 62
+# Answers of at least this many bytes are written by os.writev, which releases the GIL, before
+# the transport sees them: uvloop's write holds the GIL through the syscall, and the copy into
+# the socket (plus, on loopback, the receiver's TCP work) was half of the loop's GIL time in a
+# cold scan, time the read threads could not run in. Small answers (ADD acks) stay with the
+# transport: a GIL round trip costs more than their copy.
+DIRECT_WRITE_MIN_BYTES = 64 * 1024
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 
 class BookieConnection(asyncio.Protocol):
@@ -71,6 +79,7 @@ class BookieConnection(asyncio.Protocol):
         self._reads_running = 0
         self._reads_waiting: deque = deque()  # (start, req) of reads begun, not started (run_read)
         self.transport: asyncio.Transport | None = None
+        self._fd = -1  # the plain socket's fd for _write_direct; -1: the transport writes all
         self.peer = "?"
         self.pending = 0
         self.pending_bytes = 0
@@ -94,6 +103,7 @@ class BookieConnection(asyncio.Protocol):
         # pause_writing once the unwritten answers exceed the response limit (resume_writing
         # at a quarter of it, the transport's default low-water mark)
         transport.set_write_buffer_limits(high=self.max_response_bytes)
+        self._fd = _plain_socket_fd(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.server.connections.add(self)
@@ -353,8 +363,14 @@ class BookieConnection(asyncio.Protocol):
             self._add_rows = []
         if self._out:
             out, self._out = self._out, []
+            # Written directly only when nothing waits in the transport's buffer: what that writes
+            # goes first, and what the socket did not take goes to the transport, in order.
+            if (self._out_bytes >= DIRECT_WRITE_MIN_BYTES and self._fd >= 0 and len(out) <= _IOV_MAX
+                    and not self.transport.get_write_buffer_size() and not self.transport.is_closing()):
+                out = _write_direct(self._fd, out)
             self._out_bytes = 0
-            self.transport.writelines(out)  # a writev: big read responses are not copied into one buffer
+            if out:
+                self.transport.writelines(out)  # a writev: big read responses are not copied into one buffer
             if self._reads_waiting and not self._writing_paused:
                 self._start_reads()  # written at once (no pause_writing, so no resume_writing)
 
@@ -375,6 +391,7 @@ class BookieConnection(asyncio.Protocol):
     def upgraded(self, transport) -> None:
         """The TLS transport replaces the plain one (bk.server.tls)."""
         self.transport = transport
+        self._fd = -1  # the socket carries TLS records now: only the transport writes
         transport.set_write_buffer_limits(high=self.max_response_bytes)
         if self._reading_paused:  # start_tls resumes reading; backpressure still applies
             transport.pause_reading()
@@ -383,3 +400,37 @@ class BookieConnection(asyncio.Protocol):
         self._flush()
         if self.transport is not None and not self.closed:
             self.transport.close()
+
+
+def _plain_socket_fd(transport) -> int:
+    """The fd a plain TCP transport writes to, or -1 (TLS, a test's fake transport)."""
+    if transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("ssl_object") is not None:
+        return -1
+    sock = transport.get_extra_info("socket")
+    try:
+        return sock.fileno() if sock is not None else -1
+    except (AttributeError, OSError):
+        return -1
+
+
+def _write_direct(fd: int, out: list) -> list:
+    """Write what the non-blocking socket takes now, the GIL released; return the rest. Any
+    error leaves all of it to the transport, whose own write meets the error again and closes
+    the connection the usual way."""
+    try:
+        n = os.writev(fd, out)
+    except OSError:  # BlockingIOError (a full socket) included
+        return out
+    return unwritten(out, n)
+
+
+def unwritten(out: list, n: int) -> list:
+    """The buffers of `out` left after its first n bytes were written (the first cut as a view)."""
+    i = 0
+    while i < len(out) and n >= len(out[i]):
+        n -= len(out[i])
+        i += 1
+    rest = out[i:]
+    if rest and n:
+        rest[0] = memoryview(rest[0])[n:]
+    return rest
