@@ -152,14 +152,19 @@ def read_front_to_back(fd: int, latencies: list, hinted: bool = False) -> int:
         offset += len(data)
 
 
+def log_paths(data_dir: str) -> list[str]:
+    """The bookie's entry-log files under data_dir, in name order."""
+    return sorted(os.path.join(root, name) for root, _, files in os.walk(data_dir)
+                  for name in files if name.endswith(LOG_SUFFIX))
+
+
 def raw_log_reads(data_dir: str, entry_size: int) -> dict:
     """The disk's rate for the very bytes the bookie reads: its entry-log files, pages
     dropped, read front to back in 1 MiB preads by one thread the way the bookie reads a
     scan - no kernel readahead, WILLNEED for 4 MiB blocks up to 9 MiB ahead. On the
     virtio disk this read the logs at 1.7-1.9 GB/s where the kernel's own 8 MiB readahead
     read them at 0.54-0.63 (docs/BENCHMARKS.md, seventh round)."""
-    paths = sorted(os.path.join(root, name) for root, _, files in os.walk(data_dir)
-                   for name in files if name.endswith(LOG_SUFFIX))
+    paths = log_paths(data_dir)
     drop_page_cache(data_dir)
     latencies: list[float] = []
     n = 0
@@ -200,8 +205,7 @@ def read_direct_front_to_back(fd: int, buf: mmap.mmap, latencies: list) -> int:
 def raw_log_direct_reads(data_dir: str, entry_size: int) -> dict | None:
     """The bookie's entry-log files read with O_DIRECT, 1 MiB reads, one thread: no page
     cache, so no copy out of it and no kernel readahead to wait for. None on tmpfs."""
-    paths = sorted(os.path.join(root, name) for root, _, files in os.walk(data_dir)
-                   for name in files if name.endswith(LOG_SUFFIX))
+    paths = log_paths(data_dir)
     buf = mmap.mmap(-1, RAW_SEQ_READ_BYTES)
     latencies: list[float] = []
     n = 0

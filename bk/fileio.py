@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from bk.errors import DiskFullError, StorageError, SyncFailedError
 
+IOV_MAX = 1024  # Linux's limit on buffers per writev/pwritev (journal, entry logs, sockets)
 PAGE_BYTES = 4096  # page-cache granularity for drop_synced_pages (a multiple of the real size is fine)
 _track_lock = threading.Lock()
 _track_fd: int | None = None

@@ -38,7 +38,7 @@ from bk.entrylog import format as fmt
 from bk.entrylog.files import LogScan, ReadFiles
 from bk.errors import ConfigError, CorruptedStorageError, StorageError, SyncFailedError
 from bk import fileio
-from bk.fileio import DiskUsage, DurableFile, disk_space, ensure_dir, remove_file
+from bk.fileio import IOV_MAX, DiskUsage, DurableFile, disk_space, ensure_dir, remove_file
 
 log = logging.getLogger("bk.entrylog")
 
@@ -51,7 +51,6 @@ SPLIT_MIN_ENTRY_BYTES = 16 * 1024  # from this average entry size a batch is wri
 # of the disk (this VM's disk: 361 MB/s of write + fdatasync in 256 KiB groups, 705 in
 # 1 MiB, 718 in 2 MiB, 666 in 4 MiB).
 BEHIND_FLUSH_BYTES = 2 * 1024 * 1024
-IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 
 def _never() -> bool:

@@ -48,7 +48,7 @@ from bk import metrics
 from bk._native import load
 from bk.config import BookieConfig
 from bk.errors import BadRequestError, DiskFullError, StorageError
-from bk.fileio import DurableFile, ensure_dir, remove_file
+from bk.fileio import IOV_MAX, DurableFile, ensure_dir, remove_file
 from bk.journal.records import (
     HEADER_BYTES,
     MIN_BODY_BYTES,
@@ -66,7 +66,6 @@ logger = logging.getLogger(__name__)
 Callback = Callable[[Any, BaseException | None], None]
 
 SPLIT_MIN_BODY_BYTES = 16 * 1024  # from this average body size a batch is written without copying
-IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 
 FIELDS = 3  # a queued record is `body, cb, ctx`, flat in the queue and in a group's items

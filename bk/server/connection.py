@@ -43,6 +43,7 @@ import os
 from collections import deque
 
 from bk.errors import ProtocolError
+from bk.fileio import IOV_MAX
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
                       RequestDecodeError, encode_add_acks, encode_add_responses, error_response_for)
 from bk.proto import v3
@@ -62,7 +63,6 @@ _WHOLE_READ = 1 << 62
 # cold scan, time the read threads could not run in. Small answers (ADD acks) stay with the
 # transport: a GIL round trip costs more than their copy.
 DIRECT_WRITE_MIN_BYTES = 64 * 1024
-_IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 
 class BookieConnection(asyncio.Protocol):
@@ -365,7 +365,7 @@ class BookieConnection(asyncio.Protocol):
             out, self._out = self._out, []
             # Written directly only when nothing waits in the transport's buffer: what that writes
             # goes first, and what the socket did not take goes to the transport, in order.
-            if (self._out_bytes >= DIRECT_WRITE_MIN_BYTES and self._fd >= 0 and len(out) <= _IOV_MAX
+            if (self._out_bytes >= DIRECT_WRITE_MIN_BYTES and self._fd >= 0 and len(out) <= IOV_MAX
                     and not self.transport.get_write_buffer_size() and not self.transport.is_closing()):
                 out = _write_direct(self._fd, out)
             self._out_bytes = 0
