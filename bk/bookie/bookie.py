@@ -598,6 +598,13 @@ class Bookie:
             return None
         return self.storage.get_cached(ledger_id, entry_id)
 
+    def _read_failed(self, ledger_id: int, entry_id: int, e: StorageError) -> None:
+        if isinstance(e, CorruptedStorageError):
+            metrics.READ_ENTRY_CORRUPTED.inc()
+        else:
+            metrics.STORAGE_ERRORS.inc()
+        log.error("bookie %s: ledger %d entry %d cannot be read: %s", self.bookie_id, ledger_id, entry_id, e)
+
     async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The stored entry: bytes, or a read-only view of a read-ahead's buffer (never written
         again); entry_id -1 = the last entry this bookie has."""
@@ -624,12 +631,7 @@ class Bookie:
                     entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
                                                              ledger_id, entry_id)
                 except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
-                    if isinstance(e, CorruptedStorageError):
-                        metrics.READ_ENTRY_CORRUPTED.inc()
-                    else:
-                        metrics.STORAGE_ERRORS.inc()
-                    log.error("bookie %s: ledger %d entry %d cannot be read: %s", self.bookie_id, ledger_id,
-                              entry_id, e)
+                    self._read_failed(ledger_id, entry_id, e)
                     raise
             if entry is not None:
                 return entry
@@ -638,6 +640,18 @@ class Bookie:
             if not limbo_before:
                 raise NoSuchEntryError(ledger_id=ledger_id, entry_id=entry_id)
             # limbo was cleared during the lookup: what the repair stored is visible now
+
+    async def read_span(self, ledger_id: int, entry_id: int, max_count: int, max_bytes: int):
+        """Entries entry_id.. that only the entry logs hold, back to back in one log, as a FileSpan
+        (LedgerStorage.read_span), or None: then read_entry reads them (caches, limbo, "no such
+        entry" are its to decide)."""
+        self._existing(ledger_id)
+        try:
+            return await self._loop.run_in_executor(self._read_pool, self.storage.read_span, ledger_id, entry_id,
+                                                    max_count, max_bytes)
+        except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
+            self._read_failed(ledger_id, entry_id, e)
+            raise
 
     # ------------------------------------------------------------ admin
     async def delete_ledger(self, ledger_id: int) -> bool:

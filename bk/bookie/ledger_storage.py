@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 from bk import metrics
 from bk.config import BookieConfig
 from bk.entrylog import EntryLogger
+from bk.entrylog.spans import FileSpan
 from bk.errors import StorageError
 from bk.index import Index, LedgerState
 
@@ -396,6 +397,29 @@ class LedgerStorage:
                 if moved == location:
                     raise
                 location = moved
+
+    def read_span(self, ledger_id: int, entry_id: int, max_count: int, max_bytes: int) -> FileSpan | None:
+        """Entries entry_id.. (at most max_count, within max_bytes) as a FileSpan of the entry log
+        that holds them back to back, not read (blocking; read worker threads): a BATCH_READ's
+        answer sent from the page cache. None when the first entry is in a cache (it is read
+        from there) or not in the index (read_from_storage decides what that means)."""
+        if self.get_cached(ledger_id, entry_id) is not None:
+            return None
+        locations = self.index.get_locations([(ledger_id, e) for e in range(entry_id, entry_id + max_count)])
+        if locations[0] is None:
+            return None
+        _, scanning = self._read_runs.plan(ledger_id, entry_id, max_count)
+        try:
+            span = self.entry_logger.read_span(ledger_id, entry_id, locations, max_bytes,
+                                               hint_bytes=READ_AHEAD_HINT_BYTES if scanning else 0)
+        except StorageError:
+            # as in read_from_storage: compaction may have moved the entry and deleted its log
+            if self.index.get_location(ledger_id, entry_id) == locations[0]:
+                raise
+            return None
+        if span is not None:
+            self._read_runs.ran(ledger_id, entry_id, entry_id + span.count - 1)
+        return span
 
     def _read_at(self, ledger_id: int, entry_id: int, location: int) -> bytes:
         batch = self.config.read_ahead_batch_size

@@ -16,6 +16,7 @@ from bk.errors import CorruptedStorageError, StorageError
 from bk.entrylog.format import HEADER_BYTES
 
 MAX_OPEN_READ_FILES = 256
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
 _FADV_RANDOM = getattr(os, "POSIX_FADV_RANDOM", None)
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -23,12 +24,13 @@ SCAN_CLEAN, SCAN_TRUNCATED, SCAN_BAD_SIZE = 0, 1, 2
 
 
 class ReadHandle:
-    __slots__ = ("log_id", "path", "fd", "refs", "doomed", "hinted")
+    __slots__ = ("log_id", "path", "fd", "dfd", "refs", "doomed", "hinted")
 
     def __init__(self, log_id: int, path: str, fd: int):
         self.log_id = log_id
         self.path = path
         self.fd = fd
+        self.dfd = -1  # the O_DIRECT fd (direct_fd), -1 not opened yet, -2 refused by the file system
         self.refs = 0
         self.doomed = False  # close once the last reader releases it
         self.hinted = (0, 0)  # the byte range last asked for with WILLNEED (EntryLogger._hint)
@@ -116,14 +118,31 @@ class ReadFiles:
                 del self._open[log_id]
                 self._close_fd(h)
 
+    def direct_fd(self, h: ReadHandle) -> int:
+        """h's log opened with O_DIRECT (once), or -1 where the file system refuses it (tmpfs).
+        Only while the caller holds a reference on h (the fd is closed with h's)."""
+        if h.dfd == -1 and _O_DIRECT:
+            try:
+                fd = os.open(h.path, os.O_RDONLY | _O_DIRECT)
+            except OSError:
+                fd = -2
+            with self._lock:
+                if h.dfd == -1 and h.fd >= 0:
+                    h.dfd, fd = fd, -1
+            if fd >= 0:  # another reader opened it first
+                os.close(fd)
+        return h.dfd if h.dfd >= 0 else -1
+
     @staticmethod
     def _close_fd(h: ReadHandle) -> None:
-        if h.fd >= 0:
-            try:
-                os.close(h.fd)
-            except OSError:
-                pass
-            h.fd = -1
+        for name in ("fd", "dfd"):
+            fd = getattr(h, name)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            setattr(h, name, -1)
 
 
 class LogScan:

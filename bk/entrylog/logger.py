@@ -35,6 +35,7 @@ from typing import Callable, NamedTuple, Sequence
 from bk._native import load as load_kernel
 from bk.config import BookieConfig
 from bk.entrylog import format as fmt
+from bk.entrylog import spans
 from bk.entrylog.files import LogScan, ReadFiles
 from bk.errors import ConfigError, CorruptedStorageError, StorageError, SyncFailedError
 from bk import fileio
@@ -117,6 +118,9 @@ class EntryLogger:
         # stale location must never name a reused log id.
         self._next_log_id = max(self._paths, default=-1) + 1
         self._files = ReadFiles(self._path_of)
+        # BATCH_READ answers of cold records are read by O_DIRECT into these (read_span)
+        self._direct_buffers = spans.DirectBuffers(config.max_frame_size_bytes + 2 * spans.DIRECT_ALIGN,
+                                                   2 * config.num_read_worker_threads)
         self.current_log_id: int | None = None
         self._current: DurableFile | None = None
         self._current_usage: dict[int, int] = {}
@@ -446,6 +450,11 @@ class EntryLogger:
             out.append((lid, eid, mv[off + 4:off + 4 + size], location + off))
         self._remember_size(out[0][0], fmt.SIZE_FIELD_BYTES + len(out[0][2]))
         return out
+
+    def read_span(self, ledger_id: int, entry_id: int, locations: list, max_bytes: int,
+                  hint_bytes: int = 0):
+        """A BATCH_READ answer's entries as the log lays them out (bk.entrylog.spans.read_span)."""
+        return spans.read_span(self, ledger_id, entry_id, locations, max_bytes, hint_bytes)
 
     def record_bytes(self, ledger_id: int) -> int | None:
         """The size of the ledger's last record read (size prefix included), if remembered:

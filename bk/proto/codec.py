@@ -323,6 +323,11 @@ def _encode_read_response(m: ReadResponse, h: int) -> bytes | list:
 def _encode_batch_read_response(m: BatchReadResponse, h: int) -> bytes | list:
     if m.rc != EOK and m.entries:
         raise MessageEncodeError("a BATCH_READ error response carries no entries")
+    if not isinstance(m.entries, list):
+        # Entries already in the answer's `length | entry` layout (an entry log's span of
+        # records, bk.entrylog.files.FileSpan): sent as they are, after the header.
+        return [_batch_resp.pack(BATCH_READ_RESPONSE_HEADER_BYTES + len(m.entries), h, m.rc, m.ledger_id,
+                                 m.start_entry_id, m.request_id), m.entries]
     parts = [b""]  # the header goes first once the length is known
     size = 0
     for entry in m.entries:

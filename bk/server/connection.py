@@ -42,7 +42,8 @@ import logging
 import os
 from collections import deque
 
-from bk.errors import ProtocolError
+from bk.entrylog.spans import BufferSpan, FileSpan
+from bk.errors import ProtocolError, StorageError
 from bk.fileio import IOV_MAX
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
                       RequestDecodeError, encode_add_acks, encode_add_responses, error_response_for)
@@ -84,7 +85,9 @@ class BookieConnection(asyncio.Protocol):
         self.pending = 0
         self.pending_bytes = 0
         self.closed = False
-        self._out: list[bytes] = []
+        self._out: list = []  # buffers, and FileSpans (BATCH_READ answers sent from the page cache)
+        self._spans = 0  # FileSpans in self._out
+        self._held_bytes = 0  # answers whose spans a thread is reading for the transport (_read_spans)
         self._add_rows: list[tuple[int, int, int]] = []
         self._flush_scheduled = False
         self._reading_paused = False
@@ -111,8 +114,10 @@ class BookieConnection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        _release_spans(self._out)
         self._out.clear()
         self._out_bytes = 0
+        self._spans = 0
         self._add_rows.clear()
         waiting = len(self._reads_waiting)
         if waiting:  # never started: nobody will answer them
@@ -178,8 +183,13 @@ class BookieConnection(asyncio.Protocol):
     def has_room(self) -> bool:
         """Whether the responses not yet written (queued here or in the transport) are
         within max_response_bytes_per_connection (always, once closed)."""
-        return (self.closed or self._out_bytes + self.transport.get_write_buffer_size()
+        return (self.closed or self._out_bytes + self._held_bytes + self.transport.get_write_buffer_size()
                 <= self.max_response_bytes)
+
+    @property
+    def takes_spans(self) -> bool:
+        """Whether answers may carry FileSpans: only a plain socket can be sendfile'd to."""
+        return self._fd >= 0
 
     def run_read(self, start, req) -> None:
         """A read that answers with entries, already counted by begin(): `start(req, self)`
@@ -301,6 +311,8 @@ class BookieConnection(asyncio.Protocol):
         """Whole frames: bytes, or a list of buffers that concatenate to them (encode_response_parts:
         they go to the writev as they are, a read answer's entries uncopied)."""
         if self.closed:
+            if type(frame) is list:
+                _release_spans(frame)
             return
         if self._add_rows:  # keep responses in completion order
             self._out.append(encode_add_responses(self._add_rows))
@@ -308,6 +320,8 @@ class BookieConnection(asyncio.Protocol):
         if type(frame) is list:
             self._out += frame
             self._out_bytes += sum(map(len, frame))
+            if type(frame[-1]) in _SPANS:  # a span is the last part of its answer (codec)
+                self._spans += 1
         else:
             self._out.append(frame)
             self._out_bytes += len(frame)
@@ -361,18 +375,47 @@ class BookieConnection(asyncio.Protocol):
         if self._add_rows:
             self._out.append(encode_add_responses(self._add_rows))
             self._add_rows = []
-        if self._out:
+        if self._out and not self._held_bytes:  # else _spans_read flushes once the thread is done
             out, self._out = self._out, []
+            spans, self._spans = self._spans, 0
             # Written directly only when nothing waits in the transport's buffer: what that writes
             # goes first, and what the socket did not take goes to the transport, in order.
-            if (self._out_bytes >= DIRECT_WRITE_MIN_BYTES and self._fd >= 0 and len(out) <= IOV_MAX
+            if ((self._out_bytes >= DIRECT_WRITE_MIN_BYTES or spans) and self._fd >= 0
                     and not self.transport.get_write_buffer_size() and not self.transport.is_closing()):
                 out = _write_direct(self._fd, out)
-            self._out_bytes = 0
-            if out:
+            out_bytes, self._out_bytes = self._out_bytes, 0
+            if out and spans:  # the transport gets a copy of what is left of a buffer, which goes back
+                rest, out = out, [part.read() if type(part) is BufferSpan else part for part in out]
+                for part in rest:
+                    if type(part) is BufferSpan:
+                        part.release()
+            if out and spans and any(type(part) is FileSpan for part in out):
+                # The transport takes bytes only: the spans the socket did not take are read by a
+                # thread (they may still be on disk), and what is queued meanwhile waits behind.
+                self._held_bytes = out_bytes or 1
+                self._loop.run_in_executor(None, _read_spans, out).add_done_callback(self._spans_read)
+            elif out:
                 self.transport.writelines(out)  # a writev: big read responses are not copied into one buffer
             if self._reads_waiting and not self._writing_paused:
                 self._start_reads()  # written at once (no pause_writing, so no resume_writing)
+
+    def _spans_read(self, fut) -> None:
+        self._held_bytes = 0
+        if self.closed:
+            return
+        try:
+            parts = fut.result()
+        except StorageError as e:
+            # Part of the answer may be on the wire already: nothing else can follow it. The
+            # client sees the connection close and reads the entries from another replica.
+            log.error("connection %s: an answer's entries could not be read: %s", self.peer, e)
+            self.transport.abort()
+            return
+        self.transport.writelines(parts)
+        if self._out:
+            self._flush()
+        elif self._reads_waiting and not self._writing_paused:
+            self._start_reads()
 
     def flush_now(self) -> None:
         """Hand every queued response to the transport now (START_TLS's plain-text answer)."""
@@ -414,23 +457,74 @@ def _plain_socket_fd(transport) -> int:
 
 
 def _write_direct(fd: int, out: list) -> list:
-    """Write what the non-blocking socket takes now, the GIL released; return the rest. Any
-    error leaves all of it to the transport, whose own write meets the error again and closes
-    the connection the usual way."""
+    """Write what the non-blocking socket takes now, the GIL released: runs of buffers by
+    os.writev, FileSpans by os.sendfile; return the rest (a span cut short is advanced past
+    what was sent, one sent whole is released). Any error leaves the rest to the transport,
+    whose own write meets a socket error again and closes the connection the usual way (a
+    span's read error is met by _read_spans)."""
+    i, n_out = 0, len(out)
+    while i < n_out:
+        part = out[i]
+        if type(part) is FileSpan:
+            try:
+                n = os.sendfile(fd, part.fd, part.offset, part.length)
+            except OSError:  # BlockingIOError (a full socket) included
+                return out[i:]
+            part.advance(n)
+            if part.length:
+                return out[i:]
+            part.release()
+            i += 1
+            continue
+        j = i + 1
+        while j < n_out and j - i < IOV_MAX and type(out[j]) is not FileSpan:
+            j += 1
+        run = out[i:j]
+        try:
+            n = os.writev(fd, [p.view if type(p) is BufferSpan else p for p in run])
+        except OSError:
+            return out[i:]
+        rest = unwritten(run, n)
+        if rest:
+            return rest + out[j:]
+        i = j
+    return []
+
+
+def _read_spans(out: list) -> list:
+    """`out` with its FileSpans read into bytes (a thread: they may be on disk); every span
+    is released, read or not."""
     try:
-        n = os.writev(fd, out)
-    except OSError:  # BlockingIOError (a full socket) included
-        return out
-    return unwritten(out, n)
+        return [part.read() if type(part) is FileSpan else part for part in out]
+    finally:
+        _release_spans(out)
+
+
+def _release_spans(parts: list) -> None:
+    for part in parts:
+        if type(part) in _SPANS:
+            part.release()
+
+
+_SPANS = (FileSpan, BufferSpan)
 
 
 def unwritten(out: list, n: int) -> list:
-    """The buffers of `out` left after its first n bytes were written (the first cut as a view)."""
+    """The parts of `out` left after its first n bytes were written: the first cut as a view (a
+    BufferSpan advanced); the BufferSpans written whole are released."""
     i = 0
-    while i < len(out) and n >= len(out[i]):
-        n -= len(out[i])
+    while i < len(out):
+        size = len(out[i])
+        if n < size:
+            break
+        n -= size
+        if type(out[i]) is BufferSpan:
+            out[i].release()
         i += 1
     rest = out[i:]
     if rest and n:
-        rest[0] = memoryview(rest[0])[n:]
+        if type(rest[0]) is BufferSpan:
+            rest[0].advance(n)
+        else:
+            rest[0] = memoryview(rest[0])[n:]
     return rest

@@ -102,3 +102,156 @@ def test_after_start_tls_only_the_transport_writes():
         b.close()
 
     eventloop.run(main())
+
+
+def _logger_with_entries(tmp_path, count: int, size: int):
+    from bk.entrylog import EntryLogger
+    el = EntryLogger([str(tmp_path)], load_config(env={}, overrides={"num_read_worker_threads": 2}))
+    entries = [(7).to_bytes(8, "big") + i.to_bytes(8, "big") + os.urandom(size) for i in range(count)]
+    locs = el.add_entries(entries)
+    el.flush()
+    return el, entries, locs
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["FileSpan", "BufferSpan"])
+def test_span_answers_arrive_whole_and_in_order_and_give_everything_back(tmp_path, monkeypatch, cached):
+    """Answers ending in entry-log spans (BATCH_READ from the logs) go out by sendfile / writev
+    while the socket takes them; once the transport holds bytes, the spans left follow it in
+    order. Every fd reference and buffer is given back."""
+    from bk.entrylog import spans as spans_mod
+    monkeypatch.setattr(spans_mod, "_page_cached", lambda fd, offset: cached)
+    el, entries, locs = _logger_with_entries(tmp_path, 64, 40 * 1024)
+    items = [len(e).to_bytes(4, "big") + e for e in entries]
+    sendfiles = []
+    real_sendfile = os.sendfile
+
+    def counting_sendfile(*a):
+        n = real_sendfile(*a)
+        sendfiles.append(n)
+        return n
+
+    monkeypatch.setattr(connection_mod.os, "sendfile", counting_sendfile)
+    threaded = []
+    real_read_spans = connection_mod._read_spans
+    monkeypatch.setattr(connection_mod, "_read_spans", lambda out: threaded.append(1) or real_read_spans(out))
+
+    async def main():
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        loop = asyncio.get_running_loop()
+        conn = BookieConnection(_server())
+        await loop.connect_accepted_socket(lambda: conn, a)
+        assert conn.takes_spans
+        expect = []
+        for i in range(0, 64, 4):
+            span = el.read_span(7, i, locs[i:i + 4], 1 << 20)
+            assert span.count == 4
+            head = b"head-%d" % i
+            conn.send([head, span])
+            expect.append(head + b"".join(items[i:i + 4]))
+            if i % 12 == 0:
+                conn.send(b"x" * (300 * 1024))  # fills the socket: what follows waits in the transport
+                expect.append(b"x" * (300 * 1024))
+            if i % 8 == 4:
+                await asyncio.sleep(0)
+        want = b"".join(expect)
+        b.setblocking(False)
+        got = bytearray()
+
+        async def read_all():
+            while len(got) < len(want):
+                chunk = await loop.sock_recv(b, 1 << 20)
+                assert chunk, "the connection closed early"
+                got.extend(chunk)
+
+        try:
+            await asyncio.wait_for(read_all(), 30)
+        except asyncio.TimeoutError:
+            pass
+        assert len(got) == len(want) and got == want
+        conn.transport.close()
+        b.close()
+
+    eventloop.run(main())
+    # FileSpans the socket did not take are read by a thread; what is left of a BufferSpan is
+    # copied for the transport on the loop (it is in memory already)
+    assert bool(threaded) == cached
+    assert bool(sendfiles) == cached
+    assert all(h.refs == 0 for h in el._files._open.values())
+    assert len(el._direct_buffers._free) == el._direct_buffers._made
+    el.close()
+
+
+def test_what_follows_a_span_read_by_a_thread_waits_for_it(tmp_path, monkeypatch):
+    from bk.entrylog import spans as spans_mod
+    monkeypatch.setattr(spans_mod, "_page_cached", lambda fd, offset: True)
+    el, entries, locs = _logger_with_entries(tmp_path, 8, 40 * 1024)
+    real_read_spans = connection_mod._read_spans
+
+    def slow_read_spans(out):
+        import time
+        time.sleep(0.2)  # the thread is slow: the loop flushes again meanwhile
+        return real_read_spans(out)
+
+    monkeypatch.setattr(connection_mod, "_read_spans", slow_read_spans)
+
+    async def main():
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        loop = asyncio.get_running_loop()
+        conn = BookieConnection(_server())
+        await loop.connect_accepted_socket(lambda: conn, a)
+        filler = b"x" * (300 * 1024)
+        conn.send(filler)
+        await asyncio.sleep(0)  # the transport holds bytes now: the span goes to the thread
+        conn.send([b"head", el.read_span(7, 0, locs, 1 << 20)])
+        await asyncio.sleep(0)
+        conn.send(b"after")
+        await asyncio.sleep(0.05)
+        conn.send(b"later")
+        want = filler + b"head" + b"".join(len(e).to_bytes(4, "big") + e for e in entries) + b"afterlater"
+        b.setblocking(False)
+        got = bytearray()
+        while len(got) < len(want):
+            chunk = await asyncio.wait_for(loop.sock_recv(b, 1 << 20), 10)
+            assert chunk
+            got.extend(chunk)
+        assert got == want
+        conn.transport.close()
+        b.close()
+
+    eventloop.run(main())
+    assert all(h.refs == 0 for h in el._files._open.values())
+    el.close()
+
+
+def test_a_span_that_cannot_be_read_closes_the_connection(tmp_path, monkeypatch):
+    """A span the socket did not take and the thread cannot read (the file shrank, an I/O
+    error): part of its answer may be out already, so the connection is closed, not left
+    with a hole in its stream; the span's reference is given back."""
+    from bk.entrylog import spans as spans_mod
+    monkeypatch.setattr(spans_mod, "_page_cached", lambda fd, offset: True)
+    el, entries, locs = _logger_with_entries(tmp_path, 8, 40 * 1024)
+
+    async def main():
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        loop = asyncio.get_running_loop()
+        conn = BookieConnection(_server())
+        transport, _ = await loop.connect_accepted_socket(lambda: conn, a)
+        conn.send(b"x" * (300 * 1024))
+        await asyncio.sleep(0)  # the transport holds bytes now
+        span = el.read_span(7, 0, locs, 1 << 20)
+        os.truncate(span.path, 2048)
+        conn.send([b"head", span])
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if transport.is_closing():
+                break
+        assert transport.is_closing()
+        b.close()
+
+    eventloop.run(main())
+    assert all(h.refs == 0 for h in el._files._open.values())
+    el.close()

@@ -1,0 +1,199 @@
+"""EntryLogger.read_span: a BATCH_READ answer's entries as the entry log lays them out.
+
+An entry log's records (`size | entry`) are the answer's items (`length | entry`) byte for
+byte, so a run of one ledger's consecutive entries stored back to back is sent as it lies:
+a FileSpan (os.sendfile from the page cache) when the first page is cached, a BufferSpan
+(an O_DIRECT read into a reused buffer) when it is not. Both paths are checked here the
+same way: the bytes, where the span stops, the errors, and that every reference and
+buffer goes back.
+"""
+import os
+import struct
+
+import pytest
+
+from bk.entrylog import EntryLogger, format as fmt, spans as spans_mod
+from bk.entrylog.spans import BufferSpan, FileSpan
+from bk.errors import CorruptedStorageError
+
+from bk.config import BookieConfig, load_config
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def cfg(**kw) -> BookieConfig:
+    return load_config(env={}, overrides=kw)
+
+
+def entry(ledger_id: int, entry_id: int, payload_len: int) -> bytes:
+    return struct.pack(">qq", ledger_id, entry_id) + os.urandom(payload_len)
+
+
+def _items(entries) -> bytes:
+    return b"".join(struct.pack(">I", len(e)) + e for e in entries)
+
+
+@pytest.fixture(params=["page-cache", "direct"])
+def path_kind(request, monkeypatch):
+    """Which way read_span reads: the first page cached (FileSpan) or not (BufferSpan)."""
+    monkeypatch.setattr(spans_mod, "_page_cached", lambda fd, offset: request.param == "page-cache")
+    return request.param
+
+
+def _logger(tmp_path, **kw):
+    if not _direct_ok(tmp_path):  # a tmpfs /tmp: the direct path would go untested, silently
+        pytest.fail(f"{tmp_path} refuses O_DIRECT: run pytest with --basetemp on a disk")
+    kw.setdefault("entry_log_size_limit_bytes", 8 * MiB)
+    return EntryLogger([str(tmp_path)], cfg(**kw))
+
+
+def _direct_ok(path) -> bool:
+    probe = os.path.join(str(path), ".direct-probe")
+    with open(probe, "wb") as fh:
+        fh.write(bytes(4096))
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.remove(probe)
+
+
+def _span_type(kind):
+    return FileSpan if kind == "page-cache" else BufferSpan
+
+
+def _all_back(el) -> None:
+    assert all(h.refs == 0 for h in el._files._open.values())
+    pool = el._direct_buffers
+    assert len(pool._free) == pool._made
+
+
+@pytest.mark.parametrize("size", [0, 100, 5000, 64 * KiB])
+def test_a_span_is_the_records_as_the_answer_lays_them_out(tmp_path, path_kind, size):
+    el = _logger(tmp_path)
+    es = [entry(3, i, size) for i in range(12)]
+    locs = el.add_entries(es)
+    el.flush()
+    span = el.read_span(3, 0, locs, 16 * MiB)
+    assert type(span) is _span_type(path_kind)
+    assert span.count == 12 and len(span) == len(_items(es))
+    assert span.read() == _items(es)
+    span.release()
+    span.release()  # once only
+    # from the middle, and fewer locations than stored
+    span = el.read_span(3, 5, locs[5:9], 16 * MiB)
+    assert span.count == 4 and span.read() == _items(es[5:9])
+    span.release()
+    _all_back(el)
+    el.close()
+
+
+def test_a_span_stops_where_the_next_entry_is_not_the_next_record(tmp_path, path_kind):
+    el = _logger(tmp_path)
+    es = [entry(1, 0, 300), entry(1, 1, 300), entry(2, 0, 300), entry(1, 2, 300), entry(1, 3, 300)]
+    loc = el.add_entries(es)
+    el.flush()
+    # ledger 1: entry 2 is stored after another ledger's record
+    span = el.read_span(1, 0, [loc[0], loc[1], loc[3], loc[4]], MiB)
+    assert span.count == 2 and span.read() == _items(es[:2])
+    span.release()
+    # not stored (None) ends it too
+    span = el.read_span(1, 2, [loc[3], None], MiB)
+    assert span.count == 1 and span.read() == _items(es[3:4])
+    span.release()
+    # the index places entry 1 right after entry 0, but the record there is ledger 2's: a bad
+    # later record only ends the span (the read that asks for it next gets the error)
+    span = el.read_span(2, 0, [loc[2], loc[3]], MiB)
+    assert span.count == 1
+    span.release()
+    assert el.read_span(1, 0, [None, loc[1]], MiB) is None
+    # a record with the right ids that the index does not place there (a stale copy) is not
+    # served: only what the index places exactly here
+    copies = [entry(9, 0, 300), entry(9, 1, 300), entry(9, 1, 300)]
+    cl = el.add_entries(copies)
+    el.flush()
+    span = el.read_span(9, 0, [cl[0], cl[2]], MiB)
+    assert span.count == 1 and span.read() == _items(copies[:1])
+    span.release()
+    _all_back(el)
+    el.close()
+
+
+def test_a_span_keeps_within_max_bytes_but_holds_one_record_at_least(tmp_path, path_kind):
+    el = _logger(tmp_path)
+    es = [entry(4, i, 10 * KiB) for i in range(10)]
+    locs = el.add_entries(es)
+    el.flush()
+    one = 4 + len(es[0])
+    span = el.read_span(4, 0, locs, 3 * one + one // 2)
+    assert span.count == 3 and span.read() == _items(es[:3])
+    span.release()
+    span = el.read_span(4, 0, locs, 10)
+    assert span.count == 1 and span.read() == _items(es[:1])
+    span.release()
+    _all_back(el)
+    el.close()
+
+
+def test_a_bad_first_record_is_an_error_not_an_empty_answer(tmp_path, path_kind):
+    el = _logger(tmp_path)
+    es = [entry(5, i, 200) for i in range(4)]
+    locs = el.add_entries(es)
+    el.flush()
+    with pytest.raises(CorruptedStorageError, match="expected ledger 5 entry 0"):
+        el.read_span(5, 0, [locs[1]], MiB)  # the index points at another entry's record
+    log_id, _ = fmt.split_location(locs[0])
+    with pytest.raises(CorruptedStorageError, match="header"):
+        el.read_span(5, 0, [fmt.make_location(log_id, 8)], MiB)
+    # a size field destroyed on disk
+    path = el.log_path(log_id)
+    with open(path, "r+b") as fh:
+        fh.seek(fmt.split_location(locs[2])[1])
+        fh.write(struct.pack(">I", 3))
+    os.posix_fadvise(os.open(path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+    with pytest.raises(CorruptedStorageError, match="size 3 out of range"):
+        el.read_span(5, 2, locs[2:], MiB)
+    span = el.read_span(5, 0, locs, MiB)  # ends before the damaged record
+    assert span.count == 2 and span.read() == _items(es[:2])
+    span.release()
+    _all_back(el)
+    el.close()
+
+
+def test_the_direct_path_steps_aside_when_it_cannot_serve(tmp_path, monkeypatch):
+    monkeypatch.setattr(spans_mod, "_page_cached", lambda fd, offset: False)
+    el = _logger(tmp_path, num_read_worker_threads=1)  # two buffers
+    es = [entry(6, i, 1000) for i in range(8)]
+    locs = el.add_entries(es)
+    el.flush()
+    held = [el.read_span(6, i, locs[i:i + 1], MiB) for i in range(2)]
+    assert [type(s) for s in held] == [BufferSpan, BufferSpan]
+    third = el.read_span(6, 2, locs[2:], MiB)  # every buffer lent: the page cache serves
+    assert type(third) is FileSpan and third.read() == _items(es[2:])
+    for s in held + [third]:
+        s.release()
+    # a file system that refuses O_DIRECT (tmpfs)
+    monkeypatch.setattr(el._files, "direct_fd", lambda h: -1)
+    span = el.read_span(6, 0, locs, MiB)
+    assert type(span) is FileSpan and span.read() == _items(es)
+    span.release()
+    _all_back(el)
+    el.close()
+
+
+def test_a_record_longer_than_the_guess_is_read_whole(tmp_path, path_kind):
+    el = _logger(tmp_path)
+    small = [entry(7, i, 100) for i in range(3)]
+    big = entry(7, 3, 300 * KiB)
+    locs = el.add_entries(small + [big])
+    el.flush()
+    span = el.read_span(7, 0, locs[:1], MiB)  # remembers ~100-byte records
+    span.release()
+    span = el.read_span(7, 3, locs[3:], MiB)
+    assert span.count == 1 and span.read() == _items([big])
+    span.release()
+    _all_back(el)
+    el.close()
