@@ -15,13 +15,16 @@ which keeps what was written last in the write cache). Steps:
    its files; they were fsynced by the checkpoint, so the pages are clean);
 3. `entry-log seq`: read the cold ledger from entry 0 in ranges of
    `--range-entries`, `--in-flight` entries outstanding (each range is a
-   BATCH_READ; a miss reads `read_ahead_batch_size` entries on from the entry
-   log into the read cache);
+   BATCH_READ, answered from the entry log as it lies there: one O_DIRECT read
+   of the range's records, or os.sendfile when they are in the page cache;
+   docs/STORAGE.md);
    `raw-disk logs seq`: the bookie's entry-log files themselves, pages dropped,
    read front to back as the bookie reads a scan (see raw_log_reads);
    `raw-disk logs direct`: the same files read with O_DIRECT (no page cache);
-4. `read-cache seq`: read again the last quarter of the read cache's size of
-   the cold ledger (the last entries step 3 read ahead);
+4. `entry-log seq again`: read again the last quarter of the read cache's size of
+   the cold ledger. Since BATCH_READs of the entry logs bypass the read cache,
+   this reads them from the entry logs again (page cache or disk); single
+   READs still fill the read cache (`bench.forms --reads`);
 5. `entry-log rand`: drop the page cache again, read `--random-reads` entries
    of the cold ledger at random ids, one READ each, `--in-flight` outstanding;
 6. `write-cache seq` / `write-cache rand`: the last quarter of the write
@@ -313,7 +316,7 @@ async def run(cluster, args) -> list[dict]:
             rows.append(direct)
         first = max(0, last - tail + 1)
         n, s, lat = await read_seq(rh, first, last, args.range_entries, args.in_flight, payload)
-        rows.append(row("read-cache seq", n, size, s, lat))
+        rows.append(row("entry-log seq again", n, size, s, lat))
         drop_page_cache(data_dir)
         n, s, lat = await read_random(rh, 0, last, args.random_reads, args.in_flight, payload, args.seed)
         rows.append(row("entry-log rand", n, size, s, lat))
