@@ -61,6 +61,21 @@ def _direct_ok(path) -> bool:
         os.remove(probe)
 
 
+def _stored(el, entries) -> list:
+    locs = el.add_entries(entries)
+    el.flush()
+    return locs
+
+
+def _served(el, *args) -> tuple[int, bytes]:
+    """read_span's count and bytes; the span released."""
+    span = el.read_span(*args)
+    try:
+        return span.count, span.read()
+    finally:
+        span.release()
+
+
 def _span_type(kind):
     return FileSpan if kind == "page-cache" else BufferSpan
 
@@ -75,8 +90,7 @@ def _all_back(el) -> None:
 def test_a_span_is_the_records_as_the_answer_lays_them_out(tmp_path, path_kind, size):
     el = _logger(tmp_path)
     es = [entry(3, i, size) for i in range(12)]
-    locs = el.add_entries(es)
-    el.flush()
+    locs = _stored(el, es)
     span = el.read_span(3, 0, locs, 16 * MiB)
     assert type(span) is _span_type(path_kind)
     assert span.count == 12 and len(span) == len(_items(es))
@@ -84,9 +98,7 @@ def test_a_span_is_the_records_as_the_answer_lays_them_out(tmp_path, path_kind, 
     span.release()
     span.release()  # once only
     # from the middle, and fewer locations than stored
-    span = el.read_span(3, 5, locs[5:9], 16 * MiB)
-    assert span.count == 4 and span.read() == _items(es[5:9])
-    span.release()
+    assert _served(el, 3, 5, locs[5:9], 16 * MiB) == (4, _items(es[5:9]))
     _all_back(el)
     el.close()
 
@@ -94,16 +106,11 @@ def test_a_span_is_the_records_as_the_answer_lays_them_out(tmp_path, path_kind, 
 def test_a_span_stops_where_the_next_entry_is_not_the_next_record(tmp_path, path_kind):
     el = _logger(tmp_path)
     es = [entry(1, 0, 300), entry(1, 1, 300), entry(2, 0, 300), entry(1, 2, 300), entry(1, 3, 300)]
-    loc = el.add_entries(es)
-    el.flush()
+    loc = _stored(el, es)
     # ledger 1: entry 2 is stored after another ledger's record
-    span = el.read_span(1, 0, [loc[0], loc[1], loc[3], loc[4]], MiB)
-    assert span.count == 2 and span.read() == _items(es[:2])
-    span.release()
+    assert _served(el, 1, 0, [loc[0], loc[1], loc[3], loc[4]], MiB) == (2, _items(es[:2]))
     # not stored (None) ends it too
-    span = el.read_span(1, 2, [loc[3], None], MiB)
-    assert span.count == 1 and span.read() == _items(es[3:4])
-    span.release()
+    assert _served(el, 1, 2, [loc[3], None], MiB) == (1, _items(es[3:4]))
     # the index places entry 1 right after entry 0, but the record there is ledger 2's: a bad
     # later record only ends the span (the read that asks for it next gets the error)
     span = el.read_span(2, 0, [loc[2], loc[3]], MiB)
@@ -113,11 +120,8 @@ def test_a_span_stops_where_the_next_entry_is_not_the_next_record(tmp_path, path
     # a record with the right ids that the index does not place there (a stale copy) is not
     # served: only what the index places exactly here
     copies = [entry(9, 0, 300), entry(9, 1, 300), entry(9, 1, 300)]
-    cl = el.add_entries(copies)
-    el.flush()
-    span = el.read_span(9, 0, [cl[0], cl[2]], MiB)
-    assert span.count == 1 and span.read() == _items(copies[:1])
-    span.release()
+    cl = _stored(el, copies)
+    assert _served(el, 9, 0, [cl[0], cl[2]], MiB) == (1, _items(copies[:1]))
     _all_back(el)
     el.close()
 
@@ -125,15 +129,10 @@ def test_a_span_stops_where_the_next_entry_is_not_the_next_record(tmp_path, path
 def test_a_span_keeps_within_max_bytes_but_holds_one_record_at_least(tmp_path, path_kind):
     el = _logger(tmp_path)
     es = [entry(4, i, 10 * KiB) for i in range(10)]
-    locs = el.add_entries(es)
-    el.flush()
+    locs = _stored(el, es)
     one = 4 + len(es[0])
-    span = el.read_span(4, 0, locs, 3 * one + one // 2)
-    assert span.count == 3 and span.read() == _items(es[:3])
-    span.release()
-    span = el.read_span(4, 0, locs, 10)
-    assert span.count == 1 and span.read() == _items(es[:1])
-    span.release()
+    assert _served(el, 4, 0, locs, 3 * one + one // 2) == (3, _items(es[:3]))
+    assert _served(el, 4, 0, locs, 10) == (1, _items(es[:1]))
     _all_back(el)
     el.close()
 
@@ -141,8 +140,7 @@ def test_a_span_keeps_within_max_bytes_but_holds_one_record_at_least(tmp_path, p
 def test_a_bad_first_record_is_an_error_not_an_empty_answer(tmp_path, path_kind):
     el = _logger(tmp_path)
     es = [entry(5, i, 200) for i in range(4)]
-    locs = el.add_entries(es)
-    el.flush()
+    locs = _stored(el, es)
     with pytest.raises(CorruptedStorageError, match="expected ledger 5 entry 0"):
         el.read_span(5, 0, [locs[1]], MiB)  # the index points at another entry's record
     log_id, _ = fmt.split_location(locs[0])
@@ -167,8 +165,7 @@ def test_the_direct_path_steps_aside_when_it_cannot_serve(tmp_path, monkeypatch)
     monkeypatch.setattr(spans_mod, "_page_cached", lambda fd, offset: False)
     el = _logger(tmp_path, num_read_worker_threads=1)  # two buffers
     es = [entry(6, i, 1000) for i in range(8)]
-    locs = el.add_entries(es)
-    el.flush()
+    locs = _stored(el, es)
     held = [el.read_span(6, i, locs[i:i + 1], MiB) for i in range(2)]
     assert [type(s) for s in held] == [BufferSpan, BufferSpan]
     third = el.read_span(6, 2, locs[2:], MiB)  # every buffer lent: the page cache serves
@@ -188,12 +185,9 @@ def test_a_record_longer_than_the_guess_is_read_whole(tmp_path, path_kind):
     el = _logger(tmp_path)
     small = [entry(7, i, 100) for i in range(3)]
     big = entry(7, 3, 300 * KiB)
-    locs = el.add_entries(small + [big])
-    el.flush()
+    locs = _stored(el, small + [big])
     span = el.read_span(7, 0, locs[:1], MiB)  # remembers ~100-byte records
     span.release()
-    span = el.read_span(7, 3, locs[3:], MiB)
-    assert span.count == 1 and span.read() == _items([big])
-    span.release()
+    assert _served(el, 7, 3, locs[3:], MiB) == (1, _items([big]))
     _all_back(el)
     el.close()

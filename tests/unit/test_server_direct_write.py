@@ -31,6 +31,38 @@ def _server():
                                  processor=types.SimpleNamespace())
 
 
+async def _connected(conn, small_receiver: bool = True):
+    """`conn` serving one end of a socketpair with a 64 KiB send buffer (direct writes are
+    cut short); the other end, non-blocking, for the test to read."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    if small_receiver:
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    b.setblocking(False)
+    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(lambda: conn, a)
+    return transport, b
+
+
+async def _received(b, want: bytes) -> bytes:
+    """What arrives on b until len(want) bytes did, the peer closed, or 30 s passed (a lost
+    byte fails the comparison instead of hanging the test)."""
+    loop = asyncio.get_running_loop()
+    got = bytearray()
+
+    async def read_all():
+        while len(got) < len(want):
+            chunk = await loop.sock_recv(b, 1 << 20)
+            if not chunk:
+                return
+            got.extend(chunk)
+
+    try:
+        await asyncio.wait_for(read_all(), 30)
+    except asyncio.TimeoutError:
+        pass
+    return bytes(got)
+
+
 def _answers(count: int, size: int) -> list[list[bytes]]:
     # read-answer-like lists of parts, each part distinct so a reordering shows
     return [[bytes([(i * 7 + j) % 251]) * size for j in range(4)] for i in range(count)]
@@ -49,13 +81,9 @@ def test_big_answers_arrive_whole_and_in_order_through_a_small_socket(monkeypatc
     monkeypatch.setattr(connection_mod.os, "writev", counting_writev)
 
     async def main():
-        a, b = socket.socketpair()
-        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        loop = asyncio.get_running_loop()
         conn = BookieConnection(_server())
-        await loop.connect_accepted_socket(lambda: conn, a)
-        assert conn._fd == a.fileno()
+        transport, b = await _connected(conn)
+        assert conn._fd == transport.get_extra_info("socket").fileno()
         expect = []
         for i, parts in enumerate(_answers(answers, 48 * 1024)):
             conn.send(list(parts))
@@ -66,20 +94,7 @@ def test_big_answers_arrive_whole_and_in_order_through_a_small_socket(monkeypatc
             if i % 5 == 4:
                 await asyncio.sleep(0)  # a flush between some answers, several in one for others
         want = b"".join(expect)
-        b.setblocking(False)
-        got = bytearray()
-
-        async def read_all():
-            while len(got) < len(want):
-                chunk = await loop.sock_recv(b, 1 << 20)
-                assert chunk, "the connection closed early"
-                got.extend(chunk)
-
-        try:
-            await asyncio.wait_for(read_all(), 30)  # a lost byte fails here instead of hanging
-        except asyncio.TimeoutError:
-            pass
-        assert len(got) == len(want) and got == want
+        assert await _received(b, want) == want
         conn.transport.close()
         b.close()
 
@@ -136,12 +151,8 @@ def test_span_answers_arrive_whole_and_in_order_and_give_everything_back(tmp_pat
     monkeypatch.setattr(connection_mod, "_read_spans", lambda out: threaded.append(1) or real_read_spans(out))
 
     async def main():
-        a, b = socket.socketpair()
-        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        loop = asyncio.get_running_loop()
         conn = BookieConnection(_server())
-        await loop.connect_accepted_socket(lambda: conn, a)
+        transport, b = await _connected(conn)
         assert conn.takes_spans
         expect = []
         for i in range(0, 64, 4):
@@ -156,20 +167,7 @@ def test_span_answers_arrive_whole_and_in_order_and_give_everything_back(tmp_pat
             if i % 8 == 4:
                 await asyncio.sleep(0)
         want = b"".join(expect)
-        b.setblocking(False)
-        got = bytearray()
-
-        async def read_all():
-            while len(got) < len(want):
-                chunk = await loop.sock_recv(b, 1 << 20)
-                assert chunk, "the connection closed early"
-                got.extend(chunk)
-
-        try:
-            await asyncio.wait_for(read_all(), 30)
-        except asyncio.TimeoutError:
-            pass
-        assert len(got) == len(want) and got == want
+        assert await _received(b, want) == want
         conn.transport.close()
         b.close()
 
@@ -197,11 +195,8 @@ def test_what_follows_a_span_read_by_a_thread_waits_for_it(tmp_path, monkeypatch
     monkeypatch.setattr(connection_mod, "_read_spans", slow_read_spans)
 
     async def main():
-        a, b = socket.socketpair()
-        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-        loop = asyncio.get_running_loop()
         conn = BookieConnection(_server())
-        await loop.connect_accepted_socket(lambda: conn, a)
+        transport, b = await _connected(conn, small_receiver=False)
         filler = b"x" * (300 * 1024)
         conn.send(filler)
         await asyncio.sleep(0)  # the transport holds bytes now: the span goes to the thread
@@ -211,13 +206,7 @@ def test_what_follows_a_span_read_by_a_thread_waits_for_it(tmp_path, monkeypatch
         await asyncio.sleep(0.05)
         conn.send(b"later")
         want = filler + b"head" + b"".join(len(e).to_bytes(4, "big") + e for e in entries) + b"afterlater"
-        b.setblocking(False)
-        got = bytearray()
-        while len(got) < len(want):
-            chunk = await asyncio.wait_for(loop.sock_recv(b, 1 << 20), 10)
-            assert chunk
-            got.extend(chunk)
-        assert got == want
+        assert await _received(b, want) == want
         conn.transport.close()
         b.close()
 
@@ -235,11 +224,8 @@ def test_a_span_that_cannot_be_read_closes_the_connection(tmp_path, monkeypatch)
     el, entries, locs = _logger_with_entries(tmp_path, 8, 40 * 1024)
 
     async def main():
-        a, b = socket.socketpair()
-        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-        loop = asyncio.get_running_loop()
         conn = BookieConnection(_server())
-        transport, _ = await loop.connect_accepted_socket(lambda: conn, a)
+        transport, b = await _connected(conn, small_receiver=False)
         conn.send(b"x" * (300 * 1024))
         await asyncio.sleep(0)  # the transport holds bytes now
         span = el.read_span(7, 0, locs, 1 << 20)
