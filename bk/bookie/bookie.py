@@ -642,9 +642,9 @@ class Bookie:
             # limbo was cleared during the lookup: what the repair stored is visible now
 
     async def read_span(self, ledger_id: int, entry_id: int, max_count: int, max_bytes: int):
-        """Entries entry_id.. that only the entry logs hold, back to back in one log, as a FileSpan
-        (LedgerStorage.read_span), or None: then read_entry reads them (caches, limbo, "no such
-        entry" are its to decide)."""
+        """Entries entry_id.. that only the entry logs hold, back to back in one log, as a span of
+        it (LedgerStorage.read_span), or None: then read_entry reads them (caches, limbo, "no
+        such entry" are its to decide)."""
         self._existing(ledger_id)
         try:
             return await self._loop.run_in_executor(self._read_pool, self.storage.read_span, ledger_id, entry_id,

@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 from bk import metrics
 from bk.config import BookieConfig
 from bk.entrylog import EntryLogger
-from bk.entrylog.spans import FileSpan
+from bk.entrylog.spans import BufferSpan, FileSpan
 from bk.errors import StorageError
 from bk.index import Index, LedgerState
 
@@ -398,11 +398,12 @@ class LedgerStorage:
                     raise
                 location = moved
 
-    def read_span(self, ledger_id: int, entry_id: int, max_count: int, max_bytes: int) -> FileSpan | None:
-        """Entries entry_id.. (at most max_count, within max_bytes) as a FileSpan of the entry log
-        that holds them back to back, not read (blocking; read worker threads): a BATCH_READ's
-        answer sent from the page cache. None when the first entry is in a cache (it is read
-        from there) or not in the index (read_from_storage decides what that means)."""
+    def read_span(self, ledger_id: int, entry_id: int, max_count: int,
+                  max_bytes: int) -> FileSpan | BufferSpan | None:
+        """Entries entry_id.. (at most max_count, within max_bytes) as the entry log holds them back
+        to back, a BATCH_READ answer's body (bk.entrylog.spans; blocking: read worker threads).
+        None when the first entry is in a cache (it is read from there) or not in the index
+        (read_from_storage decides what that means)."""
         if self.get_cached(ledger_id, entry_id) is not None:
             return None
         locations = self.index.get_locations([(ledger_id, e) for e in range(entry_id, entry_id + max_count)])

@@ -174,9 +174,8 @@ def read_span(el, ledger_id: int, entry_id: int, locations: list, max_bytes: int
                                         path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
         if fileio.faults is not None:
             fileio.check_read(h.path)
-        record = el._record_sizes.get(ledger_id)
-        want = min(max_bytes if record is None else len(locations) * record, max_bytes, end - offset)
-        if el._direct_buffers is not None and not _page_cached(h.fd, offset):
+        want = min(len(locations) * _record_guess(el, ledger_id, locations), max_bytes, end - offset)
+        if not _page_cached(h.fd, offset):
             span = _read_span_direct(el, h, ledger_id, entry_id, locations, offset, want, end, max_bytes)
             if span is not None:
                 return span
@@ -186,7 +185,7 @@ def read_span(el, ledger_id: int, entry_id: int, locations: list, max_bytes: int
             except OSError:
                 pass  # a hint
         count, stop = _span_records(el, h.path, ledger_id, entry_id, locations, offset, end, max_bytes,
-                                         lambda pos: el._pread(h, _HEAD_BYTES, pos))
+                                    lambda pos: el._pread(h, _HEAD_BYTES, pos))
         if hint_bytes > 0:
             el._hint(h, stop, hint_bytes, end)
         span = FileSpan(el._files, h, offset, stop - offset, count)
@@ -195,6 +194,19 @@ def read_span(el, ledger_id: int, entry_id: int, locations: list, max_bytes: int
     finally:
         if h is not None:
             el._files.release(h)
+
+
+def _record_guess(el, ledger_id: int, locations: list) -> int:
+    """About how many bytes one of the run's records takes (size prefix included): the
+    ledger's last record read, else the distance to the second entry if it follows in the
+    same log, else a page (a longer first record is read again by the page-cache path)."""
+    record = el._record_sizes.get(ledger_id)
+    if record is None:
+        if len(locations) > 1 and locations[1] is not None and 0 < locations[1] - locations[0] < 1 << 32:
+            return locations[1] - locations[0]
+        return DIRECT_ALIGN
+    return record
+
 
 def _read_span_direct(el, h, ledger_id: int, entry_id: int, locations: list, offset: int, want: int,
                       end: int, max_bytes: int) -> BufferSpan | None:
@@ -229,16 +241,18 @@ def _read_span_direct(el, h, ledger_id: int, entry_id: int, locations: list, off
         raise
     return BufferSpan(pool, buf, offset - start, stop - offset, count)
 
+
 def _span_records(el, path: str, ledger_id: int, entry_id: int, locations: list, offset: int, end: int,
                   max_bytes: int, head) -> tuple[int, int]:
     """How many records from `offset` on (before `end`) are entries entry_id.. where `locations`
     place them, within max_bytes (at least one), and where they stop; `head(pos)` gives the
     head bytes of the record at pos. The first one is checked strictly (raises)."""
+    log_id = fmt.split_location(locations[0])[0]
     pos = offset
     count = 0
     last = 0
     for i, location in enumerate(locations):
-        if i and location != fmt.make_location(fmt.split_location(locations[0])[0], pos):
+        if i and location != fmt.make_location(log_id, pos):
             break  # not stored, or stored elsewhere: the span ends here
         try:
             size, lid, eid = el._check_record(path, pos, head(pos))

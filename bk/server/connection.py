@@ -85,8 +85,8 @@ class BookieConnection(asyncio.Protocol):
         self.pending = 0
         self.pending_bytes = 0
         self.closed = False
-        self._out: list = []  # buffers, and FileSpans (BATCH_READ answers sent from the page cache)
-        self._spans = 0  # FileSpans in self._out
+        self._out: list = []  # buffers, and spans of entry logs (BATCH_READ answers, bk.entrylog.spans)
+        self._spans = 0  # answers in self._out that end in a span
         self._held_bytes = 0  # answers whose spans a thread is reading for the transport (_read_spans)
         self._add_rows: list[tuple[int, int, int]] = []
         self._flush_scheduled = False
@@ -188,7 +188,8 @@ class BookieConnection(asyncio.Protocol):
 
     @property
     def takes_spans(self) -> bool:
-        """Whether answers may carry FileSpans: only a plain socket can be sendfile'd to."""
+        """Whether answers may carry spans of entry logs: only a plain socket can be written
+        directly (sendfile, writev); TLS goes through the transport."""
         return self._fd >= 0
 
     def run_read(self, start, req) -> None:
@@ -384,11 +385,8 @@ class BookieConnection(asyncio.Protocol):
                     and not self.transport.get_write_buffer_size() and not self.transport.is_closing()):
                 out = _write_direct(self._fd, out)
             out_bytes, self._out_bytes = self._out_bytes, 0
-            if out and spans:  # the transport gets a copy of what is left of a buffer, which goes back
-                rest, out = out, [part.read() if type(part) is BufferSpan else part for part in out]
-                for part in rest:
-                    if type(part) is BufferSpan:
-                        part.release()
+            if out and spans:
+                out = _copy_buffer_spans(out)
             if out and spans and any(type(part) is FileSpan for part in out):
                 # The transport takes bytes only: the spans the socket did not take are read by a
                 # thread (they may still be on disk), and what is queued meanwhile waits behind.
@@ -457,9 +455,9 @@ def _plain_socket_fd(transport) -> int:
 
 
 def _write_direct(fd: int, out: list) -> list:
-    """Write what the non-blocking socket takes now, the GIL released: runs of buffers by
-    os.writev, FileSpans by os.sendfile; return the rest (a span cut short is advanced past
-    what was sent, one sent whole is released). Any error leaves the rest to the transport,
+    """Write what the non-blocking socket takes now, the GIL released: runs of buffers (and
+    BufferSpans) by os.writev, FileSpans by os.sendfile; return the rest (a span cut short is
+    advanced past what was sent, one sent whole is released). Any error leaves the rest to the transport,
     whose own write meets a socket error again and closes the connection the usual way (a
     span's read error is met by _read_spans)."""
     i, n_out = 0, len(out)
@@ -489,6 +487,16 @@ def _write_direct(fd: int, out: list) -> list:
             return rest + out[j:]
         i = j
     return []
+
+
+def _copy_buffer_spans(out: list) -> list:
+    """`out` with what is left of its BufferSpans copied (the transport may keep what it is
+    given; the buffers go back to their pool)."""
+    copied = [part.read() if type(part) is BufferSpan else part for part in out]
+    for part in out:
+        if type(part) is BufferSpan:
+            part.release()
+    return copied
 
 
 def _read_spans(out: list) -> list:

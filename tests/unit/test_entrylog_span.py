@@ -191,3 +191,30 @@ def test_a_record_longer_than_the_guess_is_read_whole(tmp_path, path_kind):
     assert _served(el, 7, 3, locs[3:], MiB) == (1, _items([big]))
     _all_back(el)
     el.close()
+
+
+def test_a_ledger_not_read_before_is_read_for_what_its_locations_say(tmp_path, monkeypatch):
+    """With no record size remembered the direct read takes the run's size from the distance
+    between its first two locations (not max_bytes); a lone first entry reads a page and, when
+    its record is longer, the page-cache path serves it whole."""
+    monkeypatch.setattr(spans_mod, "_page_cached", lambda fd, offset: False)
+    reads = []
+    real_preadv = os.preadv
+    monkeypatch.setattr(spans_mod.os, "preadv", lambda fd, bufs, off, *f: reads.append(len(bufs[0])) or
+                        real_preadv(fd, bufs, off, *f))
+    el = _logger(tmp_path)
+    es = [entry(8, i, 100 * KiB) for i in range(6)]
+    locs = _stored(el, es)
+    el._record_sizes.clear()
+    span = el.read_span(8, 0, locs[:1], 16 * MiB)
+    assert type(span) is FileSpan and span.read() == _items(es[:1])
+    assert len(reads) == 1 and reads[0] <= 2 * 4096  # a page from the record on, aligned
+    span.release()
+    el._record_sizes.clear()
+    reads.clear()
+    span = el.read_span(8, 1, locs[1:4], 16 * MiB)
+    assert type(span) is BufferSpan and span.count == 3 and span.read() == _items(es[1:4])
+    assert 3 * (4 + len(es[0])) <= reads[0] < 3 * (4 + len(es[0])) + 2 * 4096
+    span.release()
+    _all_back(el)
+    el.close()
