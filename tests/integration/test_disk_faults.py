@@ -25,6 +25,7 @@ from bk import eventloop
 from bk.client import BookKeeper, BookieClient
 from bk.client.quorum import AddFramer
 from bk.config import load_config
+from bk.fileio import disk_space
 from bk.index import Index
 from bk.meta import open_store
 from bk.meta.registration import RegistrationManager
@@ -46,6 +47,14 @@ def make_cluster(zk_server, tmp_path, bookies: int, **overrides) -> LocalCluster
     track = str(tmp_path / "fsync.track")
     env = dict(os.environ, BK_FSYNC_TRACK_FILE=track, **ctl.env())
     overrides.setdefault("disk_check_interval_ms", 300)
+    # A full disk here is an injected one (usage 1.0). The host's own fill is not the test's
+    # to choose: CI machines were seen at 92.8% by statvfs (f_bavail of f_blocks), inside the
+    # default 0.90-0.95 band where a healed bookie rightly stays read-only. So the band sits
+    # above the host's fill, and a host too full for any band is a clear failure.
+    host = disk_space(str(tmp_path)).usage
+    assert host < 0.999, f"the test machine's disk is {host:.2%} full: too full to test disk faults"
+    overrides.setdefault("disk_usage_threshold", 0.9999)
+    overrides.setdefault("disk_usage_lwm_threshold", 0.999)
     c = LocalCluster(str(tmp_path / "c"), bookies=bookies, zk_connect=f"{zk_server}/df-{uuid.uuid4().hex[:8]}",
                      env=env, **overrides)
     c.faults = ctl
