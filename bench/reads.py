@@ -6,42 +6,53 @@ raw disk's read rate in the same run.
 
 One bookie (LocalCluster, default caches: 64 MiB write cache, 64 MiB read
 cache; `flush_interval_ms` raised so that only a full write cache flushes,
-which keeps what was written last in the write cache). Steps:
+which keeps what was written last in the write cache).
 
-1. write the cold ledger (`--cold-bytes`), then a filler ledger of twice the
-   write cache: the cold ledger is then entirely in the entry logs and the
-   filler's last entries are still in the write cache;
+Every cold row reads bytes that nothing has read since they were written. On
+this VM the host caches what the guest read last, past O_DIRECT and past
+dropping the guest's page cache: a freshly written 1 GiB file read with
+O_DIRECT ran at 1,574 MB/s, then 2,429 and 2,357 read again
+(docs/BENCHMARKS.md, eleventh round). A row that re-reads bytes measures that
+cache, not the disk, so each cold row gets bytes of its own. Steps:
+
+1. write two cold ledgers of `--cold-bytes` (one for the sequential scan, one
+   for random reads), then a filler ledger of twice the write cache: the cold
+   ledgers are then entirely in the entry logs and the filler's last entries
+   are still in the write cache;
 2. drop the page cache of the bookie's entry logs (posix_fadvise DONTNEED on
    its files; they were fsynced by the checkpoint, so the pages are clean);
-3. `entry-log seq`: read the cold ledger from entry 0 in ranges of
+3. `entry-log seq`: read the first cold ledger from entry 0 in ranges of
    `--range-entries`, `--in-flight` entries outstanding (each range is a
    BATCH_READ, answered from the entry log as it lies there: one O_DIRECT read
    of the range's records, or os.sendfile when they are in the page cache;
    docs/STORAGE.md);
-   `raw-disk logs seq`: the bookie's entry-log files themselves, pages dropped,
-   read front to back as the bookie reads a scan (see raw_log_reads);
-   `raw-disk logs direct`: the same files read with O_DIRECT (no page cache);
 4. `entry-log seq again`: read again the last quarter of the read cache's size of
-   the cold ledger. Since BATCH_READs of the entry logs bypass the read cache,
+   that ledger. Since BATCH_READs of the entry logs bypass the read cache,
    this reads them from the entry logs again (page cache or disk); single
    READs still fill the read cache (`bench.forms --reads`);
 5. `entry-log rand`: drop the page cache again, read `--random-reads` entries
-   of the cold ledger at random ids, one READ each, `--in-flight` outstanding;
+   of the second cold ledger at random ids, one READ each, `--in-flight`
+   outstanding;
 6. `write-cache seq` / `write-cache rand`: the last quarter of the write
    cache's size of the filler ledger;
-7. `raw-disk seq` / `raw-disk rand`: a file of `--cold-bytes` written and
-   fsynced in the same directory, its pages dropped, read sequentially in
-   1 MiB reads and at random offsets in entry-size reads, `--in-flight`
-   threads (queue depth) - the disk's own read rate for the same pattern;
-   `raw-disk rand direct`: the same random reads with O_DIRECT.
+7. the disk's own read rate, each row on a file of `--cold-bytes` of its own,
+   written and fsynced in the same directory and its pages dropped:
+   `raw-disk seq`: front to back in 1 MiB preads, WILLNEED for 4 MiB blocks
+   up to 9 MiB ahead and no kernel readahead (how the bookie read a scan
+   before spans; faster here than the kernel's own readahead);
+   `raw-disk seq direct`: front to back in 1 MiB O_DIRECT reads;
+   `raw-disk rand` / `raw-disk rand direct`: `--random-reads` entry-size
+   reads at random offsets, `--in-flight` threads (queue depth), through the
+   page cache / with O_DIRECT;
+8. `raw-disk logs reread`: the bookie's entry-log files read again with
+   O_DIRECT - bytes the scan has just read, so what the host's cache adds
+   (shown, not compared).
 
 Per row: entries/s, MB/s (payload; MB = 10^6 bytes) and the p50/p99 of one
 request (a range read for seq, one entry for rand; raw-disk: one read call).
-`cold/raw` is the entry-log row's MB/s over the fastest raw-disk row of the
-same pattern in the run (the disk's read rate is the fastest way found to read
-it: on the virtio disk O_DIRECT read 1.7-2.8 GB/s where the page cache read
-1.3-2.2). The O_DIRECT rows are left out where the file system refuses
-O_DIRECT (tmpfs).
+`cold/raw` is the entry-log row's MB/s over the fastest first-read raw-disk
+row of the same pattern in the run. The O_DIRECT rows are left out where the
+file system refuses O_DIRECT (tmpfs).
 """
 from __future__ import annotations
 
@@ -66,8 +77,8 @@ from .load import bookie_setting, local_cluster
 from .stats import MB, human_size, latency_summary_ms, parse_size, positive_int
 
 RAW_SEQ_READ_BYTES = 1024 * 1024
-RAW_LOG_HINT_BYTES = 4 * RAW_SEQ_READ_BYTES
-RAW_LOG_HINT_AHEAD_BYTES = 9 * RAW_SEQ_READ_BYTES
+RAW_HINT_BYTES = 4 * RAW_SEQ_READ_BYTES
+RAW_HINT_AHEAD_BYTES = 9 * RAW_SEQ_READ_BYTES
 
 
 def drop_page_cache(path: str) -> int:
@@ -141,12 +152,12 @@ async def read_random(rh, first: int, last: int, count: int, in_flight: int, pay
 
 def read_front_to_back(fd: int, latencies: list, hinted: bool = False) -> int:
     """Read a file in RAW_SEQ_READ_BYTES preads, timing each; `hinted`: WILLNEED for
-    RAW_LOG_HINT_BYTES blocks up to RAW_LOG_HINT_AHEAD_BYTES ahead. Returns bytes read."""
+    RAW_HINT_BYTES blocks up to RAW_HINT_AHEAD_BYTES ahead. Returns bytes read."""
     offset = hinted_to = 0
     while True:
-        while hinted and hinted_to < offset + RAW_LOG_HINT_AHEAD_BYTES:
-            os.posix_fadvise(fd, hinted_to, RAW_LOG_HINT_BYTES, os.POSIX_FADV_WILLNEED)
-            hinted_to += RAW_LOG_HINT_BYTES
+        while hinted and hinted_to < offset + RAW_HINT_AHEAD_BYTES:
+            os.posix_fadvise(fd, hinted_to, RAW_HINT_BYTES, os.POSIX_FADV_WILLNEED)
+            hinted_to += RAW_HINT_BYTES
         t = time.perf_counter()
         data = os.pread(fd, RAW_SEQ_READ_BYTES, offset)
         latencies.append(time.perf_counter() - t)
@@ -159,27 +170,6 @@ def log_paths(data_dir: str) -> list[str]:
     """The bookie's entry-log files under data_dir, in name order."""
     return sorted(os.path.join(root, name) for root, _, files in os.walk(data_dir)
                   for name in files if name.endswith(LOG_SUFFIX))
-
-
-def raw_log_reads(data_dir: str, entry_size: int) -> dict:
-    """The disk's rate for the very bytes the bookie reads: its entry-log files, pages
-    dropped, read front to back in 1 MiB preads by one thread the way the bookie reads a
-    scan - no kernel readahead, WILLNEED for 4 MiB blocks up to 9 MiB ahead. On the
-    virtio disk this read the logs at 1.7-1.9 GB/s where the kernel's own 8 MiB readahead
-    read them at 0.54-0.63 (docs/BENCHMARKS.md, seventh round)."""
-    paths = log_paths(data_dir)
-    drop_page_cache(data_dir)
-    latencies: list[float] = []
-    n = 0
-    t0 = time.perf_counter()
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            n += read_front_to_back(fd, latencies, hinted=True)
-        finally:
-            os.close(fd)
-    return row("raw-disk logs seq", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
 
 
 def _open_direct(path: str) -> int | None:
@@ -205,9 +195,9 @@ def read_direct_front_to_back(fd: int, buf: mmap.mmap, latencies: list) -> int:
             return offset
 
 
-def raw_log_direct_reads(data_dir: str, entry_size: int) -> dict | None:
-    """The bookie's entry-log files read with O_DIRECT, 1 MiB reads, one thread: no page
-    cache, so no copy out of it and no kernel readahead to wait for. None on tmpfs."""
+def raw_log_rereads(data_dir: str, entry_size: int) -> dict | None:
+    """The bookie's entry-log files read again with O_DIRECT, 1 MiB reads, one thread, right
+    after the scan read them: what the host's cache of the last-read bytes adds. None on tmpfs."""
     paths = log_paths(data_dir)
     buf = mmap.mmap(-1, RAW_SEQ_READ_BYTES)
     latencies: list[float] = []
@@ -221,28 +211,63 @@ def raw_log_direct_reads(data_dir: str, entry_size: int) -> dict | None:
             n += read_direct_front_to_back(fd, buf, latencies)
         finally:
             os.close(fd)
-    return row("raw-disk logs direct", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
+    return row("raw-disk logs reread", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
 
 
-def raw_disk_reads(directory: str, total_bytes: int, entry_size: int, random_reads: int, depth: int, seed: int):
-    """The disk's own read rate: sequential 1 MiB reads and random entry-size preads of a cold file."""
-    path = os.path.join(directory, "raw-read")
+def fresh_file(directory: str, name: str, total_bytes: int) -> str:
+    """A file of total_bytes (random bytes, 1 MiB writes), fsynced, its pages dropped: read
+    by one row only, so that no row reads bytes another has just read."""
+    path = os.path.join(directory, name)
     block = os.urandom(RAW_SEQ_READ_BYTES)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         written = 0
         while written < total_bytes:
             written += os.write(fd, block)
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        latencies: list[float] = []
-        t0 = time.perf_counter()
-        n = read_front_to_back(fd, latencies)
-        seq = row("raw-disk seq", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        rng = random.Random(seed)
-        slots = written // entry_size
-        offsets = [rng.randrange(slots) * entry_size for _ in range(random_reads)]
+    finally:
+        os.close(fd)
+    return path
+
+
+def raw_disk_reads(directory: str, total_bytes: int, entry_size: int, random_reads: int, depth: int, seed: int):
+    """The disk's own read rate, each row on a fresh file: sequential 1 MiB reads through the
+    page cache and with O_DIRECT, random entry-size reads through the page cache and with O_DIRECT."""
+    rows = []
+    path = fresh_file(directory, "raw-seq", total_bytes)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            latencies: list[float] = []
+            t0 = time.perf_counter()
+            n = read_front_to_back(fd, latencies, hinted=True)
+            rows.append(row("raw-disk seq", n // entry_size, entry_size, time.perf_counter() - t0, latencies))
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(path)
+    path = fresh_file(directory, "raw-seq-direct", total_bytes)
+    try:
+        fd = _open_direct(path)
+        if fd is not None:
+            try:
+                latencies = []
+                t0 = time.perf_counter()
+                n = read_direct_front_to_back(fd, mmap.mmap(-1, RAW_SEQ_READ_BYTES), latencies)
+                rows.append(row("raw-disk seq direct", n // entry_size, entry_size, time.perf_counter() - t0,
+                                latencies))
+            finally:
+                os.close(fd)
+    finally:
+        os.unlink(path)
+    rng = random.Random(seed)
+    slots = total_bytes // entry_size
+    offsets = [rng.randrange(slots) * entry_size for _ in range(random_reads)]
+    path = fresh_file(directory, "raw-rand", total_bytes)
+    try:
+        fd = os.open(path, os.O_RDONLY)
         rand_lat: list[float] = []
 
         def one(offset: int) -> None:
@@ -250,15 +275,21 @@ def raw_disk_reads(directory: str, total_bytes: int, entry_size: int, random_rea
             os.pread(fd, entry_size, offset)
             rand_lat.append(time.perf_counter() - t)
 
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(depth) as pool:
-            list(pool.map(one, offsets))
-        rand = row("raw-disk rand", random_reads, entry_size, time.perf_counter() - t0, rand_lat)
-        rand_direct = raw_direct_random(path, offsets, entry_size, depth)
-        return [seq, rand] + ([rand_direct] if rand_direct else [])
+        try:
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(depth) as pool:
+                list(pool.map(one, offsets))
+            rows.append(row("raw-disk rand", random_reads, entry_size, time.perf_counter() - t0, rand_lat))
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
         os.unlink(path)
+    path = fresh_file(directory, "raw-rand-direct", total_bytes)
+    try:
+        rand_direct = raw_direct_random(path, offsets, entry_size, depth)
+    finally:
+        os.unlink(path)
+    return rows + ([rand_direct] if rand_direct else [])
 
 
 def raw_direct_random(path: str, offsets: list, entry_size: int, depth: int) -> dict | None:
@@ -301,8 +332,9 @@ async def run(cluster, args) -> list[dict]:
     data_dir = os.path.join(cluster.data_dir, "bookie-0")
     rows = []
     async with BookKeeper(cluster.metadata_uri) as bkc:
-        print(f"writing {cold_count} + {filler_count} entries of {human_size(size)}", file=sys.stderr)
+        print(f"writing 2 x {cold_count} + {filler_count} entries of {human_size(size)}", file=sys.stderr)
         cold = await write_ledger(bkc, payload, cold_count, args.in_flight)
+        cold_rand = await write_ledger(bkc, payload, cold_count, args.in_flight)
         filler = await write_ledger(bkc, payload, filler_count, args.in_flight)
         await asyncio.sleep(1.0)  # the checkpoint that moved the cold ledger out has synced its entry logs
         rh = await bkc.open_ledger(cold, password=b"", recovery=False)
@@ -310,15 +342,13 @@ async def run(cluster, args) -> list[dict]:
         drop_page_cache(data_dir)
         n, s, lat = await read_seq(rh, 0, last, args.range_entries, args.in_flight, payload)
         rows.append(row("entry-log seq", n, size, s, lat))
-        rows.append(raw_log_reads(data_dir, size))
-        direct = raw_log_direct_reads(data_dir, size)
-        if direct is not None:
-            rows.append(direct)
         first = max(0, last - tail + 1)
         n, s, lat = await read_seq(rh, first, last, args.range_entries, args.in_flight, payload)
         rows.append(row("entry-log seq again", n, size, s, lat))
         drop_page_cache(data_dir)
-        n, s, lat = await read_random(rh, 0, last, args.random_reads, args.in_flight, payload, args.seed)
+        rr = await bkc.open_ledger(cold_rand, password=b"", recovery=False)
+        n, s, lat = await read_random(rr, 0, rr.last_add_confirmed, args.random_reads, args.in_flight, payload,
+                                      args.seed)
         rows.append(row("entry-log rand", n, size, s, lat))
         fh = await bkc.open_ledger(filler, password=b"", recovery=False)
         flast = fh.last_add_confirmed
@@ -327,6 +357,9 @@ async def run(cluster, args) -> list[dict]:
         n, s, lat = await read_random(fh, flast - tail + 1, flast, min(args.random_reads, 4 * tail), args.in_flight,
                                       payload, args.seed)
         rows.append(row("write-cache rand", n, size, s, lat))
+        reread = raw_log_rereads(data_dir, size)
+        if reread is not None:
+            rows.append(reread)
     return rows
 
 
@@ -368,7 +401,7 @@ def main(argv=None) -> int:
         os.rmdir(raw_dir)
     rows += raw_rows
     by = {r["name"]: r for r in rows}
-    for cold, raw_names in (("entry-log seq", ("raw-disk logs seq", "raw-disk logs direct", "raw-disk seq")),
+    for cold, raw_names in (("entry-log seq", ("raw-disk seq", "raw-disk seq direct")),
                             ("entry-log rand", ("raw-disk rand", "raw-disk rand direct"))):
         best = max((by[name] for name in raw_names if name in by), key=lambda r: r["mb_per_s"])
         by[cold]["cold_over_raw"] = by[cold]["mb_per_s"] / best["mb_per_s"]
