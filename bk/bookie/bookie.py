@@ -31,7 +31,6 @@ import time
 from collections import deque
 from hmac import compare_digest
 from operator import itemgetter
-from concurrent.futures import ThreadPoolExecutor
 
 from bk import metrics
 from bk._native import load
@@ -47,6 +46,7 @@ from bk.proto.layout import ENTRY_IDS_LAC
 
 from .gc import GarbageCollector
 from .ledger_storage import LedgerStorage
+from .read_threads import ReadThreads
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Bookie:
         self.replayed_records = 0
         self.cut_journal_tails: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._read_pool: ThreadPoolExecutor | None = None
+        self._read_threads: ReadThreads | None = None
         self._write_data = config.journal_write_data
         self._forget_fence = config.test_break == "forget-fence"  # BROKEN ON PURPOSE: chaos self-tests only
         self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
@@ -133,7 +133,7 @@ class Bookie:
         except BaseException:
             await asyncio.to_thread(self._close_after_failed_start)
             raise
-        self._read_pool = ThreadPoolExecutor(self.config.num_read_worker_threads, thread_name_prefix="bk-read")
+        self._read_threads = ReadThreads(self._loop, self.config.num_read_worker_threads)
         self.gc = GarbageCollector(storage, self.config)
         self.gc.start(self._loop)
         self._running = True
@@ -213,8 +213,8 @@ class Bookie:
             return
         self._running = False
         await asyncio.to_thread(self._stop_blocking)
-        if self._read_pool is not None:
-            self._read_pool.shutdown(wait=True)
+        if self._read_threads is not None:
+            self._read_threads.shutdown()
 
     def _stop_blocking(self) -> None:
         if self.gc is not None:
@@ -628,8 +628,7 @@ class Bookie:
             entry = storage.get_cached(ledger_id, entry_id)
             if entry is None:
                 try:
-                    entry = await self._loop.run_in_executor(self._read_pool, storage.read_from_storage,
-                                                             ledger_id, entry_id)
+                    entry = await self._read_threads.submit(storage.read_from_storage, ledger_id, entry_id)
                 except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
                     self._read_failed(ledger_id, entry_id, e)
                     raise
@@ -647,8 +646,8 @@ class Bookie:
         such entry" are its to decide)."""
         self._existing(ledger_id)
         try:
-            return await self._loop.run_in_executor(self._read_pool, self.storage.read_span, ledger_id, entry_id,
-                                                    max_count, max_bytes)
+            return await self._read_threads.submit(self.storage.read_span, ledger_id, entry_id, max_count, max_bytes,
+                                                   discard=_release_span)
         except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
             self._read_failed(ledger_id, entry_id, e)
             raise
@@ -716,3 +715,9 @@ class Bookie:
 
     def stats(self) -> dict:
         return {**self.storage.stats(), "read_only": self.read_only}
+
+
+def _release_span(span) -> None:
+    """A span read for a BATCH_READ whose request was cancelled meanwhile: its buffer and fd
+    reference go back (ReadThreads' discard)."""
+    span.release()
