@@ -9,6 +9,7 @@ buffer goes back.
 """
 import os
 import struct
+import time
 
 import pytest
 
@@ -218,3 +219,24 @@ def test_a_ledger_not_read_before_is_read_for_what_its_locations_say(tmp_path, m
     span.release()
     _all_back(el)
     el.close()
+
+
+def test_asking_whether_a_page_is_cached_does_not_read_it(tmp_path):
+    """The probe read_span uses to choose O_DIRECT must not read the page itself: preadv2 with
+    RWF_NOWAIT answered "not cached" but started reading it, a second disk request per cold read."""
+    path = str(tmp_path / "probe")
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(64 * KiB))
+        fh.flush()
+        os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert spans_mod._cachestat is not None, "cachestat(2) is missing: the probe reads what it asks about"
+        for _ in range(3):
+            assert not spans_mod._page_cached(fd, 8 * KiB)
+            time.sleep(0.05)  # a read the probe started would have landed by now
+        os.pread(fd, 1, 8 * KiB)
+        assert spans_mod._page_cached(fd, 8 * KiB) and not spans_mod._page_cached(fd, 32 * KiB)
+    finally:
+        os.close(fd)
