@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import json
 import mmap
@@ -214,82 +215,82 @@ def raw_log_rereads(data_dir: str, entry_size: int) -> dict | None:
     return row("raw-disk logs reread", n // entry_size, entry_size, time.perf_counter() - t0, latencies)
 
 
-def fresh_file(directory: str, name: str, total_bytes: int) -> str:
-    """A file of total_bytes (random bytes, 1 MiB writes), fsynced, its pages dropped: read
-    by one row only, so that no row reads bytes another has just read."""
+@contextlib.contextmanager
+def fresh_file(directory: str, name: str, total_bytes: int):
+    """A file of total_bytes (random bytes, 1 MiB writes), fsynced, its pages dropped, removed
+    afterwards: read by one row only, so that no row reads bytes another has just read."""
     path = os.path.join(directory, name)
     block = os.urandom(RAW_SEQ_READ_BYTES)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        written = 0
-        while written < total_bytes:
-            written += os.write(fd, block)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        try:
+            written = 0
+            while written < total_bytes:
+                written += os.write(fd, block)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def raw_seq(path: str, entry_size: int, direct: bool) -> dict | None:
+    """A file front to back in 1 MiB reads: with O_DIRECT (None on tmpfs), or through the page
+    cache with WILLNEED hints and no kernel readahead (read_front_to_back)."""
+    fd = _open_direct(path) if direct else os.open(path, os.O_RDONLY)
+    if fd is None:
+        return None
+    try:
+        latencies: list[float] = []
+        t0 = time.perf_counter()
+        if direct:
+            n = read_direct_front_to_back(fd, mmap.mmap(-1, RAW_SEQ_READ_BYTES), latencies)
+        else:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            n = read_front_to_back(fd, latencies, hinted=True)
+        name = "raw-disk seq direct" if direct else "raw-disk seq"
+        return row(name, n // entry_size, entry_size, time.perf_counter() - t0, latencies)
     finally:
         os.close(fd)
-    return path
+
+
+def raw_random(path: str, offsets: list, entry_size: int, depth: int) -> dict:
+    """Entry-size preads at `offsets` through the page cache, `depth` threads."""
+    fd = os.open(path, os.O_RDONLY)
+    latencies: list[float] = []
+
+    def one(offset: int) -> None:
+        t = time.perf_counter()
+        os.pread(fd, entry_size, offset)
+        latencies.append(time.perf_counter() - t)
+
+    try:
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(depth) as pool:
+            list(pool.map(one, offsets))
+        return row("raw-disk rand", len(offsets), entry_size, time.perf_counter() - t0, latencies)
+    finally:
+        os.close(fd)
 
 
 def raw_disk_reads(directory: str, total_bytes: int, entry_size: int, random_reads: int, depth: int, seed: int):
     """The disk's own read rate, each row on a fresh file: sequential 1 MiB reads through the
     page cache and with O_DIRECT, random entry-size reads through the page cache and with O_DIRECT."""
-    rows = []
-    path = fresh_file(directory, "raw-seq", total_bytes)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            latencies: list[float] = []
-            t0 = time.perf_counter()
-            n = read_front_to_back(fd, latencies, hinted=True)
-            rows.append(row("raw-disk seq", n // entry_size, entry_size, time.perf_counter() - t0, latencies))
-        finally:
-            os.close(fd)
-    finally:
-        os.unlink(path)
-    path = fresh_file(directory, "raw-seq-direct", total_bytes)
-    try:
-        fd = _open_direct(path)
-        if fd is not None:
-            try:
-                latencies = []
-                t0 = time.perf_counter()
-                n = read_direct_front_to_back(fd, mmap.mmap(-1, RAW_SEQ_READ_BYTES), latencies)
-                rows.append(row("raw-disk seq direct", n // entry_size, entry_size, time.perf_counter() - t0,
-                                latencies))
-            finally:
-                os.close(fd)
-    finally:
-        os.unlink(path)
     rng = random.Random(seed)
     slots = total_bytes // entry_size
     offsets = [rng.randrange(slots) * entry_size for _ in range(random_reads)]
-    path = fresh_file(directory, "raw-rand", total_bytes)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        rand_lat: list[float] = []
-
-        def one(offset: int) -> None:
-            t = time.perf_counter()
-            os.pread(fd, entry_size, offset)
-            rand_lat.append(time.perf_counter() - t)
-
-        try:
-            t0 = time.perf_counter()
-            with concurrent.futures.ThreadPoolExecutor(depth) as pool:
-                list(pool.map(one, offsets))
-            rows.append(row("raw-disk rand", random_reads, entry_size, time.perf_counter() - t0, rand_lat))
-        finally:
-            os.close(fd)
-    finally:
-        os.unlink(path)
-    path = fresh_file(directory, "raw-rand-direct", total_bytes)
-    try:
-        rand_direct = raw_direct_random(path, offsets, entry_size, depth)
-    finally:
-        os.unlink(path)
-    return rows + ([rand_direct] if rand_direct else [])
+    rows = []
+    for name, read in (("raw-seq", lambda path: raw_seq(path, entry_size, False)),
+                       ("raw-seq-direct", lambda path: raw_seq(path, entry_size, True)),
+                       ("raw-rand", lambda path: raw_random(path, offsets, entry_size, depth)),
+                       ("raw-rand-direct", lambda path: raw_direct_random(path, offsets, entry_size, depth))):
+        with fresh_file(directory, name, total_bytes) as path:
+            result = read(path)
+        if result is not None:
+            rows.append(result)
+    return rows
 
 
 def raw_direct_random(path: str, offsets: list, entry_size: int, depth: int) -> dict | None:
