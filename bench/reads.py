@@ -256,21 +256,35 @@ def raw_seq(path: str, entry_size: int, direct: bool) -> dict | None:
         os.close(fd)
 
 
-def raw_random(path: str, offsets: list, entry_size: int, depth: int) -> dict:
-    """Entry-size preads at `offsets` through the page cache, `depth` threads."""
-    fd = os.open(path, os.O_RDONLY)
+def raw_random(path: str, offsets: list, entry_size: int, depth: int, direct: bool) -> dict | None:
+    """Entry-size reads at `offsets`, `depth` threads: through the page cache, or with O_DIRECT
+    (None on tmpfs; an entry size that is not a multiple of 4 KiB is read 4 KiB-aligned)."""
+    fd = _open_direct(path) if direct else os.open(path, os.O_RDONLY)
+    if fd is None:
+        return None
+    local = threading.local()
     latencies: list[float] = []
 
     def one(offset: int) -> None:
-        t = time.perf_counter()
-        os.pread(fd, entry_size, offset)
+        if direct:
+            start = offset & ~4095
+            length = (offset + entry_size - start + 4095) & ~4095
+            buf = getattr(local, "buf", None)
+            if buf is None or len(buf) != length:
+                buf = local.buf = mmap.mmap(-1, length)
+            t = time.perf_counter()
+            os.preadv(fd, [buf], start)
+        else:
+            t = time.perf_counter()
+            os.pread(fd, entry_size, offset)
         latencies.append(time.perf_counter() - t)
 
     try:
         t0 = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(depth) as pool:
             list(pool.map(one, offsets))
-        return row("raw-disk rand", len(offsets), entry_size, time.perf_counter() - t0, latencies)
+        name = "raw-disk rand direct" if direct else "raw-disk rand"
+        return row(name, len(offsets), entry_size, time.perf_counter() - t0, latencies)
     finally:
         os.close(fd)
 
@@ -284,41 +298,13 @@ def raw_disk_reads(directory: str, total_bytes: int, entry_size: int, random_rea
     rows = []
     for name, read in (("raw-seq", lambda path: raw_seq(path, entry_size, False)),
                        ("raw-seq-direct", lambda path: raw_seq(path, entry_size, True)),
-                       ("raw-rand", lambda path: raw_random(path, offsets, entry_size, depth)),
-                       ("raw-rand-direct", lambda path: raw_direct_random(path, offsets, entry_size, depth))):
+                       ("raw-rand", lambda path: raw_random(path, offsets, entry_size, depth, False)),
+                       ("raw-rand-direct", lambda path: raw_random(path, offsets, entry_size, depth, True))):
         with fresh_file(directory, name, total_bytes) as path:
             result = read(path)
         if result is not None:
             rows.append(result)
     return rows
-
-
-def raw_direct_random(path: str, offsets: list, entry_size: int, depth: int) -> dict | None:
-    """The same random reads with O_DIRECT, `depth` threads (offsets are multiples of the
-    entry size; an entry size that is not a multiple of 4 KiB is read 4 KiB-aligned)."""
-    fd = _open_direct(path)
-    if fd is None:
-        return None
-    local = threading.local()
-    latencies: list[float] = []
-
-    def one(offset: int) -> None:
-        buf = getattr(local, "buf", None)
-        start = offset & ~4095
-        length = (offset + entry_size - start + 4095) & ~4095
-        if buf is None or len(buf) != length:
-            buf = local.buf = mmap.mmap(-1, length)
-        t = time.perf_counter()
-        os.preadv(fd, [buf], start)
-        latencies.append(time.perf_counter() - t)
-
-    try:
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(depth) as pool:
-            list(pool.map(one, offsets))
-        return row("raw-disk rand direct", len(offsets), entry_size, time.perf_counter() - t0, latencies)
-    finally:
-        os.close(fd)
 
 
 async def run(cluster, args) -> list[dict]:
