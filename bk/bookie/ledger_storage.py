@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 
 from bk import metrics
 from bk.config import BookieConfig
-from bk.entrylog import EntryLogger
+from bk.entrylog import EntryLogger, reads
 from bk.entrylog.spans import BufferSpan, FileSpan
 from bk.errors import StorageError
 from bk.index import Index, LedgerState
@@ -367,6 +367,13 @@ class LedgerStorage:
 
     def read_from_storage(self, ledger_id: int, entry_id: int) -> bytes | None:
         """Index + entry log lookup (blocking; read worker threads). None = not stored."""
+        return reads.drive(self.read_steps(ledger_id, entry_id), self.entry_logger.pread)
+
+    def read_steps(self, ledger_id: int, entry_id: int) -> reads.Steps:
+        """read_from_storage as steps (bk.entrylog.reads), for a driver that does the preads
+        (a read thread, or the bookie's io_uring on the loop). The steps between preads are
+        cache and index lookups, no I/O but the index's mapped pages; a read-ahead run is
+        one Call."""
         # The caches are checked again here: an entry may have moved from the
         # write cache to the entry log between the caller's check and now, and the
         # index only has it once the flush committed.
@@ -388,7 +395,11 @@ class LedgerStorage:
             if location is None:
                 return None
             try:
-                return self._read_at(ledger_id, entry_id, location)
+                batch = self.config.read_ahead_batch_size
+                count, scanning = self._read_runs.plan(ledger_id, entry_id, batch) if batch > 1 else (1, False)
+                if count <= 1:
+                    return (yield from self.entry_logger.entry_steps(ledger_id, entry_id, location))
+                return (yield reads.Call(self._read_ahead, (ledger_id, entry_id, location, count, scanning)))
             except StorageError:  # CorruptedStorageError included
                 # Compaction may have moved the entry and deleted its old log between
                 # the index lookup and the read: only a location that did not change
@@ -422,11 +433,9 @@ class LedgerStorage:
             self._read_runs.ran(ledger_id, entry_id, entry_id + span.count - 1)
         return span
 
-    def _read_at(self, ledger_id: int, entry_id: int, location: int) -> bytes:
-        batch = self.config.read_ahead_batch_size
-        count, scanning = self._read_runs.plan(ledger_id, entry_id, batch) if batch > 1 else (1, False)
-        if count <= 1:
-            return self.entry_logger.read_entry(ledger_id, entry_id, location)
+    def _read_ahead(self, ledger_id: int, entry_id: int, location: int, count: int, scanning: bool) -> bytes:
+        """The entry at `location` and up to count - 1 of the ledger's next records after it
+        in the log, those into the read cache (blocking: one read of the log)."""
         # Read what `count` records of the ledger's last size need, not a whole 1.25 MiB: 100
         # records of 1 KiB read 1.25 MiB to keep 100 KiB, and every kept entry was copied out.
         record = self.entry_logger.record_bytes(ledger_id)

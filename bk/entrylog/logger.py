@@ -35,7 +35,7 @@ from typing import Callable, NamedTuple, Sequence
 from bk._native import load as load_kernel
 from bk.config import BookieConfig
 from bk.entrylog import format as fmt
-from bk.entrylog import spans
+from bk.entrylog import reads, spans
 from bk.entrylog.files import LogScan, ReadFiles
 from bk.errors import ConfigError, CorruptedStorageError, StorageError, SyncFailedError
 from bk import fileio
@@ -383,6 +383,10 @@ class EntryLogger:
         Any mismatch (ids, size out of range, short file, missing log) is
         CorruptedStorageError: the index said the entry is there.
         """
+        return reads.drive(self.entry_steps(ledger_id, entry_id, location), self.pread)
+
+    def entry_steps(self, ledger_id: int, entry_id: int, location: int) -> reads.Steps:
+        """read_entry as steps (bk.entrylog.reads): yields its preads, returns the entry."""
         log_id, offset = fmt.split_location(location)
         h = self._files.acquire(log_id)
         try:
@@ -391,7 +395,7 @@ class EntryLogger:
                                             path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
             # One pread for the whole record when the ledger's last record had its size: with
             # no kernel readahead (ReadFiles), a second pread is a second trip to the disk.
-            buf = self._pread(h, max(self._record_sizes.get(ledger_id, 0), _READ_GUESS_BYTES), offset)
+            buf = yield reads.Pread(h, max(self._record_sizes.get(ledger_id, 0), _READ_GUESS_BYTES), offset)
             size, lid, eid = self._check_record(h.path, offset, buf)
             if (lid, eid) != (ledger_id, entry_id):
                 raise CorruptedStorageError(
@@ -402,11 +406,11 @@ class EntryLogger:
             self._remember_size(ledger_id, need)
             if len(buf) >= need:
                 return buf[fmt.SIZE_FIELD_BYTES:need]
-            rest = self._pread(h, need - len(buf), offset + len(buf))
+            rest = yield reads.Pread(h, need - len(buf), offset + len(buf))
             if len(buf) + len(rest) < need:
                 raise CorruptedStorageError(f"{h.path}@{offset}: record of {size} bytes is cut short",
                                             path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
-            return buf[fmt.SIZE_FIELD_BYTES:] + rest
+            return b"".join((buf[fmt.SIZE_FIELD_BYTES:], rest))
         finally:
             self._files.release(h)
 
@@ -426,14 +430,14 @@ class EntryLogger:
             return []
         h = self._files.acquire(log_id)
         try:
-            buf = self._pread(h, min(max(max_bytes, _READ_GUESS_BYTES), end - offset), offset)
+            buf = self.pread(h, min(max(max_bytes, _READ_GUESS_BYTES), end - offset), offset)
             if hint_bytes > 0:
                 self._hint(h, offset + len(buf), hint_bytes, end)
             records, stop, status = self._kernel.scan_log(buf, 0, len(buf), self.max_entry_bytes)
             if not records:
                 size, _, _ = self._check_record(h.path, offset, buf)  # raises on a bad size / short head
                 if fmt.SIZE_FIELD_BYTES + size <= end - offset:  # one record bigger than max_bytes
-                    buf = self._pread(h, fmt.SIZE_FIELD_BYTES + size, offset)
+                    buf = self.pread(h, fmt.SIZE_FIELD_BYTES + size, offset)
                     records, stop, status = self._kernel.scan_log(buf, 0, len(buf), self.max_entry_bytes)
                 if not records:
                     raise CorruptedStorageError(f"{h.path}@{offset}: record of {size} bytes is cut short",
@@ -492,13 +496,19 @@ class EntryLogger:
         except OSError:
             pass  # a hint; the read that needs those bytes reports any real error
 
-    def _pread(self, h, n: int, offset: int) -> bytes:
+    def pread(self, h, n: int, offset: int) -> bytes:
+        """n bytes of the held log h from offset (fewer at its end); StorageError on failure."""
         try:
             if fileio.faults is not None:
                 fileio.check_read(h.path)
             return os.pread(h.fd, n, offset)
         except OSError as e:
-            raise StorageError(f"I/O error reading {h.path}@{offset}: {e.strerror}") from e
+            raise self.read_error(h, offset, e) from e
+
+    @staticmethod
+    def read_error(h, offset: int, e: OSError) -> StorageError:
+        """What a failed read of log h at offset is, however it was read."""
+        return StorageError(f"I/O error reading {h.path}@{offset}: {e.strerror}")
 
     @staticmethod
     def _file_size(h) -> int:
@@ -569,7 +579,7 @@ class EntryLogger:
             h = self._files.acquire(log_id)
             try:
                 # a count the file cannot hold is a corrupt header: never read (allocate) by it
-                raw = self._pread(h, need, info.map_offset) if need <= self._file_size(h) - info.map_offset else b""
+                raw = self.pread(h, need, info.map_offset) if need <= self._file_size(h) - info.map_offset else b""
             finally:
                 self._files.release(h)
             try:

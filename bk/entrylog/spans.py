@@ -222,7 +222,7 @@ def read_span(el, ledger_id: int, entry_id: int, locations: list, max_bytes: int
             except OSError:
                 pass  # a hint
         count, stop = _span_records(el, h.path, ledger_id, entry_id, locations, offset, end, max_bytes,
-                                    lambda pos: el._pread(h, _HEAD_BYTES, pos))
+                                    lambda pos: el.pread(h, _HEAD_BYTES, pos))
         if hint_bytes > 0:
             el._hint(h, stop, hint_bytes, end)
         span = FileSpan(el._files, h, offset, stop - offset, count)

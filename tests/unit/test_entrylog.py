@@ -262,8 +262,8 @@ def test_read_entry_reads_a_ledgers_record_in_one_pread_once_it_knows_its_size(t
     locs = el.add_entries(es)
     el.flush()
     preads = []
-    real = el._pread
-    monkeypatch.setattr(el, "_pread", lambda h, n, off: (preads.append(n), real(h, n, off))[1])
+    real = el.pread
+    monkeypatch.setattr(el, "pread", lambda h, n, off: (preads.append(n), real(h, n, off))[1])
     assert el.read_entry(4, 0, locs[0]) == es[0]
     assert len(preads) == 2  # a guess of 4 KiB, then the rest
     preads.clear()

@@ -246,8 +246,8 @@ def test_a_read_ahead_reads_what_its_records_need_not_the_whole_cap(tmp_path):
     from bk.bookie.ledger_storage import READ_AHEAD_MAX_BYTES
     storage = _storage_with(tmp_path, [1], 2000, 1000)  # ~2 MB: more than the cap
     preads = []
-    real = storage.entry_logger._pread
-    storage.entry_logger._pread = lambda h, n, offset: (preads.append(n), real(h, n, offset))[1]
+    real = storage.entry_logger.pread
+    storage.entry_logger.pread = lambda h, n, offset: (preads.append(n), real(h, n, offset))[1]
     try:
         assert storage.read_from_storage(1, 0) == _entry(1, 0, bytes([0]) * 1000)
         assert preads == [READ_AHEAD_MAX_BYTES]  # the first: the size is not known yet
