@@ -17,6 +17,17 @@ if not os.path.exists(_pxi) or open(_pxi).read() != _layout["pxi_text"]():
     with open(_pxi, "w") as fh:
         fh.write(_layout["pxi_text"]())
 
+
+
+def _find_liburing() -> str | None:
+    if not os.path.exists("/usr/include/liburing.h"):
+        return None
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"):
+        if os.path.exists(os.path.join(d, "liburing.a")):
+            return os.path.join(d, "liburing.a")
+    return None
+
+
 ext_modules = []
 try:
     from Cython.Build import cythonize
@@ -33,6 +44,13 @@ try:
         )
         for src in sources
     ]
+    # bk/bookie/_ring.pyx: the bookie's io_uring reads, linked with liburing's static library
+    # (Debian: liburing-dev, installed by scripts/setup). Without it the bookie reads through
+    # its read threads, so a missing liburing is no build error.
+    _liburing = _find_liburing()
+    if _liburing is not None:
+        extensions.append(Extension("bk.bookie._ring", [os.path.join("bk", "bookie", "_ring.pyx")],
+                                    extra_objects=[_liburing], extra_compile_args=["-O3"]))
     ext_modules = cythonize(
         extensions,
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},

@@ -80,8 +80,14 @@ class BookieConfig:
     # Threads for reads that miss both caches (BookKeeper's default, 8): they wait on the
     # disk, so more of them keep more reads in flight; 2 held random cold 64 KiB reads to
     # 315-335 MB/s where 8 read 400-470 (docs/BENCHMARKS.md, seventh round); 32 read 480-556
-    # (eighth round). Each is also a read slot per connection (OVERLOAD.md's bound).
+    # (eighth round). Each is also a read slot per connection (OVERLOAD.md's bound). With
+    # read_io's ring they serve only read-ahead runs and BATCH_READ spans.
     num_read_worker_threads: int = 8
+    # How single-entry READs reach the entry logs: "ring" (io_uring from the event loop,
+    # bk/bookie/read_ring.py), "threads" (a pread in a read thread, as BookKeeper does), or
+    # "auto": the ring where this machine allows it. Cold random 64 KiB READs: ring X
+    # MB/s, threads Y (docs/BENCHMARKS.md, twelfth round).
+    read_io: str = "auto"
 
     # --- server
     max_frame_size_bytes: int = 5 * MiB
@@ -309,6 +315,8 @@ def _check(cfg: BookieConfig) -> None:
         bad("disk_usage_threshold", "must be in (0, 1]")
     if cfg.num_read_worker_threads < 1:
         bad("num_read_worker_threads", "must be at least 1")
+    if cfg.read_io not in ("auto", "ring", "threads"):
+        bad("read_io", "must be auto, ring or threads")
     if cfg.data_integrity_repair_parallel_ledgers < 1:
         bad("data_integrity_repair_parallel_ledgers", "must be at least 1")
     if cfg.test_break not in TEST_BREAKS:

@@ -48,3 +48,18 @@ def fadvise_calls(monkeypatch):
         return real(fd, offset, length, how)
     monkeypatch.setattr(os, "posix_fadvise", record)
     return calls
+
+
+@pytest.fixture
+def io_uring_reads() -> None:
+    """For tests of the bookie's io_uring reads (bk.bookie.read_ring): they fail where the
+    ring cannot run (scripts/setup builds it; a machine without io_uring is not this
+    project's platform), except in the pure-twin run (BK_NO_NATIVE=1), which has no native
+    module by design and reads through the read threads."""
+    from bk.bookie.read_ring import ring_unavailable
+    why = ring_unavailable()
+    if why is None:
+        return
+    if os.environ.get("BK_NO_NATIVE", "").strip().lower() in ("1", "true", "yes"):
+        pytest.skip("BK_NO_NATIVE=1: no native modules in this run (reads go through the read threads)")
+    pytest.fail(f"the bookie cannot read through io_uring here: {why}")

@@ -6,6 +6,10 @@ kernel outside bk/_native is the client's add path, `bk/client/_core.pyx` with
 its twin `bk/client/core_py.py` (domain objects, so it lives with the client).
 `BK_NO_NATIVE=1` forces the twins; `BK_REQUIRE_NATIVE=1` makes a missing
 compiled module an ImportError instead of a silent fallback.
+
+One native module has no twin: the bookie's io_uring (`bk/bookie/_ring.pyx`, built only
+where liburing is). `load_optional` gives it or None; its callers then take another path
+(the bookie's read threads), and `BK_NO_NATIVE=1` chooses that path too.
 """
 from __future__ import annotations
 
@@ -47,6 +51,13 @@ def load(name: str, package: str = "bk._native") -> ModuleType:
         _chosen[name] = "pure"
         return load_pure(name, package)
     _chosen[name] = "native"
+    return mod
+
+
+def load_optional(name: str, package: str) -> ModuleType | None:
+    """A native module without a pure twin, or None (not built, or BK_NO_NATIVE=1)."""
+    mod = None if _flag("BK_NO_NATIVE") else load_native(name, package)
+    _chosen[name] = "native" if mod is not None else "absent"
     return mod
 
 

@@ -46,6 +46,7 @@ from bk.proto.layout import ENTRY_IDS_LAC
 
 from .gc import GarbageCollector
 from .ledger_storage import LedgerStorage
+from .read_ring import RingReads, make_ring
 from .read_threads import ReadThreads
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class Bookie:
         self.cut_journal_tails: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_threads: ReadThreads | None = None
+        self._ring: RingReads | None = None  # single-entry reads through io_uring (read_io)
         self._write_data = config.journal_write_data
         self._forget_fence = config.test_break == "forget-fence"  # BROKEN ON PURPOSE: chaos self-tests only
         self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
@@ -134,6 +136,7 @@ class Bookie:
             await asyncio.to_thread(self._close_after_failed_start)
             raise
         self._read_threads = ReadThreads(self._loop, self.config.num_read_worker_threads)
+        self._ring = make_ring(self._loop, self._read_threads, self.config.read_io)
         self.gc = GarbageCollector(storage, self.config)
         self.gc.start(self._loop)
         self._running = True
@@ -212,7 +215,15 @@ class Bookie:
         if not self._running:
             return
         self._running = False
+        if self._ring is not None:  # its reads hold entry-log files: done before they close
+            self._ring.close()
         await asyncio.to_thread(self._stop_blocking)
+        self.stop_reads()
+
+    def stop_reads(self) -> None:
+        """Answer the reads under way, then stop the ring and the read threads (blocking)."""
+        if self._ring is not None:
+            self._ring.close()
         if self._read_threads is not None:
             self._read_threads.shutdown()
 
@@ -628,7 +639,10 @@ class Bookie:
             entry = storage.get_cached(ledger_id, entry_id)
             if entry is None:
                 try:
-                    entry = await self._read_threads.submit(storage.read_from_storage, ledger_id, entry_id)
+                    if self._ring is not None:
+                        entry = await self._ring.run(storage.read_steps(ledger_id, entry_id))
+                    else:
+                        entry = await self._read_threads.submit(storage.read_from_storage, ledger_id, entry_id)
                 except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
                     self._read_failed(ledger_id, entry_id, e)
                     raise

@@ -103,8 +103,7 @@ def halt_without_checkpoint(bookie) -> None:
     if storage._thread is not None:
         storage._thread.join()
         storage._thread = None
-    if bookie._read_threads is not None:
-        bookie._read_threads.shutdown()
+    bookie.stop_reads()
     bookie._running = False
     try:
         storage.entry_logger.close()

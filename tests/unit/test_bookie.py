@@ -637,8 +637,10 @@ def test_batch_journal_off_answers_at_once_and_read_only_refuses(tmp_path):
 def test_seeds_4602_10023_8468_8663_read_racing_limbo_clear_never_answers_no_such_entry(tmp_path):
     """Journal-off random test, seeds 4602 (CI) and 10023; chaos seeds 8468 and 8663: a read of a missing entry began while the ledger
     was in limbo; while its lookup ran in a read thread the BP-46 repair stored the copy and
-    cleared limbo, and the read answered ENOENTRY for an entry the bookie now held."""
-    cfg = make_config(tmp_path)
+    cleared limbo, and the read answered ENOENTRY for an entry the bookie now held.
+    The race needs a lookup off the loop, so this runs the read threads (read_io=threads);
+    through the ring the lookup runs on the loop (test_read_ring has that case)."""
+    cfg = make_config(tmp_path, read_io="threads")
 
     async def main():
         b = await started(cfg)

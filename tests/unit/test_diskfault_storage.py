@@ -309,9 +309,12 @@ def test_checkpoint_full_disk_read_only_until_room(tmp_path, faults):
 
 
 # ------------------------------------------------------------------ reads
+@pytest.mark.parametrize("read_io", ["ring", "threads"])
 @pytest.mark.parametrize("damage", ["ids", "size", "truncate", "read-eio"])
-def test_damaged_entry_is_an_error_never_no_such_entry(tmp_path, faults, damage):
-    cfg = make_config(tmp_path, read_ahead_batch_size=1)
+def test_damaged_entry_is_an_error_never_no_such_entry(tmp_path, faults, damage, read_io, request):
+    if read_io == "ring":
+        request.getfixturevalue("io_uring_reads")
+    cfg = make_config(tmp_path, read_ahead_batch_size=1, read_io=read_io)
 
     with_bookie(cfg, lambda b: add_range(b, 9, range(10)))
     victim = 9 if damage == "truncate" else 4  # truncation cuts the log: the last entry

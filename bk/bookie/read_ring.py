@@ -1,0 +1,155 @@
+"""The bookie's single-entry reads through io_uring, driven from the event loop.
+
+A cold READ through the read threads costs about five context switches and eight futex
+calls (job to a thread, the GIL back and forth around its pread, the result back to the
+loop); on 2 vCPUs that, not the disk, bounded cold 64 KiB READs (docs/BENCHMARKS.md,
+twelfth round). Here the loop runs the read's steps itself (LedgerStorage.read_steps:
+caches, index, record checks, all without I/O but the index's mapped pages) and hands
+each pread to the kernel through a ring (bk/bookie/_ring.pyx). Reads queued in one loop
+iteration go to the kernel in one system call; finished ones come back through an
+eventfd the loop watches. A read-ahead run (a Call step) still goes to a read thread.
+
+`read_io` (BookieConfig): "auto" uses the ring where it works and the read threads
+elsewhere, "ring" insists (an error at start without it), "threads" never uses it.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+
+from bk import fileio
+from bk._native import load_optional
+from bk.entrylog.reads import Pread, Steps
+from bk.errors import ConfigError, StorageError
+
+from .read_threads import ReadThreads
+
+log = logging.getLogger(__name__)
+
+RING_ENTRIES = 256  # reads in the kernel at once; more wait in the ring, in order
+
+
+def ring_module():
+    """bk.bookie._ring, or None when it was not built (no liburing at build time) or
+    BK_NO_NATIVE=1 (bk._native decides, for every kernel)."""
+    return load_optional("ring", "bk.bookie")
+
+
+def ring_unavailable() -> str | None:
+    """Why this process cannot read through io_uring, or None when it can."""
+    mod = ring_module()
+    if mod is None:
+        return ("bk.bookie._ring is not loaded (BK_NO_NATIVE=1, or liburing-dev was missing"
+                " when bk was built)")
+    try:
+        mod.Ring(2).close()
+    except OSError as e:  # ENOSYS: old kernel; EPERM: seccomp or kernel.io_uring_disabled
+        return f"io_uring cannot be set up here: {e.strerror or e}"
+    return None
+
+
+def make_ring(loop: asyncio.AbstractEventLoop, threads: ReadThreads, read_io: str) -> "RingReads | None":
+    """The ring `read_io` asks for, or None (the read threads serve single reads)."""
+    if read_io == "threads":
+        return None
+    why = ring_unavailable()
+    if why is None:
+        return RingReads(loop, threads)
+    if read_io == "ring":
+        raise ConfigError(f"read_io is 'ring' but {why}")
+    log.warning("reading entry logs through the read threads: %s", why)
+    return None
+
+
+class RingReads:
+    def __init__(self, loop: asyncio.AbstractEventLoop, threads: ReadThreads, entries: int = RING_ENTRIES):
+        self._loop = loop
+        self._threads = threads
+        self._ring = ring_module().Ring(entries)
+        self._submit_pending = False
+        self._closed = False
+        loop.add_reader(self._ring.fileno(), self._ring.complete)
+
+    @property
+    def in_flight(self) -> int:
+        return self._ring.in_flight
+
+    async def run(self, steps: Steps):
+        """Drive a read's steps (bk.entrylog.reads): preads through the ring, a Call in a read
+        thread. Returns what the steps return; their StorageError is raised here."""
+        try:
+            op = next(steps)
+            while True:
+                if op.__class__ is Pread:
+                    fut = self._pread(op, steps)
+                else:
+                    fut = self._threads.submit(op.fn, *op.args)
+                try:
+                    out = await fut
+                except StorageError as e:
+                    op = steps.throw(e)
+                except asyncio.CancelledError:
+                    if op.__class__ is not Pread:
+                        steps.close()
+                    # else the pread's completion closes the steps: until then the
+                    # kernel reads through the fd they hold
+                    raise
+                else:
+                    op = steps.send(out)
+        except StopIteration as stop:
+            return stop.value
+
+    def _pread(self, op: Pread, steps: Steps) -> asyncio.Future:
+        fut = self._loop.create_future()
+        h, offset = op.h, op.offset
+
+        def done(data, err: int) -> None:
+            if fut.done():  # the reader was cancelled; the file goes back now
+                steps.close()
+            elif err:
+                e = OSError(err, os.strerror(err))
+                fut.set_exception(_storage_error(h, offset, e))
+            else:
+                fut.set_result(data)
+
+        if self._closed:
+            fut.set_exception(StorageError("the bookie is stopping: its reads are closed"))
+            return fut
+        if fileio.faults is not None:  # injected read errors, as EntryLogger.pread sees them
+            try:
+                fileio.check_read(h.path)
+            except OSError as e:
+                fut.set_exception(_storage_error(h, offset, e))
+                return fut
+        self._ring.read(h.fd, op.n, offset, done)
+        if not self._submit_pending:
+            # Every pread queued in this loop iteration goes to the kernel in one call.
+            self._submit_pending = True
+            self._loop.call_soon(self._submit)
+        return fut
+
+    def _submit(self) -> None:
+        self._submit_pending = False
+        try:
+            self._ring.submit()
+        except OSError as e:  # the kernel refused the batch: each read fails, none hangs
+            log.error("io_uring submit failed: %s", e)
+            self._ring.fail_prepared(e.errno or errno.EIO)
+
+    def close(self) -> None:
+        """Wait for the reads in the kernel and answer every queued one (blocking, briefly)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._loop.remove_reader(self._ring.fileno())
+        except (RuntimeError, ValueError, OSError):
+            pass  # the loop is closed already
+        self._ring.close()
+
+
+def _storage_error(h, offset: int, e: OSError) -> StorageError:
+    from bk.entrylog import EntryLogger
+    return EntryLogger.read_error(h, offset, e)
