@@ -80,8 +80,7 @@ class BookieConfig:
     # Threads for reads that miss both caches (BookKeeper's default, 8): they wait on the
     # disk, so more of them keep more reads in flight; 2 held random cold 64 KiB reads to
     # 315-335 MB/s where 8 read 400-470 (docs/BENCHMARKS.md, seventh round); 32 read 480-556
-    # (eighth round). Each is also a read slot per connection (OVERLOAD.md's bound). With
-    # read_io's ring they serve only read-ahead runs and BATCH_READ spans.
+    # (eighth round). With read_io's ring they serve only read-ahead runs and BATCH_READ spans.
     num_read_worker_threads: int = 8
     # How single-entry READs reach the entry logs: "ring" (io_uring from the event loop,
     # bk/bookie/read_ring.py), "threads" (a pread in a read thread, as BookKeeper does), or
@@ -191,9 +190,14 @@ class BookieConfig:
     # --- overload (issue 17; docs/OVERLOAD.md)
     # Answers one connection may leave unwritten (queued in the bookie or in its transport)
     # when the client does not read them: above this its requests are no longer read, and
-    # reads carrying entries wait (at most num_read_worker_threads of them per connection
-    # read meanwhile), so a connection holds at most this plus one entry per read slot.
+    # reads carrying entries wait (at most max_reads_in_progress_per_connection of them per
+    # connection read meanwhile), so a connection holds at most this plus one entry per read slot.
     max_response_bytes_per_connection: int = 4 * MiB
+    # Reads answering with entries that one connection has under way at once (its read slots);
+    # more wait in arrival order. Their depth is the disk's queue for one reader: 8 held cold
+    # random 64 KiB READs through the ring to X MB/s, 32 to Y (docs/BENCHMARKS.md, twelfth
+    # round). Till then the read slots were num_read_worker_threads (8).
+    max_reads_in_progress_per_connection: int = 32
     # The bookie raises its soft open-files limit (RLIMIT_NOFILE) to the hard limit at start
     # (each connection is one descriptor) and logs both; false leaves the limit as inherited.
     raise_open_files_limit: bool = True
@@ -315,6 +319,8 @@ def _check(cfg: BookieConfig) -> None:
         bad("disk_usage_threshold", "must be in (0, 1]")
     if cfg.num_read_worker_threads < 1:
         bad("num_read_worker_threads", "must be at least 1")
+    if cfg.max_reads_in_progress_per_connection < 1:
+        bad("max_reads_in_progress_per_connection", "must be at least 1")
     if cfg.read_io not in ("auto", "ring", "threads"):
         bad("read_io", "must be auto, ring or threads")
     if cfg.data_integrity_repair_parallel_ledgers < 1:

@@ -22,7 +22,7 @@ the transport's high-water mark is that limit, so a client that does not read
 its answers stops having its requests read once that many bytes wait unwritten
 (queued here or in the transport). Requests already read cannot pile answers up
 behind it either: a read that answers with entries starts (`run_read`) only in
-one of the connection's `num_read_worker_threads` read slots and only while the
+one of the connection's `max_reads_in_progress_per_connection` read slots and only while the
 unwritten bytes are within the limit; until then it waits as its request alone.
 So a connection holds at most the limit plus one answer per read slot (plus its
 requests in flight, bounded by the request limits above).
@@ -76,7 +76,7 @@ class BookieConnection(asyncio.Protocol):
         self.max_pending_bytes = cfg.max_pending_bytes_per_connection
         self.max_response_bytes = cfg.max_response_bytes_per_connection
         self._out_bytes = 0  # bytes in self._out (answers queued for this iteration's write)
-        self._read_slots = cfg.num_read_worker_threads  # reads answering with entries at once
+        self._read_slots = cfg.max_reads_in_progress_per_connection  # reads answering with entries at once
         self._reads_running = 0
         self._reads_waiting: deque = deque()  # (start, req) of reads begun, not started (run_read)
         self.transport: asyncio.Transport | None = None

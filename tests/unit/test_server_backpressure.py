@@ -80,7 +80,7 @@ class _StuckTransport:
 
 def _connection():
     cfg = load_config(env={}, overrides={"max_response_bytes_per_connection": LIMIT_BYTES,
-                                         "num_read_worker_threads": 2})
+                                         "max_reads_in_progress_per_connection": 2})
     server = types.SimpleNamespace(config=cfg, connections=set(), auth_provider=None)
     server.processor = RequestProcessor(_Bookie(), cfg)
     conn = BookieConnection(server)
