@@ -396,6 +396,9 @@ class LedgerStorage:
                 return None
             try:
                 batch = self.config.read_ahead_batch_size
+                record = self.entry_logger.record_bytes(ledger_id)
+                if record:  # what one read-ahead can hold: the span ReadRuns marks as being read
+                    batch = min(batch, max(1, READ_AHEAD_MAX_BYTES // record))
                 count, scanning = self._read_runs.plan(ledger_id, entry_id, batch) if batch > 1 else (1, False)
                 if count <= 1:
                     return (yield from self.entry_logger.entry_steps(ledger_id, entry_id, location))

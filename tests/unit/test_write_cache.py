@@ -164,16 +164,29 @@ def test_first_miss_of_a_ledger_reads_ahead_then_only_misses_that_continue_a_run
 
 
 def test_concurrent_range_reads_of_one_scan_read_each_byte_once():
-    # A reader with ranges of 16 in flight; 1 MiB of 64 KiB entries holds 15 of them.
+    # A reader with ranges of 16 in flight; a read-ahead holds 15 of its 64 KiB entries
+    # (LedgerStorage caps the batch by the ledger's record size).
     runs = ReadRuns()
-    assert runs.plan(5, 0, 100) == (100, False)   # range 0..15, being read
-    assert runs.plan(5, 16, 100) == (1, False)    # range 16..31 while 0.. is read: far from 0..0
-    assert runs.plan(5, 17, 100) == (100, True)   # its next entry follows it: reads ahead
+    assert runs.plan(5, 0, 15) == (15, False)   # range 0..15: reads 0..14 ahead
+    assert runs.plan(5, 16, 15) == (15, True)   # range 16..31 while 0..14 is read: follows it
+    assert runs.plan(5, 17, 15) == (1, False)   # inside 16..30, still being read: its one entry
     runs.ran(5, 0, 14)
-    runs.ran(5, 17, 31)
-    assert runs.plan(5, 15, 100) == (1, False)    # the range's last entry: up to the next span only
-    assert runs.plan(5, 20, 100) == (1, False)    # read ahead already (evicted, or a race): one entry
-    assert runs.plan(5, 32, 100) == (100, True)   # the next range goes on from the newest span
+    runs.ran(5, 16, 30)
+    assert runs.plan(5, 15, 15) == (1, False)   # the range's last entry: up to the next span only
+    assert runs.plan(5, 20, 15) == (1, False)   # read ahead already (evicted, or a race): one entry
+    assert runs.plan(5, 31, 15) == (15, True)   # the next range goes on from the newest span
+
+
+def test_misses_while_a_read_ahead_is_in_flight_read_their_one_entry():
+    """Single READs of one scan, 32 at once, all planned before the first read-ahead ends
+    (so it goes through the bookie's io_uring): one read-ahead, the rest one entry each.
+    Each used to follow the one before and read ahead the same bytes again."""
+    runs = ReadRuns()
+    plans = [runs.plan(9, e, 19) for e in range(32)]
+    assert plans[0] == (19, False)
+    assert plans[1:19] == [(1, False)] * 18            # inside the read-ahead in flight
+    assert plans[19] == (19, True)                     # follows it: the scan's next read-ahead
+    assert plans[20:] == [(1, False)] * 12
 
 
 def test_concurrent_scans_of_one_ledger_keep_their_read_ahead():
