@@ -162,15 +162,24 @@ cdef class Ring:
         cdef uint64_t counter
         cdef int n = 0
         c_read(self.efd, &counter, 8)  # clear the eventfd (EAGAIN when nothing was posted)
+        # Every posted completion is handled now, whatever a callback raises: the eventfd is
+        # cleared, so one left in the queue would wait for the next read's wake-up.
+        first_error = None
         while self.opened and io_uring_peek_cqe(&self.ring, &cqe) == 0:
-            self._finish(cqe.user_data, cqe.res)
+            token, res = cqe.user_data, cqe.res
             io_uring_cqe_seen(&self.ring, cqe)
             n += 1
+            try:
+                self._finish(token, res)
+            except BaseException as e:
+                first_error = first_error or e
         while self._waiting and len(self._reads) < self.capacity:
             fd, nbytes, offset, done = self._waiting.popleft()
             self._prepare(fd, nbytes, offset, done)
         if self.prepared:
             self.submit()
+        if first_error is not None:
+            raise first_error
         return n
 
     cdef _finish(self, uint64_t token, int res):
@@ -199,8 +208,12 @@ cdef class Ring:
                     continue
                 if rc < 0:  # cannot happen with reads in the kernel; never spin
                     break
-                self._finish(cqe.user_data, cqe.res)
+                token, res = cqe.user_data, cqe.res
                 io_uring_cqe_seen(&self.ring, cqe)
+                try:
+                    self._finish(token, res)
+                except Exception:
+                    pass  # closing: each read is answered once; a callback's error stays its own
             while self._waiting:
                 done = self._waiting.popleft()[3]
                 done(None, ECANCELED)
