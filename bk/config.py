@@ -84,8 +84,9 @@ class BookieConfig:
     num_read_worker_threads: int = 8
     # How single-entry READs reach the entry logs: "ring" (io_uring from the event loop,
     # bk/bookie/read_ring.py), "threads" (a pread in a read thread, as BookKeeper does), or
-    # "auto": the ring where this machine allows it. Cold random 64 KiB READs: ring X
-    # MB/s, threads Y (docs/BENCHMARKS.md, twelfth round).
+    # "auto": the ring where this machine allows it. Cold random 64 KiB READs, one bookie,
+    # 8 read slots (rand.py): ring 549-664 MB/s, threads 496-539 (docs/BENCHMARKS.md,
+    # twelfth round). With the ring the index lookups of these reads run on the loop.
     read_io: str = "auto"
 
     # --- server
@@ -195,8 +196,8 @@ class BookieConfig:
     max_response_bytes_per_connection: int = 4 * MiB
     # Reads answering with entries that one connection has under way at once (its read slots);
     # more wait in arrival order. Their depth is the disk's queue for one reader: 8 held cold
-    # random 64 KiB READs through the ring to X MB/s, 32 to Y (docs/BENCHMARKS.md, twelfth
-    # round). Till then the read slots were num_read_worker_threads (8).
+    # random 64 KiB READs through the ring to 549-664 MB/s, 32 to 817-842 (docs/BENCHMARKS.md,
+    # twelfth round). Till then the read slots were num_read_worker_threads (8).
     max_reads_in_progress_per_connection: int = 32
     # The bookie raises its soft open-files limit (RLIMIT_NOFILE) to the hard limit at start
     # (each connection is one descriptor) and logs both; false leaves the limit as inherited.
