@@ -35,7 +35,7 @@ from operator import itemgetter
 from bk import metrics
 from bk._native import load
 from bk.config import BookieConfig
-from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, CorruptedStorageError, DiskFullError,
+from bk.errors import (BadRequestError, BookieError, BookieReadOnlyError, ConfigError, CorruptedStorageError, DiskFullError,
                        LedgerFencedError, LedgerLimboError, NoSuchEntryError, NoSuchLedgerError, StorageError,
                        TooManyRequestsError, UnauthorizedAccessError)
 from bk.fileio import ensure_dir
@@ -46,7 +46,7 @@ from bk.proto.layout import ENTRY_IDS_LAC
 
 from .gc import GarbageCollector
 from .ledger_storage import LedgerStorage
-from .read_ring import RingReads, make_ring
+from .read_ring import RingReads, make_ring, ring_unavailable
 from .read_threads import ReadThreads
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,8 @@ class Bookie:
     async def start(self) -> None:
         """Open storage, replay the journals, start the writer/flush threads."""
         self._loop = asyncio.get_running_loop()
+        if self.config.read_io == "ring" and (why := ring_unavailable()) is not None:
+            raise ConfigError(f"read_io is 'ring' but {why}")  # before anything is opened
         await asyncio.to_thread(self._open_and_replay)
         storage = self.storage
         try:

@@ -176,6 +176,14 @@ def test_read_io_choices(monkeypatch):
         load_config(env={}, overrides={"read_io": "aio"})
 
 
+def test_read_io_ring_where_it_cannot_run_fails_before_the_bookie_opens_anything(tmp_path, monkeypatch):
+    monkeypatch.setattr("bk.bookie.bookie.ring_unavailable", lambda: "io_uring cannot be set up here: EPERM")
+    b = Bookie(_config(tmp_path, "ring"))
+    with pytest.raises(ConfigError, match="EPERM"):
+        eventloop.run(b.start())
+    assert not (tmp_path / "ledgers").exists() or not any((tmp_path / "ledgers").rglob("*.log"))
+
+
 # ------------------------------------------------------------------ the bookie through the ring
 def _entry(ledger_id: int, entry_id: int, size: int) -> bytes:
     payload = bytes([entry_id % 251]) * size
