@@ -67,12 +67,14 @@ def test_reads_answer_what_pread_reads_short_at_the_end_and_errors_as_errno(tmp_
         ring.read(fd, 1, 0, print)
 
 
-def test_close_waits_for_the_kernels_reads_and_answers_the_waiting_ones(tmp_path):
+def _file_and_ring(tmp_path, data: bytes, capacity: int):
     path = tmp_path / "f"
-    path.write_bytes(b"x" * 65536)
-    fd = os.open(path, os.O_RDONLY)
-    ring = ring_module().Ring(4)
-    answers = []
+    path.write_bytes(data)
+    return os.open(path, os.O_RDONLY), ring_module().Ring(capacity), []
+
+
+def test_close_waits_for_the_kernels_reads_and_answers_the_waiting_ones(tmp_path):
+    fd, ring, answers = _file_and_ring(tmp_path, b"x" * 65536, 4)
     for i in range(10):
         ring.read(fd, 4096, i * 4096, lambda d, e, i=i: answers.append((i, None if d is None else len(d), e)))
     ring.submit()  # 4 in the kernel, 6 waiting for room
@@ -83,11 +85,7 @@ def test_close_waits_for_the_kernels_reads_and_answers_the_waiting_ones(tmp_path
 
 
 def test_a_failed_submit_answers_each_unsent_read_once(tmp_path):
-    path = tmp_path / "f"
-    path.write_bytes(b"y" * 8192)
-    fd = os.open(path, os.O_RDONLY)
-    ring = ring_module().Ring(8)
-    answers = []
+    fd, ring, answers = _file_and_ring(tmp_path, b"y" * 8192, 8)
     try:
         for i in range(3):
             ring.read(fd, 100, i, lambda d, e, i=i: answers.append((i, e)))
