@@ -21,6 +21,7 @@ import os
 
 from bk import fileio
 from bk._native import load_optional
+from bk.entrylog.files import read_error
 from bk.entrylog.reads import Pread, Steps
 from bk.errors import ConfigError, StorageError
 
@@ -109,8 +110,7 @@ class RingReads:
             if fut.done():  # the reader was cancelled; the file goes back now
                 steps.close()
             elif err:
-                e = OSError(err, os.strerror(err))
-                fut.set_exception(_storage_error(h, offset, e))
+                fut.set_exception(read_error(h.path, offset, OSError(err, os.strerror(err))))
             else:
                 fut.set_result(data)
 
@@ -121,7 +121,7 @@ class RingReads:
             try:
                 fileio.check_read(h.path)
             except OSError as e:
-                fut.set_exception(_storage_error(h, offset, e))
+                fut.set_exception(read_error(h.path, offset, e))
                 return fut
         self._ring.read(h.fd, op.n, offset, done)
         if not self._submit_pending:
@@ -148,8 +148,3 @@ class RingReads:
         except (RuntimeError, ValueError, OSError):
             pass  # the loop is closed already
         self._ring.close()
-
-
-def _storage_error(h, offset: int, e: OSError) -> StorageError:
-    from bk.entrylog import EntryLogger
-    return EntryLogger.read_error(h, offset, e)

@@ -23,6 +23,12 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 SCAN_CLEAN, SCAN_TRUNCATED, SCAN_BAD_SIZE = 0, 1, 2
 
 
+def read_error(path: str, offset: int, e: OSError) -> StorageError:
+    """What a failed read of an entry log at offset is, however it was read (pread, O_DIRECT,
+    sendfile's fall-back, the bookie's io_uring)."""
+    return StorageError(f"I/O error reading {path}@{offset}: {e.strerror}")
+
+
 class ReadHandle:
     __slots__ = ("log_id", "path", "fd", "dfd", "refs", "doomed", "hinted")
 

@@ -36,7 +36,7 @@ from bk._native import load as load_kernel
 from bk.config import BookieConfig
 from bk.entrylog import format as fmt
 from bk.entrylog import reads, spans
-from bk.entrylog.files import LogScan, ReadFiles
+from bk.entrylog.files import LogScan, ReadFiles, read_error
 from bk.errors import ConfigError, CorruptedStorageError, StorageError, SyncFailedError
 from bk import fileio
 from bk.fileio import IOV_MAX, DiskUsage, DurableFile, disk_space, ensure_dir, remove_file
@@ -396,12 +396,7 @@ class EntryLogger:
             # One pread for the whole record when the ledger's last record had its size: with
             # no kernel readahead (ReadFiles), a second pread is a second trip to the disk.
             buf = yield reads.Pread(h, max(self._record_sizes.get(ledger_id, 0), _READ_GUESS_BYTES), offset)
-            size, lid, eid = self._check_record(h.path, offset, buf)
-            if (lid, eid) != (ledger_id, entry_id):
-                raise CorruptedStorageError(
-                    f"{h.path}@{offset}: record holds ledger {lid} entry {eid}, "
-                    f"expected ledger {ledger_id} entry {entry_id}",
-                    path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
+            size = self._check_entry_record(h.path, offset, buf, ledger_id, entry_id)
             need = fmt.SIZE_FIELD_BYTES + size
             self._remember_size(ledger_id, need)
             if len(buf) >= need:
@@ -503,12 +498,7 @@ class EntryLogger:
                 fileio.check_read(h.path)
             return os.pread(h.fd, n, offset)
         except OSError as e:
-            raise self.read_error(h, offset, e) from e
-
-    @staticmethod
-    def read_error(h, offset: int, e: OSError) -> StorageError:
-        """What a failed read of log h at offset is, however it was read."""
-        return StorageError(f"I/O error reading {h.path}@{offset}: {e.strerror}")
+            raise read_error(h.path, offset, e) from e
 
     @staticmethod
     def _file_size(h) -> int:
@@ -516,6 +506,16 @@ class EntryLogger:
             return os.fstat(h.fd).st_size
         except OSError as e:
             raise StorageError(f"I/O error reading {h.path}: {e.strerror}") from e
+
+    def _check_entry_record(self, path: str, offset: int, buf, ledger_id: int, entry_id: int) -> int:
+        """The size of the record at offset whose head is buf's start, which must hold entry
+        (ledger_id, entry_id): the index placed it there (CorruptedStorageError otherwise)."""
+        size, lid, eid = self._check_record(path, offset, buf)
+        if (lid, eid) != (ledger_id, entry_id):
+            raise CorruptedStorageError(
+                f"{path}@{offset}: record holds ledger {lid} entry {eid}, expected ledger {ledger_id} entry {entry_id}",
+                path=path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
+        return size
 
     def _check_record(self, path: str, offset: int, buf: bytes) -> tuple[int, int, int]:
         if len(buf) < fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES:

@@ -23,7 +23,7 @@ import threading
 
 from bk import fileio
 from bk.entrylog import format as fmt
-from bk.entrylog.files import ReadHandle, ReadFiles
+from bk.entrylog.files import ReadHandle, ReadFiles, read_error
 from bk.errors import CorruptedStorageError, StorageError
 
 DIRECT_ALIGN = 4096  # O_DIRECT offsets, lengths and buffers are multiples of this
@@ -66,7 +66,7 @@ class FileSpan:
         try:
             buf = os.pread(self.fd, self.length, self.offset)
         except OSError as e:
-            raise StorageError(f"I/O error reading {self.path}@{self.offset}: {e.strerror}") from e
+            raise read_error(self.path, self.offset, e) from e
         if len(buf) != self.length:
             raise CorruptedStorageError(f"{self.path}@{self.offset}: {self.length} bytes expected, "
                                         f"{len(buf)} read", path=self.path, offset=self.offset)
@@ -262,7 +262,7 @@ def _read_span_direct(el, h, ledger_id: int, entry_id: int, locations: list, off
         n = os.preadv(dfd, [memoryview(buf)[:stop - start]], start)
     except OSError as e:
         pool.put(buf)
-        raise StorageError(f"I/O error reading {h.path}@{start}: {e.strerror}") from e
+        raise read_error(h.path, start, e) from e
     limit = min(start + n, end)
 
     def head(pos: int):
@@ -292,12 +292,7 @@ def _span_records(el, path: str, ledger_id: int, entry_id: int, locations: list,
         if i and location != fmt.make_location(log_id, pos):
             break  # not stored, or stored elsewhere: the span ends here
         try:
-            size, lid, eid = el._check_record(path, pos, head(pos))
-            if (lid, eid) != (ledger_id, entry_id + i):
-                raise CorruptedStorageError(
-                    f"{path}@{pos}: record holds ledger {lid} entry {eid}, "
-                    f"expected ledger {ledger_id} entry {entry_id + i}",
-                    path=path, offset=pos, ledger_id=ledger_id, entry_id=entry_id + i)
+            size = el._check_entry_record(path, pos, head(pos), ledger_id, entry_id + i)
             if pos + fmt.SIZE_FIELD_BYTES + size > end:
                 raise CorruptedStorageError(f"{path}@{pos}: record of {size} bytes is cut short",
                                             path=path, offset=pos, ledger_id=ledger_id, entry_id=entry_id + i)
