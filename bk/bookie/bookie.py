@@ -638,16 +638,16 @@ class Bookie:
             # proves "no such entry" if limbo was already clear when the lookup began
             # (seed 10023 of the journal-off random test answered ENOENTRY without this).
             limbo_before = desc.limbo
-            entry = storage.get_cached(ledger_id, entry_id)
-            if entry is None:
-                try:
-                    if self._ring is not None:
-                        entry = await self._ring.run(storage.read_steps(ledger_id, entry_id))
-                    else:
+            try:
+                if self._ring is not None:  # its steps look in the caches first, here on the loop
+                    entry = await self._ring.run(storage.read_steps(ledger_id, entry_id))
+                else:
+                    entry = storage.get_cached(ledger_id, entry_id)
+                    if entry is None:
                         entry = await self._read_threads.submit(storage.read_from_storage, ledger_id, entry_id)
-                except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
-                    self._read_failed(ledger_id, entry_id, e)
-                    raise
+            except StorageError as e:  # EIO, never ENOENTRY: the reader asks another replica
+                self._read_failed(ledger_id, entry_id, e)
+                raise
             if entry is not None:
                 return entry
             if desc.limbo:
