@@ -186,6 +186,21 @@ class Index:
             raise self._error(e, "reading locations") from e
         return out
 
+    def locations_in_logs(self, log_ids) -> dict[int, list[tuple[int, int, int]]]:
+        """Every stored (ledger_id, entry_id, location) that points into one of `log_ids`,
+        by log id (each list in key order). A walk of the whole location table: what is
+        live in a log when its own records cannot be trusted to say (a damaged log, a
+        missing one) is what the index names there, whichever ledgers those are."""
+        wanted = {int(i) for i in log_ids}
+        out: dict[int, list[tuple[int, int, int]]] = {i: [] for i in wanted}
+        if not wanted:
+            return out
+        for lid, eid, loc in self.iter_locations():
+            rows = out.get(loc >> 32)
+            if rows is not None:
+                rows.append((lid, eid, loc))
+        return out
+
     def count_locations_in_log(self, ledger_ids, log_id: int) -> int:
         """How many stored locations of these ledgers point into entry log `log_id`
         (walks every location of each ledger: for the rare unclean compaction)."""
