@@ -290,6 +290,9 @@ STORAGE_ERRORS = Counter("bookie_storage_errors", "failed journal/entry-log writ
 STORAGE_FAILED = Gauge("bookie_storage_failed", "1 once an fsync, write or commit failed: read-only until restart")
 READ_ENTRY_CORRUPTED = Counter("bookie_read_entry_corrupted",
                                "reads answered EIO because the stored record failed its checks")
+GC_DAMAGED_ENTRY_LOGS = Gauge("bookie_gc_damaged_entry_logs",
+                              "entry logs whose records could not be read to their end: GC keeps them "
+                              "until the index places nothing in them")
 
 # AutoRecovery (auditor_*, replication_worker_*, election_*)
 ELECTION_ATTEMPTS = Counter("election_attempts", "auditor elections won by this process")

@@ -11,8 +11,11 @@ durable before the next one may assume it (GC.md "Compaction, step by step"):
               the copy's, only where the index still holds the old location (an
               entry re-added or moved since keeps its newer one, a deleted ledger
               stays deleted); committed and synced;
-  4. check    when the scan of the old log did not end clean, no location of its
-              ledgers may still point into it (else: stop, keep the log, report);
+  4. check    when the scan of the old log did not end clean (a damaged record: what
+              lies past it was not seen), every location the index still places in
+              the log (a walk of the whole index, whatever ledger it belongs to) is
+              read by location, copied and switched as in 2-3; then no location may
+              point into the log any more (else: stop, keep the log, report);
   5. delete   the old log file is unlinked and its directory fsynced;
   6. unmark   the marker is cleared.
 
@@ -34,7 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from bk.entrylog import SCAN_BAD_SIZE
+from bk.entrylog import SCAN_CLEAN, SCAN_REASONS
+from bk.errors import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,20 @@ class Throttle:
             self._sleep(ahead_s)
 
 
+def _once_per_ledger(is_live: Callable[[int], bool]) -> Callable[[int], bool]:
+    """is_live asked once per ledger for one compaction (it may read the index). A
+    ledger found live stays live for the compaction: at worst a ledger deleted
+    meanwhile is copied once more, and the conditional switch drops the copy."""
+    seen: dict[int, bool] = {}
+
+    def live(ledger_id: int) -> bool:
+        v = seen.get(ledger_id)
+        if v is None:
+            v = seen[ledger_id] = is_live(ledger_id)
+        return v
+    return live
+
+
 class EntryLogCompactor:
     def __init__(self, storage, rate_bytes_per_s: int = 0):
         self.storage = storage
@@ -128,20 +146,21 @@ class EntryLogCompactor:
     def compact(self, log_id: int, is_live: Callable[[int], bool],
                 stop: Callable[[], bool] = lambda: False) -> CompactionResult:
         """Compact one closed log (steps 1-6 of the module docstring). Returns what it
-        did; `error` is set (and the log kept) when it could not finish safely."""
+        did; `error` is set (and the log kept) when it could not finish safely.
+        `is_live(ledger_id)` is GC's one rule (a ledger is dead only when gone from
+        memory and from the committed index); it is asked once per ledger."""
         result = CompactionResult(log_id)
         if log_id not in self.entry_logger.closed_log_ids():
             result.error = f"entry log {log_id:x} is not a closed log"
             return result
+        is_live = _once_per_ledger(is_live)
         self._set_marker(log_id, True)
         throttle = Throttle(self.rate_bytes_per_s)
         batch_limit = batch_bytes_for(self.rate_bytes_per_s)
         scan = self.entry_logger.scan(log_id, with_entries=True)
         batch: list = []
         batch_bytes = 0
-        seen_ledgers: set[int] = set()
         for lid, eid, loc, size, entry in scan:
-            seen_ledgers.add(lid)
             if not is_live(lid):
                 continue
             batch.append((lid, eid, loc, entry))
@@ -156,15 +175,11 @@ class EntryLogCompactor:
         if batch:
             self._move(batch, result)
             throttle.account(batch_bytes)
-        if scan.status == SCAN_BAD_SIZE:
-            # Garbage inside the log: records past it were not seen. Delete only if
-            # no location of any ledger the log holds still points into it.
-            usage = self.entry_logger.ledgers_map(log_id)
-            left = self.index.count_locations_in_log(sorted(seen_ledgers | set(usage)), log_id)
-            if left:
-                result.error = (f"entry log {log_id:x} has a bad record at offset {scan.stop_offset} and "
-                                f"{left} indexed entries past it; kept")
-                log.error("compaction: %s", result.error)
+        if scan.status != SCAN_CLEAN:
+            # Damage inside the log: the records past it were not seen, and whichever
+            # ledgers they belong to, the index says where they are (step 4).
+            damage = f"{SCAN_REASONS.get(scan.status, scan.status)} at offset {scan.stop_offset}"
+            if not self._move_indexed(log_id, damage, result, throttle, batch_limit, stop):
                 return result
         self.step_hook("before_delete", log_id)
         result.file_bytes_deleted = self.entry_logger.log_file_bytes(log_id)
@@ -173,6 +188,43 @@ class EntryLogCompactor:
         self.step_hook("after_delete", log_id)
         self._set_marker(log_id, False)
         return result
+
+    def _move_indexed(self, log_id: int, damage: str, result: CompactionResult, throttle: Throttle,
+                      batch_limit: int, stop: Callable[[], bool]) -> bool:
+        """Copy and switch every entry the index still places in a damaged log, read by
+        its location; True when afterwards no location points into the log any more
+        (it may go), else the log is kept and `result.error` says why."""
+        unreadable = 0
+        batch: list = []
+        batch_bytes = 0
+        for lid, eid, loc in self.index.locations_in_logs([log_id])[log_id]:
+            try:
+                entry = self.entry_logger.read_entry(lid, eid, loc)
+            except StorageError as e:  # damaged itself: it stays where the index says
+                unreadable += 1
+                log.error("compaction of entry log %x: ledger %d entry %d cannot be read: %s", log_id, lid, eid, e)
+                continue
+            batch.append((lid, eid, loc, entry))
+            batch_bytes += len(entry) + 4
+            if batch_bytes >= batch_limit or len(batch) >= BATCH_ENTRIES:
+                if stop():
+                    result.error = "stopped"
+                    return False
+                self._move(batch, result)
+                throttle.account(batch_bytes)
+                batch, batch_bytes = [], 0
+        if batch:
+            self._move(batch, result)
+            throttle.account(batch_bytes)
+        left = len(self.index.locations_in_logs([log_id])[log_id])  # after the switches, from the index
+        if left:
+            result.error = (f"entry log {log_id:x} is damaged ({damage}) and the index still places {left} "
+                            f"entries in it ({unreadable} unreadable); kept")
+            log.error("compaction: %s", result.error)
+            return False
+        log.warning("compaction: entry log %x was damaged (%s); every entry the index placed in it was "
+                    "copied", log_id, damage)
+        return True
 
     def _move(self, batch: list, result: CompactionResult) -> None:
         """Copy the batch's entries the index still names, then switch them (steps 2-3)."""

@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Callable
 
+from bk.entrylog import HEADER_BYTES
 from bk.entrylog.usage import EntryLogMetadata
 from bk.errors import BKError
 
@@ -68,6 +69,7 @@ class GarbageCollector:
         self.step_hook: Callable[[str, int], None] = lambda step, log_id: None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._logs: dict[int, EntryLogMetadata] = {}
+        self._indexed: set[int] = set()  # damaged logs whose live ledgers the index has told
         self._lock = threading.Lock()  # guards _logs (read by entry_log_usage), _requests, _status
         self._requests: list[_Request] = []
         self._wake = threading.Event()
@@ -168,6 +170,7 @@ class GarbageCollector:
         with self._lock:
             out = dict(self._status)
             out["entry_logs"] = len(self._logs)
+        out["damaged_logs"] = self.damaged_logs()
         out["compacting_logs"] = self.compactor.pending()
         out["settings"] = {k: getattr(self.config, k) for k in (
             "gc_wait_time_ms", "gc_over_replicated_ledger_wait_time_ms", "verify_metadata_on_gc",
@@ -184,7 +187,7 @@ class GarbageCollector:
         cur = el.current_log_id
         if cur is not None and all(r["log_id"] != cur for r in rows):
             try:
-                rows.append(EntryLogMetadata.from_ledgers_map(cur, el.ledgers_map(cur), "memory").to_dict())
+                rows.append(el.log_metadata(cur).to_dict())
             except BKError:
                 pass
         return rows
@@ -214,6 +217,7 @@ class GarbageCollector:
             if self.policy is not None:
                 self._scan_and_compare(out)
             self._drop_dead_ledgers()
+            self._ask_index_about_damaged_logs()
             self._delete_empty_logs(out)
             if only_logs is None:
                 self._compact(force_major, force_minor, forced, out, stop)
@@ -250,13 +254,15 @@ class GarbageCollector:
                  len(out["logs_compacted"]), out["compaction"] or "no compaction", out["bytes_freed"],
                  out["bytes_rewritten"], len(out["errors"]), out["duration_ms"])
 
-    def _is_live(self, ledger_id: int) -> bool:
-        return self.storage.get_ledger(ledger_id) is not None
-
     def _is_dead(self, ledger_id: int) -> bool:
-        """Dead for deleting bytes: gone from memory AND from the committed index (so
-        its locations' removal is durable, once sync_index ran)."""
+        """The one rule, for whole-log deletion and compaction alike: a ledger is dead
+        only when it is gone from memory AND from the committed index. A delete whose
+        checkpoint failed (a full disk) is gone from memory only: its entries are still
+        named by the index, a restart brings it back, so its bytes are kept."""
         return self.storage.get_ledger(ledger_id) is None and self.storage.index.get_ledger(ledger_id) is None
+
+    def _is_live(self, ledger_id: int) -> bool:
+        return not self._is_dead(ledger_id)
 
     def _learn_logs(self) -> None:
         el = self.storage.entry_logger
@@ -264,15 +270,19 @@ class GarbageCollector:
         with self._lock:
             for gone in set(self._logs) - set(closed):
                 del self._logs[gone]
+                self._indexed.discard(gone)
             known = set(self._logs)
         for log_id in closed:
             if log_id in known:
                 continue
             try:
-                meta = EntryLogMetadata.from_ledgers_map(log_id, el.ledgers_map(log_id))
+                meta = el.log_metadata(log_id)
             except BKError as e:
                 log.warning("GC: cannot read the usage of entry log %x: %s", log_id, e)
                 continue
+            if meta.damaged:
+                log.error("GC: entry log %x is damaged (%s): it is never deleted or compacted on what its "
+                          "records say; the index decides what is live in it", log_id, meta.damage)
             with self._lock:
                 self._logs[log_id] = meta
 
@@ -339,10 +349,53 @@ class GarbageCollector:
         for meta in metas:
             meta.remove_ledgers_if(is_dead)
 
+    def _ask_index_about_damaged_logs(self) -> None:
+        """A damaged log's scan saw only the ledgers before its damage. What is live in
+        it is what the index places there: one walk of the index for the damaged logs
+        not yet looked up gives their ledgers and, read from each record's size field,
+        their bytes. Nothing new is ever placed in a closed log, so the answer only
+        shrinks (by deleted ledgers) and is asked once per log; a whole-log deletion
+        asks again (_delete_empty_logs)."""
+        with self._lock:
+            todo = {log_id: m for log_id, m in self._logs.items() if m.damaged and log_id not in self._indexed}
+        if not todo:
+            return
+        el = self.storage.entry_logger
+        for log_id, rows in self.storage.index.locations_in_logs(todo).items():
+            meta = todo[log_id]
+            indexed: dict[int, int] = {}
+            for (lid, _eid, _loc), size in zip(rows, el.record_sizes([loc for _, _, loc in rows])):
+                indexed[lid] = indexed.get(lid, 0) + 4 + (size or 0)
+            # a ledger the scan saw and the index does not place here is kept while it lives
+            ledgers = {lid: n for lid, n in meta.ledgers.items() if not self._is_dead(lid)}
+            ledgers.update(indexed)
+            total = max(0, el.log_file_bytes(log_id) - HEADER_BYTES)
+            with self._lock:
+                meta.ledgers = ledgers
+                meta.total_bytes = max(total, sum(ledgers.values()))
+                self._indexed.add(log_id)
+            log.info("GC: damaged entry log %x holds %d entries of %d ledgers by the index", log_id, len(rows),
+                     len({lid for lid, _, _ in rows}))
+
+    def damaged_logs(self) -> dict[str, str]:
+        """Hex log id -> how its damage was found, for the logs GC knows (gcstatus)."""
+        with self._lock:
+            return {f"{log_id:x}": m.damage for log_id, m in sorted(self._logs.items()) if m.damaged}
+
     def _delete_empty_logs(self, out: dict) -> None:
         el = self.storage.entry_logger
         with self._lock:
             empty = [log_id for log_id, m in self._logs.items() if m.is_empty()]
+            damaged = [log_id for log_id, m in self._logs.items() if m.damaged and not m.ledgers]
+        if damaged:  # the index's answer is asked again right before deleting: it must be "nothing"
+            for log_id, rows in self.storage.index.locations_in_logs(damaged).items():
+                if rows:
+                    log.error("GC: damaged entry log %x kept: the index still places %d entries in it",
+                              log_id, len(rows))
+                    with self._lock:
+                        self._indexed.discard(log_id)  # look it up again next pass
+                else:
+                    empty.append(log_id)
         for log_id in sorted(empty):
             size = el.log_file_bytes(log_id)
             if el.delete_log(log_id):
@@ -350,6 +403,7 @@ class GarbageCollector:
                 out["bytes_freed"] += size
             with self._lock:
                 self._logs.pop(log_id, None)
+                self._indexed.discard(log_id)
             self.step_hook("after_whole_log_delete", log_id)
 
     def _disks_full(self) -> bool:

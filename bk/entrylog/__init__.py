@@ -9,6 +9,7 @@ import importlib
 _EXPORTS = {
     "EntryLogger": "logger", "DiskUsage": "logger",
     "LogScan": "files", "SCAN_CLEAN": "files", "SCAN_TRUNCATED": "files", "SCAN_BAD_SIZE": "files",
+    "SCAN_REASONS": "files",
     "HEADER_BYTES": "format", "make_location": "format", "split_location": "format",
 }
 

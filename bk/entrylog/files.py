@@ -21,6 +21,7 @@ _FADV_RANDOM = getattr(os, "POSIX_FADV_RANDOM", None)
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 
 SCAN_CLEAN, SCAN_TRUNCATED, SCAN_BAD_SIZE = 0, 1, 2
+SCAN_REASONS = {SCAN_TRUNCATED: "torn tail", SCAN_BAD_SIZE: "bad size field"}  # why a scan stopped short
 
 
 def read_error(path: str, offset: int, e: OSError) -> StorageError:

@@ -36,7 +36,8 @@ from bk._native import load as load_kernel
 from bk.config import BookieConfig
 from bk.entrylog import format as fmt
 from bk.entrylog import reads, spans
-from bk.entrylog.files import LogScan, ReadFiles, read_error
+from bk.entrylog.files import SCAN_CLEAN, SCAN_REASONS, LogScan, ReadFiles, read_error
+from bk.entrylog.usage import EntryLogMetadata
 from bk.errors import ConfigError, CorruptedStorageError, StorageError, SyncFailedError
 from bk import fileio
 from bk.fileio import IOV_MAX, DiskUsage, DurableFile, disk_space, ensure_dir, remove_file
@@ -70,7 +71,9 @@ class _LogInfo(NamedTuple):
 
 
 class EntryLogger:
-    def __init__(self, ledger_dirs: Sequence[str], config: BookieConfig):
+    def __init__(self, ledger_dirs: Sequence[str], config: BookieConfig, *, first_log_id: int = 0):
+        """`first_log_id`: the lowest id a new log may take (one past the highest log the index
+        names, bk.bookie.log_check: a log lost with its directory must not be reborn)."""
         if not ledger_dirs:
             raise ConfigError("EntryLogger needs at least one ledger dir")
         if config.entry_log_size_limit_bytes > fmt.MAX_OFFSET:
@@ -115,8 +118,9 @@ class EntryLogger:
                         f"entry log {log_id:x} exists twice: {self._paths[log_id]} and {path}", path=path)
                 self._paths[log_id] = path
         # Ids only grow within a process, even if GC deletes the highest log: a
-        # stale location must never name a reused log id.
-        self._next_log_id = max(self._paths, default=-1) + 1
+        # stale location must never name a reused log id. Across restarts the caller
+        # says which ids the index still names (a wiped ledger dir took their files).
+        self._next_log_id = max(max(self._paths, default=-1) + 1, first_log_id)
         self._files = ReadFiles(self._path_of)
         # BATCH_READ answers of cold records are read by O_DIRECT into these (read_span)
         self._direct_buffers = spans.DirectBuffers(config.max_frame_size_bytes + 2 * spans.DIRECT_ALIGN,
@@ -563,13 +567,20 @@ class EntryLogger:
             return 0
 
     def ledgers_map(self, log_id: int) -> dict[int, int]:
-        """ledger id -> bytes of its records in the log (size fields included).
+        """ledger id -> bytes of its records in the log (size fields included): the
+        `ledgers` of log_metadata, which says too whether they are the whole log."""
+        return self.log_metadata(log_id).ledgers
 
-        The current log answers from memory; a closed log from its stored map, after
-        checking its CRC; a log without a valid map (crash) by scanning it."""
+    def log_metadata(self, log_id: int) -> EntryLogMetadata:
+        """The log's usage. The current log answers from memory ("memory"); a closed log
+        from its stored map after checking its CRC ("map"); a log without a valid map
+        (crash) by scanning it ("scan"). A scan that did not end clean (a bad size
+        field, a torn tail) sets `damage`: the ledgers it lists are only those before
+        that point, so they are not the log's contents (bk.bookie.gc never deletes or
+        compacts such a log on them; it asks the index)."""
         with self._lock:
             if log_id == self.current_log_id and self._current is not None:
-                return dict(self._current_usage)
+                return EntryLogMetadata.from_ledgers_map(log_id, self._current_usage, "memory")
         path = self._path_of(log_id)
         if path is None:
             raise StorageError(f"no entry log {log_id:x}")
@@ -583,16 +594,40 @@ class EntryLogger:
             finally:
                 self._files.release(h)
             try:
-                return fmt.decode_ledgers_map(raw, info.map_count)
+                return EntryLogMetadata.from_ledgers_map(log_id, fmt.decode_ledgers_map(raw, info.map_count))
             except ValueError as e:
                 log.warning("ledgers map of %s is unusable (%s); scanning the log", path, e)
         usage: dict[int, int] = {}
         scan = self.scan(log_id)
         for lid, _, _, size in scan:
             usage[lid] = usage.get(lid, 0) + size + fmt.SIZE_FIELD_BYTES
-        if scan.status:
-            log.warning("scan of %s stopped at offset %d (status %d)", path, scan.stop_offset, scan.status)
-        return usage
+        meta = EntryLogMetadata.from_ledgers_map(log_id, usage, "scan")
+        if scan.status != SCAN_CLEAN:
+            meta.damage = f"{SCAN_REASONS.get(scan.status, scan.status)} at offset {scan.stop_offset}"
+            meta.damage_offset = scan.stop_offset
+            log.warning("scan of %s stopped: %s", path, meta.damage)
+        return meta
+
+    def record_sizes(self, locations) -> list[int | None]:
+        """The size field of the record at each location (entry bytes, as written), or
+        None where it cannot be read or is out of range: what the index names in a log
+        that cannot be scanned to its end."""
+        out: list[int | None] = []
+        for location in locations:
+            log_id, offset = fmt.split_location(location)
+            try:
+                h = self._files.acquire(log_id)
+            except StorageError:
+                out.append(None)
+                continue
+            try:
+                head = self.pread(h, fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES, offset)
+                out.append(self._check_record(h.path, offset, head)[0])
+            except StorageError:
+                out.append(None)
+            finally:
+                self._files.release(h)
+        return out
 
     def delete_log(self, log_id: int) -> bool:
         """Delete a log that is not the current one (GC). False if it did not exist."""

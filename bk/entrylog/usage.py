@@ -29,7 +29,8 @@ and a file too short to hold a header.
 JSON (`to_dict` / `from_dict`, what the bookie's admin channel and
 `bk shell listfilesondisc --json` print for each log):
     {"log_id": int, "file_name": "<hex>.log", "total_bytes": int, "live_bytes": int,
-     "usage": float, "source": "map" | "scan" | "memory", "ledgers": {"<ledger id>": bytes}}
+     "usage": float, "source": "map" | "scan" | "memory", "damage": "" | "<why> at offset <n>",
+     "ledgers": {"<ledger id>": bytes}}
 """
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ class EntryLogMetadata:
     total_bytes: int = 0
     ledgers: dict[int, int] = field(default_factory=dict)  # live ledger id -> bytes
     source: str = "map"
+    # Why and where a scan stopped short ("" when the figures cover the whole log). A
+    # damaged log's `ledgers` are only those seen before the damage: never proof that a
+    # ledger is absent from it (GC asks the index, bk.bookie.gc).
+    damage: str = ""
+    damage_offset: int | None = None
 
     @classmethod
     def from_ledgers_map(cls, log_id: int, usage: dict[int, int], source: str = "map") -> "EntryLogMetadata":
@@ -64,9 +70,14 @@ class EntryLogMetadata:
     def usage(self) -> float:
         return self.live_bytes / self.total_bytes if self.total_bytes else 1.0
 
+    @property
+    def damaged(self) -> bool:
+        return bool(self.damage)
+
     def is_empty(self) -> bool:
-        """No live ledger left: the whole log can go."""
-        return not self.ledgers
+        """No live ledger left: the whole log can go (never true of a damaged log:
+        what lies past its damage is unknown to these figures)."""
+        return not self.ledgers and not self.damage
 
     def remove_ledger(self, ledger_id: int) -> int:
         """Forget a deleted ledger; returns the bytes it held here."""
@@ -82,7 +93,7 @@ class EntryLogMetadata:
     def to_dict(self, with_ledgers: bool = True) -> dict:
         out = {"log_id": self.log_id, "file_name": fmt.log_file_name(self.log_id),
                "total_bytes": self.total_bytes, "live_bytes": self.live_bytes,
-               "usage": round(self.usage, 6), "source": self.source}
+               "usage": round(self.usage, 6), "source": self.source, "damage": self.damage}
         if with_ledgers:
             out["ledgers"] = {str(lid): n for lid, n in sorted(self.ledgers.items())}
         return out
@@ -90,7 +101,8 @@ class EntryLogMetadata:
     @classmethod
     def from_dict(cls, d: dict) -> "EntryLogMetadata":
         ledgers = {int(k): int(v) for k, v in d.get("ledgers", {}).items()}
-        return cls(int(d["log_id"]), int(d["total_bytes"]), ledgers, str(d.get("source", "map")))
+        return cls(int(d["log_id"]), int(d["total_bytes"]), ledgers, str(d.get("source", "map")),
+                   str(d.get("damage", "")))
 
 
 @dataclass
@@ -206,7 +218,8 @@ def scan_ledgers_map(path: str, report: ScanReport | None = None) -> dict[int, i
 
 def read_log_metadata(path: str, report: ScanReport | None = None) -> EntryLogMetadata:
     """A log's usage from its ledgers map, or rebuilt by a scan when that is missing or
-    corrupt (then `source` is "scan"). Every ledger in it counts as live."""
+    corrupt (then `source` is "scan", and `damage` says where a walk that did not end
+    clean stopped). Every ledger in it counts as live."""
     log_id = fmt.parse_log_file_name(os.path.basename(path))
     header, _ = read_header(path)
     if log_id is None:
@@ -216,7 +229,11 @@ def read_log_metadata(path: str, report: ScanReport | None = None) -> EntryLogMe
     stored = read_ledgers_map(path)
     if stored is not None:
         return EntryLogMetadata.from_ledgers_map(log_id, stored, "map")
-    return EntryLogMetadata.from_ledgers_map(log_id, scan_ledgers_map(path, report), "scan")
+    report = report if report is not None else ScanReport()
+    meta = EntryLogMetadata.from_ledgers_map(log_id, scan_ledgers_map(path, report), "scan")
+    if not report.clean:
+        meta.damage, meta.damage_offset = f"{report.reason} at offset {report.stop_offset}", report.stop_offset
+    return meta
 
 
 def log_usage_row(path: str) -> dict:

@@ -10,7 +10,10 @@ IndexFullError (naming index_map_size_bytes), any other lmdb.Error StorageError.
 """
 from __future__ import annotations
 
+import array
 import bisect
+import itertools
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -201,25 +204,37 @@ class Index:
                 rows.append((lid, eid, loc))
         return out
 
-    def count_locations_in_log(self, ledger_ids, log_id: int) -> int:
-        """How many stored locations of these ledgers point into entry log `log_id`
-        (walks every location of each ledger: for the rare unclean compaction)."""
-        found = 0
+    # -------- the BP-46 check of missing entry logs (bk.bookie.log_check); kept apart on purpose
+    def locations_by_log(self, batch: int = 1 << 20) -> dict[int, tuple[int, int]]:
+        """log id -> (how many stored locations point into it, the highest of them): which
+        entry logs the index needs, and how far into each, from one walk of the location
+        table (values only). Per batch the values are sorted in C and each log's run is
+        found by bisection, so the walk costs about 0.2 us a location in Python."""
+        out: dict[int, tuple[int, int]] = {}
         try:
             with self._env.begin(db=self._locations) as txn:
-                cur = txn.cursor()
-                for lid in ledger_ids:
-                    prefix = st.ledger_key(lid)
-                    if not cur.set_range(st.LOCATION_KEY.pack(lid, 0)):
-                        continue
-                    for key, value in cur.iternext():
-                        if key[:8] != prefix:
-                            break
-                        if len(value) == 8 and st.U64.unpack(value)[0] >> 32 == log_id:
-                            found += 1
+                values = txn.cursor().iternext(keys=False, values=True)
+                while True:
+                    chunk = list(itertools.islice(values, batch))
+                    if not chunk:
+                        break
+                    if any(len(v) != 8 for v in chunk):
+                        raise CorruptedStorageError(f"index location value of a length other than 8 in {self.path}",
+                                                    path=self.path)
+                    raw = array.array("Q", b"".join(chunk))
+                    if sys.byteorder == "little":
+                        raw.byteswap()  # stored big-endian (st.U64)
+                    locs = sorted(raw)
+                    i = 0
+                    while i < len(locs):
+                        log_id = locs[i] >> 32
+                        j = bisect.bisect_left(locs, (log_id + 1) << 32, i)
+                        count, highest = out.get(log_id, (0, 0))
+                        out[log_id] = (count + j - i, max(highest, locs[j - 1]))
+                        i = j
         except lmdb.Error as e:
-            raise self._error(e, "walking locations") from e
-        return found
+            raise self._error(e, "walking locations by log") from e
+        return out
 
     def compacting_logs(self) -> list[int]:
         """Entry logs whose compaction started and did not finish (GC.md)."""

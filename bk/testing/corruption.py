@@ -1,5 +1,6 @@
 """Damage stored bytes the way a failing disk does: a flipped bit in an entry-log record
-or a journal record, an entry-log record cut short. Tests only (bk.testing.diskfaults
+or a journal record, an entry-log record cut short or its size field garbled, an entry
+log left without its ledgers map as a crash leaves one. Tests only (bk.testing.diskfaults
 re-exports these; that module's docstring is the API).
 
 Entries are found by walking the files (the pure scanners of the formats' owners), not
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from bk import fileio
 from bk._native import load
 from bk.entrylog import format as fmt
 from bk.entrylog.files import LogScan
@@ -101,6 +103,53 @@ def truncate_entry(ledger_dirs, ledger_id: int, entry_id: int) -> tuple[str, int
     new_size = offset + fmt.SIZE_FIELD_BYTES + size // 2
     os.truncate(path, new_size)
     return path, new_size
+
+
+def strip_ledgers_map(path: str) -> int:
+    """Make a closed entry log look like one a crash left: no ledgers map (header fields
+    zeroed, file cut where the map began), so the bookie learns its usage by a scan.
+    Durable (fsynced, and told to the power-loss tracker); returns the new size."""
+    with open(path, "r+b") as fh:
+        header = fmt.decode_header(fh.read(fmt.HEADER_BYTES))
+        if not header.map_offset:
+            raise ValueError(f"{path} has no ledgers map")
+        fh.seek(0)
+        fh.write(fmt.encode_header(header.log_id))
+        fh.truncate(header.map_offset)
+        fh.flush()
+        os.fsync(fh.fileno())
+    fileio._track(path, header.map_offset)  # the power-loss tracker: this size is durable
+    return header.map_offset
+
+
+def logs_holding(ledger_dirs, ledger_id: int) -> list[tuple[str, int, int]]:
+    """(path, first record offset, last record offset) of the ledger in each entry log
+    that holds it, by log id."""
+    kernel = load("entrylog")
+    found = []
+    for d in ledger_dirs:
+        log_dir = fmt.log_dir(d)
+        for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else ():
+            log_id = fmt.parse_log_file_name(name)
+            if log_id is None:
+                continue
+            path = os.path.join(log_dir, name)
+            offsets = [loc & fmt.MAX_OFFSET for lid, _eid, loc, _size
+                       in LogScan(kernel, path, log_id, _records_end(path), 1 << 31) if lid == ledger_id]
+            if offsets:
+                found.append((path, offsets[0], offsets[-1]))
+    return found
+
+
+def damage_record_size(path: str, offset: int) -> None:
+    """Set the size field of the record at `offset` out of range (0xFFFFFFFF): a scan of
+    the log stops there, as at a garbage record in the middle of a log. Durable."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, b"\xff\xff\xff\xff", offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def journal_records(journal_dirs, ledger_id: int, entry_id: int) -> list[tuple[str, int, int]]:
