@@ -1,6 +1,6 @@
 """A real process running one GC pass on a storage engine, for crash tests.
 
-    python -m bk.testing.gc_host --data DIR [--crash-at STEP] [--journal-off] [--seed S]
+    python -m bk.testing.gc_host --data DIR [--crash-at STEP] [--journal-off] [--seed S] [--damaged]
 
 It writes ledger 4 alone (logs of its own), then ledgers 1, 2, 3 interleaved
 (checkpoints mix them in each log), then runs one GC pass that deletes ledgers 2
@@ -8,8 +8,12 @@ and 4 (as if their metadata were gone) and compacts everything it can (major
 compaction, threshold 0.8), while ledger 3 keeps receiving adds. With --crash-at
 the process SIGKILLs itself at that step of the pass (GarbageCollector and
 EntryLogCompactor step hooks): after_ledger_delete, after_whole_log_delete,
-after_copy, after_switch, before_delete, after_delete. It prints, each line once
-the fact is durable:
+after_copy, after_switch, before_delete, after_delete. With --damaged the host
+first stops the engine and makes one log that holds ledger 2 look like a crash's
+log with a garbage record in the middle (no ledgers map; the size field of ledger
+2's last record there garbled, ledger 3's records after it), restarts, and the
+compaction steps crash only in that log, after_copy and after_switch at its second
+batch: the one that copies what the index places past the damage. It prints, each line once the fact is durable:
 
     W <ledger> <count>     entries 0..count-1 of the ledger are written and checkpointed
     A <ledger> <entry>     an add during the pass, acknowledged and checkpointed
@@ -29,11 +33,13 @@ import sys
 
 from bk import eventloop
 from bk.bookie import Bookie
+from bk.testing.corruption import damage_record_size, logs_holding, strip_ledgers_map
 from bk.testing.engine_host import engine_config, expected_entry, ledger_key
 
 ENTRY_BYTES = 1000
 WRITTEN = 120  # entries per ledger before the pass
 DOOMED = (2, 4)
+COMPACTION_STEPS = ("after_copy", "after_switch", "before_delete", "after_delete")
 STEPS = ("after_ledger_delete", "after_whole_log_delete", "after_copy", "after_switch", "before_delete",
          "after_delete")
 
@@ -52,6 +58,17 @@ class DeletePolicy:
 
     async def find_garbage(self, local, delete):
         return {"ledgers": await delete(sorted(self.dead))}
+
+
+def damage_mid_log(cfg) -> int:
+    """The first log holding ledger 2 followed by ledger 3: stripped of its map, ledger
+    2's last record there garbled. Returns its id (the engine must be stopped)."""
+    for path, _first, last in logs_holding(cfg.ledger_dirs, 2):
+        if any(p == path and last3 > last for p, _, last3 in logs_holding(cfg.ledger_dirs, 3)):
+            strip_ledgers_map(path)
+            damage_record_size(path, last)
+            return int(os.path.basename(path).split(".")[0], 16)
+    raise LookupError("no log holds ledger 3 after ledger 2")
 
 
 def log_bytes(cfg) -> int:
@@ -82,16 +99,31 @@ async def run(args) -> None:
         if eid % 10 == 9:
             await bookie.checkpoint()
     await bookie.checkpoint()
+    target = None
+    if args.damaged:
+        await bookie.stop()
+        target = damage_mid_log(cfg)
+        bookie = Bookie(cfg)
+        await bookie.start()
     for lid in (1, 2, 3, 4):
         say(f"W {lid} {WRITTEN}")
     say(f"B {log_bytes(cfg)}")
+
+    seen: dict[str, int] = {}
 
     def crash_at(step: str, log_id: int) -> None:
         if step == "after_ledger_delete":  # the deletion is durable here
             for lid in DOOMED:
                 say(f"D {lid}")
-        if step == args.crash_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if step != args.crash_at:
+            return
+        if target is not None and step in COMPACTION_STEPS:
+            if log_id != target:
+                return
+            seen[step] = seen.get(step, 0) + 1
+            if step in ("after_copy", "after_switch") and seen[step] < 2:
+                return  # the first batch is what the scan saw; the second, what the index places past it
+        os.kill(os.getpid(), signal.SIGKILL)
 
     gc = bookie.gc
     gc.policy = DeletePolicy(DOOMED)
@@ -123,6 +155,7 @@ def main(argv=None) -> None:
     p.add_argument("--crash-at", choices=STEPS, default=None)
     p.add_argument("--journal-off", action="store_true")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--damaged", action="store_true", help="one log without its map and with a garbage record")
     eventloop.run(run(p.parse_args(argv)))
 
 

@@ -9,7 +9,9 @@ last fsync, bk.testing.powerloss), restarts the engine in this process and check
 - a ledger the host reported deleted is not there (never readable again);
 - the next GC pass finishes the interrupted work: no compaction left pending, the
   deleted ledgers gone, the entry logs smaller than before the first pass;
-at every step, with the journal on and off.
+at every step, with the journal on and off; and again with one log that a crash left
+without its ledgers map and with a garbage record in the middle (live ledger 3's
+records past it), the compaction steps crashing in that log.
 """
 import asyncio
 import os
@@ -28,10 +30,12 @@ from bk.testing.powerloss import simulate_power_loss
 pytestmark = pytest.mark.crash
 
 
-def run_host(data_dir, track, step, journal_off):
+def run_host(data_dir, track, step, journal_off, damaged=False):
     cmd = [sys.executable, "-m", "bk.testing.gc_host", "--data", data_dir, "--crash-at", step]
     if journal_off:
         cmd.append("--journal-off")
+    if damaged:
+        cmd.append("--damaged")
     env = dict(os.environ, BK_FSYNC_TRACK_FILE=track, PYTHONUNBUFFERED="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == -9, f"the host was to die at {step}: rc {proc.returncode}\n{proc.stderr[-3000:]}"
@@ -90,6 +94,23 @@ def test_crash_at_every_step_of_gc(tmp_path, step, power_loss, journal_off):
     written, added, deleted, before = run_host(data_dir, track, step, journal_off)
     if step != "after_ledger_delete" and step != "after_whole_log_delete":
         assert deleted == set(DOOMED)
+    if power_loss:
+        print(simulate_power_loss(track, [data_dir], tear=True))
+    cfg = gc_config(data_dir, journal_off)
+    os.environ["BK_FSYNC_TRACK_FILE"] = track
+    try:
+        eventloop.run(verify(cfg, written, added, deleted, before, step))
+    finally:
+        del os.environ["BK_FSYNC_TRACK_FILE"]
+
+
+@pytest.mark.parametrize("journal_off", [False, True], ids=["journal", "no-journal"])
+@pytest.mark.parametrize("power_loss", [False, True], ids=["kill9", "powerloss"])
+@pytest.mark.parametrize("step", [s for s in STEPS if s != "after_ledger_delete"])
+def test_crash_at_every_step_of_gc_with_a_damaged_log(tmp_path, step, power_loss, journal_off):
+    data_dir = str(tmp_path / "data")
+    track = str(tmp_path / "fsync.log")
+    written, added, deleted, before = run_host(data_dir, track, step, journal_off, damaged=True)
     if power_loss:
         print(simulate_power_loss(track, [data_dir], tear=True))
     cfg = gc_config(data_dir, journal_off)
