@@ -112,6 +112,19 @@ def _metadata(path: str, live: set[int] | None):
     return meta, report
 
 
+def _indexed_entries(cfg, log_ids) -> dict[int, int]:
+    """How many entries the bookie's index (read-only) places in each of these logs."""
+    from bk.index import Index
+    path = cfg.resolved_index_dir
+    if not log_ids or not os.path.exists(os.path.join(path, "data.mdb")):
+        return {}
+    idx = Index(path, cfg, readonly=True)
+    try:
+        return {log_id: len(rows) for log_id, rows in idx.locations_in_logs(log_ids).items()}
+    finally:
+        idx.close()
+
+
 def listfilesondisc(args) -> dict:
     cfg = _config(args)
     live, basis = _live_ledgers(cfg)
@@ -123,16 +136,27 @@ def listfilesondisc(args) -> dict:
         if not report.clean:
             row["scan_stopped"] = f"{report.reason} at offset {report.stop_offset}"
         rows.append(row)
+    # A damaged log's figures cover only what lies before the damage: the index says
+    # what else is live in it (GC keeps the log while the index places anything there).
+    indexed = _indexed_entries(cfg, [r["log_id"] for r in rows if r["damage"]])
+    for r in rows:
+        if r["log_id"] in indexed:
+            r["indexed_entries"] = indexed[r["log_id"]]
+    damaged = [r for r in rows if r["damage"]]
     total = sum(r["total_bytes"] for r in rows)
     live_bytes = sum(r["live_bytes"] for r in rows)
     lines = [f"{'log':>8} {'file bytes':>12} {'total bytes':>12} {'live bytes':>12} {'usage':>6} {'ledgers':>7}  source",
              *(f"{r['log_id']:>8x} {r['file_bytes']:>12} {r['total_bytes']:>12} {r['live_bytes']:>12} "
                f"{r['usage']:>6.2f} {r['ledger_count']:>7}  {r['source']}"
-               + (f" ({r['scan_stopped']})" if "scan_stopped" in r else "") for r in rows),
+               + (f" DAMAGED ({r['damage']}; the index places {r.get('indexed_entries', '?')} entries here)"
+                  if r["damage"] else "") for r in rows),
              f"{len(rows)} entry logs, {total} bytes of records, {live_bytes} live "
              f"({live_bytes / total:.0%})" if total else f"{len(rows)} entry logs, no records", basis]
+    if damaged:
+        lines.append(f"{len(damaged)} damaged entry logs: their figures stop at the damage; GC keeps each "
+                     "until the index places nothing in it")
     return {"ok": True, "entry_logs": rows, "total_bytes": total, "live_bytes": live_bytes,
-            "live_basis": basis, "text": "\n".join(lines)}
+            "damaged_logs": len(damaged), "live_basis": basis, "text": "\n".join(lines)}
 
 
 def readlogmetadata(args) -> dict:
@@ -215,5 +239,7 @@ def gcstatus(args) -> dict:
              f"{st.get('logs_deleted')}, logs compacted {st.get('logs_compacted')}, bytes freed {st.get('bytes_freed')}",
              f"  errors {st.get('errors')}" + (f" (last: {st['last_error']})" if st.get("last_error") else ""),
              f"  entry logs known {st.get('entry_logs')}, compactions to finish {st.get('compacting_logs')}"]
+    lines += [f"  DAMAGED entry log {log_id}: {why} (kept while the index places entries in it)"
+              for log_id, why in (st.get("damaged_logs") or {}).items()]
     st["text"] = "\n".join(lines)
     return st
