@@ -604,7 +604,6 @@ class EntryLogger:
         meta = EntryLogMetadata.from_ledgers_map(log_id, usage, "scan")
         if scan.status != SCAN_CLEAN:
             meta.damage = f"{SCAN_REASONS.get(scan.status, scan.status)} at offset {scan.stop_offset}"
-            meta.damage_offset = scan.stop_offset
             log.warning("scan of %s stopped: %s", path, meta.damage)
         return meta
 

@@ -56,7 +56,6 @@ class EntryLogMetadata:
     # damaged log's `ledgers` are only those seen before the damage: never proof that a
     # ledger is absent from it (GC asks the index, bk.bookie.gc).
     damage: str = ""
-    damage_offset: int | None = None
 
     @classmethod
     def from_ledgers_map(cls, log_id: int, usage: dict[int, int], source: str = "map") -> "EntryLogMetadata":
@@ -232,7 +231,7 @@ def read_log_metadata(path: str, report: ScanReport | None = None) -> EntryLogMe
     report = report if report is not None else ScanReport()
     meta = EntryLogMetadata.from_ledgers_map(log_id, scan_ledgers_map(path, report), "scan")
     if not report.clean:
-        meta.damage, meta.damage_offset = f"{report.reason} at offset {report.stop_offset}", report.stop_offset
+        meta.damage = f"{report.reason} at offset {report.stop_offset}"
     return meta
 
 

@@ -44,7 +44,7 @@ STOP_GRACE_S = 10.0
 
 # BP-46 repair progress fields published as `repair.<field>` registration properties
 REPAIR_PROPERTIES = ("state", "ledgers_total", "ledgers_done", "ledgers_left", "ledgers_recovered",
-                     "entries_copied", "bytes_copied", "errors", "elapsed_s")
+                     "entries_lost", "entries_copied", "bytes_copied", "errors", "elapsed_s")
 
 
 class ClusterNotInitializedError(BKError):
@@ -105,14 +105,13 @@ class BookieServer:
             if cookies.problems:
                 integrity.refuse_cookie_problems(self.bookie_id, cookies, cfg.data_integrity_cookie_stamping_enabled)
             await self.bookie.start()
-            if checking:
-                await self._boot_check(cookies)
+            await self._boot_check(cookies, checking)
             await self._start_gc()
             self._listener = await asyncio.get_running_loop().create_server(
                 lambda: BookieConnection(self), host=cfg.bind_address or cfg.advertised_address,
                 port=cfg.bookie_port, reuse_address=True, backlog=1024)
             self.port = self._listener.sockets[0].getsockname()[1]
-            if checking and self.bookie.needs_integrity_check:
+            if self.bookie.needs_integrity_check:  # set by phase one: a crash, lost cookies or lost logs
                 # phase two copies into this bookie through its own listener; it need not wait
                 # for the registration (after a crash that waits for the old session to expire)
                 await self._start_repair()
@@ -138,16 +137,12 @@ class BookieServer:
             await self._teardown()
             raise
 
-    async def _boot_check(self, cookies) -> None:
+    async def _boot_check(self, cookies, checking: bool) -> None:
         """BP-46 detection and phase one, before the bookie listens (bk.server.integrity)."""
-        reasons = []
-        if self.bookie.was_unclean_shutdown:
-            reasons.append("the last shutdown was not clean")
-        if cookies.problems:
-            reasons.append("directories lost their cookies: " + ", ".join(cookies.missing_dirs))
+        reasons, only = integrity.boot_reasons(self.bookie, cookies, checking)
         if reasons:
             self.phase_one = await integrity.run_phase_one(self.store, self.bookie, self.bookie_id,
-                                                           "; ".join(reasons))
+                                                           "; ".join(reasons), only=only)
         if cookies.problems:  # stamping allowed (refuse_cookie_problems passed); phase one is durable
             await stamp_cookies(self.store, cookies.cookie, cookie_directories(cookies.cookie), cookies.zk_version)
             log.warning("stamped the cookie of %s into %s", self.bookie_id, ", ".join(cookies.missing_dirs))
