@@ -42,6 +42,7 @@ from bk.errors import StorageError
 from bk.index import Index, LedgerState
 
 from .ledger_descriptor import LedgerDescriptor
+from .log_check import check_entry_logs, is_dead
 from .write_cache import ReadCache, ReadRuns, WriteCache
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,12 @@ class LedgerStorage:
         self._half_bytes = config.write_cache_max_size_bytes // 2
         self.index = Index(config.resolved_index_dir, config)
         try:
-            self.entry_logger = EntryLogger(config.ledger_dirs, config)
+            # Before the entry logger opens a log: which logs the index names and whether they
+            # still hold it (bk.bookie.log_check), and no new log takes a named id.
+            self.log_check = check_entry_logs(self.index, config.ledger_dirs, config.max_frame_size_bytes)
+            self._dead_from = self.log_check.dead_from  # log id -> offsets gone from there on
+            self.entry_logger = EntryLogger(config.ledger_dirs, config,
+                                            first_log_id=self.log_check.highest_log_id + 1)
         except BaseException:
             self.index.close()
             raise
@@ -469,11 +475,19 @@ class LedgerStorage:
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:
         """Those of `entry_ids` stored nowhere (blocking; not on the loop). The order of the
         checks is read_from_storage's (caches, index, caches again: an entry moves from the
-        write cache to the index only once its flush committed), so no stored entry is missed."""
-        get_cached, get_location = self.get_cached, self.index.get_location
-        return [e for e in entry_ids
-                if get_cached(ledger_id, e) is None and get_location(ledger_id, e) is None
-                and get_cached(ledger_id, e) is None]
+        write cache to the index only once its flush committed), so no stored entry is missed.
+        An entry whose index location points into an entry log found gone at start (missing or
+        cut short, self.log_check) is missing too: until a copy replaces that location."""
+        get_cached, get_location, dead_from = self.get_cached, self.index.get_location, self._dead_from
+
+        def missing(e: int) -> bool:
+            if get_cached(ledger_id, e) is not None:
+                return False
+            location = get_location(ledger_id, e)
+            if location is not None and not (dead_from and is_dead(dead_from, location)):
+                return False
+            return get_cached(ledger_id, e) is None
+        return [e for e in entry_ids if missing(e)]
 
     def cached_entry_ids(self, ledger_id: int) -> list[int]:
         """Entry ids of the ledger in the write cache halves (owner thread: the loop)."""

@@ -8,6 +8,11 @@
                          (phase two) when it next starts.
     repairstatus [ID]    each live bookie's self-repair progress: ledgers left, entries and bytes
                          copied, errors (published by the bookie in its registration).
+    entrylogcheck        (with --conf FILE of a STOPPED bookie; local files only) the check every
+                         start runs (bk.bookie.log_check): which entry logs the index names, which
+                         are missing or cut short, how many entries of which ledgers are gone with
+                         them. Exit status 1 when any are. The bookie finds the same at its next
+                         start, puts those ledgers in limbo and copies the entries from its peers.
 """
 from __future__ import annotations
 
@@ -31,6 +36,12 @@ def add_parsers(cmds) -> None:
                     " peers when it next starts. A cookie that differs (another address, other directories,"
                     " another cluster) is not fixed here: see `bk shell cookie`.")
     c.add_argument("--dry-run", action="store_true", help="only report what the check finds")
+    cmds.add_parser(
+        "entrylogcheck", help="which entry logs a stopped bookie's index names and which are missing or cut short",
+        description="Run with the bookie stopped: `bk shell --conf bookie.toml entrylogcheck [--json]`. Reads"
+                    " only: the index (one walk) and the entry log files. Exit status 1 when entries are gone"
+                    " with their logs (a wiped ledger dir, a deleted or truncated log); the bookie's next start"
+                    " finds the same, puts their ledgers in limbo and copies them back from its peers.")
     c = cmds.add_parser("repairstatus", help="BP-46: each live bookie's self-repair progress")
     c.add_argument("bookie_id", nargs="?", default=None, help="only this bookie (host:port)")
     c.add_argument("--watch", action="store_true",
@@ -88,6 +99,41 @@ async def cmd_fixcookie(uri, args):
         await store.close()
 
 
+@command("entrylogcheck", local=True)
+async def cmd_entrylogcheck(uri, args):
+    import asyncio
+    import os
+
+    from bk.bookie.log_check import check_entry_logs
+    from bk.config import load_config
+    from bk.index import Index
+
+    cfg = load_config(args.conf)
+    path = cfg.resolved_index_dir
+    if not os.path.isdir(path):
+        raise ConfigError(f"no index at {path}: give the stopped bookie's configuration with --conf FILE")
+
+    def check():
+        index = Index(path, cfg, readonly=True)
+        try:
+            return check_entry_logs(index, cfg.ledger_dirs, cfg.max_frame_size_bytes)
+        finally:
+            index.close()
+    found = await asyncio.to_thread(check)
+    out = found.as_dict()
+    lines = [found.summary()]
+    lines += [f"  log {d.log_id:x}: {d.state}" + (f" ({d.file_bytes} bytes, gone from offset {d.dead_from})"
+                                                 if d.state == "truncated" else "")
+              + f", {d.dead} of the {d.named} entries the index names there are gone" for d in found.dead_logs]
+    if found.ledgers:
+        lines.append("  ledgers: " + ", ".join(f"{lid} ({n})" for lid, n in sorted(found.ledgers.items())[:50])
+                     + (" ..." if len(found.ledgers) > 50 else ""))
+        lines.append("start the bookie: it puts these ledgers in limbo and copies the entries from its peers"
+                     " (bk shell repairstatus shows progress)")
+    out["text"] = "\n".join(lines)
+    return out
+
+
 def _repair_of(info) -> dict | None:
     props = {k[len(REPAIR_PREFIX):]: v for k, v in info.properties if k.startswith(REPAIR_PREFIX)}
     if not props:
@@ -130,7 +176,8 @@ def _line(b: dict) -> str:
     if r is None:
         return f"{b['bookie_id']}: no repair since it started"
     return (f"{b['bookie_id']}: {r.get('state')}: {r.get('ledgers_left')} of {r.get('ledgers_total')}"
-            f" ledgers left, {r.get('ledgers_recovered')} recovered, {r.get('entries_copied')} entries"
+            f" ledgers left, {r.get('ledgers_recovered')} recovered, {r.get('entries_lost', 0)} entries lost with"
+            f" entry logs, {r.get('entries_copied')} entries"
             f" ({r.get('bytes_copied')} bytes) copied, {r.get('errors')} errors, {r.get('elapsed_s')}s")
 
 

@@ -11,14 +11,20 @@ ones too), and every ledger the bookie holds in limbo. For each, `parallel`
 at a time:
 1. No metadata any more: the ledger was deleted; nobody reads it, limbo is cleared
    (GC reclaims its bytes).
-2. Not closed and in limbo here: open it with recovery (fences it on every bookie
-   and closes it at the end the bookies agree on). A recovery that cannot decide
-   (bookies in limbo that may have lost the tail) fails and is retried: the ledger
-   stays open and in limbo, never closed short (bk.client.recovery).
+2. Not closed, in limbo and fenced here (phase one fences exactly the open ledgers
+   whose last ensemble named this bookie, BookKeeper's rule): open it with recovery
+   (fences it on every bookie and closes it at the end the bookies agree on). A
+   recovery that cannot decide (bookies in limbo that may have lost the tail) fails
+   and is retried: the ledger stays open and in limbo, never closed short
+   (bk.client.recovery). An open ledger in limbo but not fenced (its writer had moved
+   to other bookies) is never recovered: its writer goes on; its segments naming this
+   bookie all ended before phase one and are repaired by step 3.
 3. For every segment naming this bookie that has an end, the entries whose write
    set holds this bookie and that it does not store are copied from the other
    members of the write set (digest verified, added to this bookie locally as
-   recovery adds; bk.replication.replicator.EntryCopy).
+   recovery adds; bk.replication.replicator.EntryCopy). "Does not store" includes
+   entries whose entry log was found missing or cut short at start
+   (bk.bookie.log_check): the copy's new location replaces the dead one.
 4. Limbo is cleared with a checkpoint that also makes the copied entries durable
    (Bookie.clear_limbo), so a cleared limbo never stands in front of an entry
    that a crash could still take.
@@ -29,8 +35,9 @@ in the bookie's registration (`bk shell repairstatus`) and logged at the start
 and the end with figures.
 
 `local` is the Bookie (duck-typed: this layer does not import bk.bookie):
-`missing_entries`, `clear_limbo`, `limbo_ledgers`, `is_limbo`, `add_entry_cb`
-(copies are added straight into it, as recovery adds), `finish_integrity_check`.
+`missing_entries`, `clear_limbo`, `limbo_ledgers`, `is_limbo`, `is_fenced`, `add_entry_cb`
+(copies are added straight into it, as recovery adds), `finish_integrity_check`, and
+`log_check` (what the start found gone: `entries_lost` in the status).
 """
 from __future__ import annotations
 
@@ -66,6 +73,7 @@ class RepairStatus:
     ledgers_total: int = 0
     ledgers_done: int = 0
     ledgers_recovered: int = 0  # open ledgers this repair closed by recovery
+    entries_lost: int = 0  # entries found at start in entry logs that are missing or cut short
     entries_copied: int = 0
     bytes_copied: int = 0
     errors: int = 0  # failed attempts (each retried)
@@ -87,7 +95,7 @@ class RepairStatus:
     def as_dict(self) -> dict:
         return {"state": self.state, "ledgers_total": self.ledgers_total, "ledgers_done": self.ledgers_done,
                 "ledgers_left": self.ledgers_left, "ledgers_recovered": self.ledgers_recovered,
-                "entries_copied": self.entries_copied, "bytes_copied": self.bytes_copied,
+                "entries_lost": self.entries_lost, "entries_copied": self.entries_copied, "bytes_copied": self.bytes_copied,
                 "errors": self.errors, "last_errors": list(self.last_errors),
                 "started_at": self.started_at, "finished_at": self.finished_at,
                 "elapsed_s": round(self.elapsed_s, 3)}
@@ -147,9 +155,12 @@ class DataIntegrityCheck:
     async def _run(self) -> None:
         st = self.status
         st.state, st.started_at = "running", time.time()
+        found = getattr(self.local, "log_check", None)
+        st.entries_lost = found.dead_entries if found is not None else 0
         ledgers = await self._with_retries("listing the ledgers to repair", self._ledgers)
         st.ledgers_total = len(ledgers)
-        log.warning("repair starts: %d ledgers to check on bookie %s", len(ledgers), self.bookie_id)
+        log.warning("repair starts: %d ledgers to check on bookie %s%s", len(ledgers), self.bookie_id,
+                    f" ({st.entries_lost} entries lost with their entry logs)" if st.entries_lost else "")
         self._progress(force=True)
         queue: asyncio.Queue = asyncio.Queue()
         for ledger_id in ledgers:
@@ -217,7 +228,7 @@ class DataIntegrityCheck:
         except NoSuchLedgerMetadataError:
             await self.local.clear_limbo([ledger_id])  # deleted: no reader left to protect
             return
-        if not md.is_closed and self.local.is_limbo(ledger_id):
+        if not md.is_closed and self.local.is_limbo(ledger_id) and self.local.is_fenced(ledger_id):
             if md.password is None:
                 raise ReplicationError(f"ledger {ledger_id}: its metadata stores no password, so it cannot be"
                                        " recovered from here")
