@@ -7,19 +7,29 @@ thread persists snapshots (`state()`) taken under LedgerStorage's lock.
 
 Master keys are set once and compared in constant time; they never appear in
 a repr, a log line or an error message.
+
+LAC watchers (BookKeeper's waitForLastAddConfirmedUpdate / cancelWaitForLastAddConfirmedUpdate):
+a v3 long poll registers a callable here with the LAC it already knows and is called once,
+with the new LAC, the moment `lac` passes it; it is then no longer registered. Nothing
+polls: a ledger without watchers pays one attribute test per LAC move. Watchers are
+called inside the bookie's add path (before the add is journaled), so they must only hand
+the work on (bk.server.v3 queues the answer for the next loop iteration) and never raise.
 """
 from __future__ import annotations
 
 import hmac
+import logging
 
 from bk.errors import BadRequestError, LedgerFencedError, UnauthorizedAccessError
 from bk.index import LedgerState
+
+log = logging.getLogger(__name__)
 
 MASTER_KEY_BYTES = 20
 
 
 class LedgerDescriptor:
-    __slots__ = ("ledger_id", "master_key", "fenced", "limbo", "explicit_lac", "lac", "fence_pending")
+    __slots__ = ("ledger_id", "master_key", "fenced", "limbo", "explicit_lac", "_lac", "fence_pending", "watchers")
 
     def __init__(self, ledger_id: int, state: LedgerState | None = None):
         self.ledger_id = ledger_id
@@ -27,8 +37,9 @@ class LedgerDescriptor:
         self.fenced: bool = state.fenced if state else False
         self.limbo: bool = state.limbo if state else False
         self.explicit_lac: bytes | None = state.explicit_lac if state else None
-        self.lac: int = -1  # highest LAC seen piggybacked on an entry
+        self._lac: int = -1  # highest LAC seen piggybacked on an entry (the `lac` property)
         self.fence_pending = None  # future of a fence not yet durable
+        self.watchers: dict | None = None  # watcher -> the LAC it waits to see passed (None: none yet)
 
     def __repr__(self) -> str:  # no key material
         return (f"LedgerDescriptor({self.ledger_id}, fenced={self.fenced}, limbo={self.limbo}, "
@@ -60,5 +71,44 @@ class LedgerDescriptor:
         # The digest-framed entry carries the writer's LAC at bytes 16..24.
         if len(entry) >= 24:
             lac = int.from_bytes(entry[16:24], "big", signed=True)
-            if lac > self.lac:
+            if lac > self._lac:
                 self.lac = lac
+
+    @property
+    def lac(self) -> int:
+        return self._lac
+
+    @lac.setter
+    def lac(self, value: int) -> None:
+        """Set only upwards (the bookie compares first); wakes the watchers it passes."""
+        self._lac = value
+        if self.watchers:
+            self._notify(value)
+
+    def wait_for_lac_update(self, previous_lac: int, watcher) -> bool:
+        """Call `watcher(lac)` once the LAC passes previous_lac; False (not registered) when it
+        already has. A watcher is registered at most once."""
+        if self._lac > previous_lac:
+            return False
+        watchers = self.watchers
+        if watchers is None:
+            watchers = self.watchers = {}
+        watchers[watcher] = previous_lac
+        return True
+
+    def cancel_wait_for_lac_update(self, watcher) -> None:
+        """Forget `watcher` (a timeout or a closed connection); nothing if already woken."""
+        watchers = self.watchers
+        if watchers:
+            watchers.pop(watcher, None)
+
+    def _notify(self, lac: int) -> None:
+        watchers = self.watchers
+        woken = [w for w, previous in watchers.items() if previous < lac]
+        for w in woken:
+            del watchers[w]
+        for w in woken:
+            try:
+                w(lac)
+            except Exception:  # a bug in a watcher must not fail the add that moved the LAC
+                log.exception("ledger %d: a LAC watcher failed", self.ledger_id)

@@ -27,6 +27,14 @@ unwritten bytes are within the limit; until then it waits as its request alone.
 So a connection holds at most the limit plus one answer per read slot (plus its
 requests in flight, bounded by the request limits above).
 
+Bookie-wide limits (bk.server.limits, issue 27): every ADD and read is also counted in the
+one BookieLimits all connections share (`begin_add`/`begin_many`/`begin_read` and their
+ends). When one of its counts reaches its limit, a connection that delivers bytes stops
+reading after them and waits in `limits.paused` until every count is back to half
+(`limits_resumed`); a request arriving beyond twice a limit is refused like one beyond the
+connection's own. v3 long polls parked on a ledger's LAC are held in `long_polls` and
+cancelled (watcher and timer gone) when the connection is lost.
+
 Protocol detection (BookKeeper's BookieProtoEncoding.RequestDecoder): every frame
 is first parsed as a v3 Request until one fails to parse; from that frame on the
 connection is v2 for good (`v2_only`), and takes the v2 kernel path. A v2 frame
@@ -70,6 +78,7 @@ class BookieConnection(asyncio.Protocol):
     def __init__(self, server):
         self.server = server
         self.processor = server.processor
+        self.limits = server.processor.limits  # bookie-wide (bk.server.limits)
         cfg = server.config
         self.decoder = FrameDecoder(cfg.max_frame_size_bytes)
         self.max_pending = cfg.max_pending_requests_per_connection
@@ -99,6 +108,7 @@ class BookieConnection(asyncio.Protocol):
         self.v2_only = False  # BookKeeper's usingV3Protocol, inverted: set by the first non-v3 frame
         self.session = auth.ServerSession(getattr(server, "auth_provider", None), self)  # None: auth off
         self.tls = None  # the ssl.SSLObject's session info once START_TLS completed
+        self.long_polls: set = set()  # v3 long polls parked for this connection (bk.server.v3)
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -119,10 +129,15 @@ class BookieConnection(asyncio.Protocol):
         self._out_bytes = 0
         self._spans = 0
         self._add_rows.clear()
+        self.limits.forget(self)
         waiting = len(self._reads_waiting)
         if waiting:  # never started: nobody will answer them
             self._reads_waiting.clear()
-            self.end_many(waiting, 0)
+            self.end_reads(waiting)
+        if self.long_polls:  # their watchers and timers go with the connection
+            polls, self.long_polls = self.long_polls, set()
+            for poll in polls:
+                poll.cancel()
 
     def data_received(self, data: bytes) -> None:
         # A read is decoded a slice at a time: every item of a slice exists at once (a 6-byte bad
@@ -163,10 +178,15 @@ class BookieConnection(asyncio.Protocol):
             self._dispatch(items[0])
         elif items:
             self._dispatch_all(items)
-        if not self._reading_paused and (self.pending >= self.max_pending
-                                         or self.pending_bytes >= self.max_pending_bytes):
-            self._reading_paused = True
-            self.transport.pause_reading()
+        if not self._reading_paused:
+            limits = self.limits
+            if limits.saturated():  # the bookie-wide limits: every connection delivering bytes stops
+                self._reading_paused = True
+                self.transport.pause_reading()
+                limits.pause(self)
+            elif self.pending >= self.max_pending or self.pending_bytes >= self.max_pending_bytes:
+                self._reading_paused = True
+                self.transport.pause_reading()
 
     def pause_writing(self) -> None:  # the client is not reading its responses
         self._writing_paused = True
@@ -270,8 +290,9 @@ class BookieConnection(asyncio.Protocol):
         if start >= 0:
             add_run(items[start:], self)
 
-    def begin(self, nbytes: int) -> bool:
-        """Account a request in flight; False when it must be refused (overload)."""
+    def begin(self, nbytes: int = 0) -> bool:
+        """Account a request in flight that is neither an add nor a read (WRITE_LAC, GET_BOOKIE_INFO,
+        a v3 long poll, ...); False when it must be refused (overload)."""
         if self.pending >= 2 * self.max_pending:
             return False
         self.pending += 1
@@ -279,7 +300,7 @@ class BookieConnection(asyncio.Protocol):
         self.idle.clear()
         return True
 
-    def end(self, nbytes: int) -> None:
+    def end(self, nbytes: int = 0) -> None:
         self.pending -= 1
         self.pending_bytes -= nbytes
         if self.pending == 0:
@@ -287,13 +308,39 @@ class BookieConnection(asyncio.Protocol):
         if self._reading_paused:
             self._maybe_resume()
 
-    def begin_many(self, n: int, nbytes: int) -> None:
-        """begin() for n adds the caller checked fit under the refusal limit."""
+    def begin_add(self, nbytes: int) -> bool:
+        """begin() for one ADD of `nbytes`, counted bookie-wide too."""
+        if self.pending >= 2 * self.max_pending or not self.limits.admit_adds(1, nbytes):
+            return False
+        self.pending += 1
+        self.pending_bytes += nbytes
+        self.idle.clear()
+        return True
+
+    def end_add(self, nbytes: int) -> None:
+        limits = self.limits
+        limits.adds -= 1
+        limits.add_bytes -= nbytes
+        if limits.paused:
+            limits.resume_if_below_half()
+        self.end(nbytes)
+
+    def begin_many(self, n: int, nbytes: int) -> bool:
+        """begin_add() for n adds the caller checked fit under the connection's refusal limit;
+        False (nothing counted) when they do not fit under the bookie-wide one."""
+        if not self.limits.admit_adds(n, nbytes):
+            return False
         self.pending += n
         self.pending_bytes += nbytes
         self.idle.clear()
+        return True
 
     def end_many(self, n: int, nbytes: int) -> None:
+        limits = self.limits
+        limits.adds -= n
+        limits.add_bytes -= nbytes
+        if limits.paused:
+            limits.resume_if_below_half()
         self.pending -= n
         self.pending_bytes -= nbytes
         if self.pending == 0:
@@ -301,9 +348,41 @@ class BookieConnection(asyncio.Protocol):
         if self._reading_paused:
             self._maybe_resume()
 
+    def begin_read(self) -> bool:
+        """begin() for a READ, BATCH_READ or READ_LAC (v2 or v3), counted bookie-wide too."""
+        if self.pending >= 2 * self.max_pending or not self.limits.admit_read():
+            return False
+        self.pending += 1
+        self.idle.clear()
+        return True
+
+    def end_read(self) -> None:
+        self.end_reads(1)
+
+    def end_reads(self, n: int) -> None:
+        limits = self.limits
+        limits.reads -= n
+        if limits.paused:
+            limits.resume_if_below_half()
+        self.pending -= n
+        if self.pending == 0:
+            self.idle.set()
+        if self._reading_paused:
+            self._maybe_resume()
+
+    def limits_resumed(self) -> None:
+        """The bookie-wide limits are back to half: read again if this connection's own allow."""
+        self._maybe_resume()
+
     def _maybe_resume(self) -> None:
         if (self._reading_paused and not self._writing_paused and not self.closed
                 and self.pending <= self.max_pending // 2 and self.pending_bytes <= self.max_pending_bytes // 2):
+            limits = self.limits
+            if self in limits.paused:  # stopped for the bookie-wide limits: they resume it
+                return
+            if limits.saturated():  # its own limits cleared while the bookie's are reached
+                limits.pause(self)
+                return
             self._reading_paused = False
             self.transport.resume_reading()
 

@@ -11,6 +11,10 @@ the other ops run as tasks.
 Every handler answers exactly once, with the request's ids and version, and
 turns a BookieError into its wire code; anything unexpected is logged and
 answered EIO (never an explicit negative).
+
+Adds and reads are admitted against the connection's limits and the bookie-wide
+ones (`limits`, one BookieLimits shared by every connection: bk.server.limits);
+a refused request is answered ETOOMANYREQUESTS and changes nothing.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthReques
                       WriteLacResponse, encode_response, encode_response_parts)
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
+from bk.server.limits import BookieLimits
 from bk.server.v3 import V3Processor
 from bk.proto.layout import (BATCH_READ_ENTRY_LENGTH_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES,
                              BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY)
@@ -74,20 +79,21 @@ class RequestProcessor:
         self.bookie = bookie
         self.config = config
         self._tasks: set[asyncio.Task] = set()
+        self.limits = BookieLimits(config)
         self.v3 = V3Processor(self)
         self._handlers = {
             V3AddRequest: self._add,
             v3.Request: self.v3.dispatch,
             AddRequest: self._add,
             ReadRequest: self._spawn_read,
-            BatchReadRequest: self._spawn(self._batch_read, gated=True),
-            ReadLacRequest: self._spawn(self._read_lac, gated=True),
+            BatchReadRequest: self._spawn(self._batch_read, read=True, gated=True),
+            ReadLacRequest: self._spawn(self._read_lac, read=True, gated=True),
             WriteLacRequest: self._spawn(self._write_lac),
             GetBookieInfoRequest: self._spawn(self._bookie_info),
             AuthRequest: self._auth,
         }
-        self._spawn_gated_read = self._spawn(self._read, gated=True)
-        self._spawn_fencing_read = self._spawn(self._read)
+        self._spawn_gated_read = self._spawn(self._read, read=True, gated=True)
+        self._spawn_fencing_read = self._spawn(self._read, read=True)
 
     def dispatch(self, req, conn) -> None:
         self._handlers[type(req)](req, conn)
@@ -95,7 +101,7 @@ class RequestProcessor:
     # ------------------------------------------------------------ adds
     def _add(self, req: AddRequest, conn) -> None:
         nbytes = len(req.body)
-        if not conn.begin(nbytes):
+        if not conn.begin_add(nbytes):
             conn.send_add_result(TooManyRequestsError.code, req)
             return
         self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.body, req.master_key,
@@ -105,7 +111,7 @@ class RequestProcessor:
     @staticmethod
     def _add_done(ctx, err) -> None:
         conn, req, nbytes, start = ctx
-        conn.end(nbytes)
+        conn.end_add(nbytes)
         conn.send_add_result(0 if err is None else _code(err), req)
         _add_measured(1, nbytes, start, err)
 
@@ -113,15 +119,14 @@ class RequestProcessor:
         """A run of consecutive ADDs from one socket read: admitted together, handed to
         the bookie in one call (Bookie.add_entries_cb), answered per completion batch."""
         n = len(reqs)
-        if n == 1 or conn.pending + n > 2 * conn.max_pending:
-            # Near the refusal limit (or alone) each add is admitted or refused on its own,
+        if n == 1 or conn.pending + n > 2 * conn.max_pending or not conn.begin_many(
+                n, nbytes := sum(map(len, map(_BODY, reqs)))):
+            # Near a refusal limit (or alone) each add is admitted or refused on its own,
             # exactly as one by one: an add that fails at once frees its slot for the next.
             for req in reqs:
                 self._add(req, conn)
             return
-        # Below the limit every add of the run would be admitted one by one too.
-        nbytes = sum(map(len, map(_BODY, reqs)))
-        conn.begin_many(n, nbytes)
+        # Below the limits every add of the run would be admitted one by one too.
         self.bookie.add_entries_cb(reqs, self._adds_done, (conn, n, nbytes, monotonic()))
 
     @staticmethod
@@ -135,16 +140,17 @@ class RequestProcessor:
         _add_measured(len(reqs), nbytes, run[3], err)
 
     # ------------------------------------------------------------ everything else
-    def _spawn(self, handler, gated: bool = False):
-        """`handler(req)` as a task answering on `conn`; `gated`: it answers with entries,
-        so it starts in one of the connection's read slots (BookieConnection.run_read)."""
+    def _spawn(self, handler, read: bool = False, gated: bool = False):
+        """`handler(req)` as a task answering on `conn`; `read`: counted as a read in progress
+        (bookie-wide too); `gated`: it answers with entries, so it starts in one of the
+        connection's read slots (BookieConnection.run_read)."""
         def start_task(req, conn) -> None:
-            task = asyncio.ensure_future(self._run(handler, req, conn, gated))
+            task = asyncio.ensure_future(self._run(handler, req, conn, gated, read))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
         def start(req, conn) -> None:
-            if not conn.begin(0):
+            if not (conn.begin_read() if read else conn.begin(0)):
                 conn.send(encode_response(self._overloaded(req), req.version))
             elif gated:
                 conn.run_read(start_task, req)
@@ -166,14 +172,17 @@ class RequestProcessor:
         # A fencing read (recovery) is not held behind a slow client's output.
         (self._spawn_fencing_read if req.flags & FLAG_DO_FENCING else self._spawn_gated_read)(req, conn)
 
-    async def _run(self, handler, req, conn, gated: bool) -> None:
+    async def _run(self, handler, req, conn, gated: bool, read: bool) -> None:
         try:
             try:
                 response = await handler(req, conn)
             except Exception as err:  # every request gets an answer
                 response = self._error(req, _code(err))
             finally:
-                conn.end(0)
+                if read:
+                    conn.end_read()
+                else:
+                    conn.end(0)
             conn.send(encode_response_parts(response, req.version))
         finally:
             if gated:  # after the send: the next read's room check counts this answer

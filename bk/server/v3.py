@@ -12,10 +12,17 @@ and is accounted in the connection's backpressure like a v2 request
 (refused with ETOOMANYREQUESTS above the limit). bk's layers raise v2 codes;
 they become v3 codes here, through the one status table.
 
+Long polls (a READ with previousLAC and no FENCE_LEDGER flag: BookKeeper's
+isLongPollReadRequest) park as a `_LongPoll`: a watcher on the ledger's descriptor
+(Bookie.wait_for_lac_update, woken by the add that moves the LAC) and one loop timer for
+the request's timeOut (at most LONG_POLL_MAX_S). No task exists and nothing wakes while it
+waits; when the LAC moves or the timer fires it is answered by the ordinary read (the known
+LAC, the piggybacked entry) in a task. At most `max_long_polls` are parked bookie-wide
+(BookieLimits); more are answered ETOOMANYREQUESTS. A lost connection cancels its own.
+
 Where bk differs from BookKeeper (docs/PROTOCOL-EXTENSIONS.md, "v3"):
-- long-poll reads wait for the ledger's LAC by polling it every
-  LONG_POLL_INTERVAL_S (BookKeeper registers a watcher), at most
-  LONG_POLL_MAX_S;
+- long polls are counted against `max_long_polls`, not against the reads in progress
+  (BookKeeper counts them as reads while they wait);
 - FORCE_LEDGER answers EOK at once: bk acknowledges an add only once it is
   durable (DEFERRED_SYNC adds are made durable like any other), so every
   acknowledged entry already is.
@@ -24,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from bk.errors import (BadRequestError, BookieError, LedgerLimboError, NoSuchEntryError, NoSuchLedgerError,
                        TooManyRequestsError)
@@ -35,7 +41,6 @@ from bk.proto.v3 import OperationType as Op
 
 log = logging.getLogger(__name__)
 
-LONG_POLL_INTERVAL_S = 0.005
 LONG_POLL_MAX_S = 60.0
 AUTH_DISABLED_PLUGIN_NAME = "AuthDisabledPlugin"  # BookKeeper's AuthProviderFactoryFactory name
 _EBADREQ = BadRequestError.code
@@ -53,15 +58,64 @@ def _check(ok: bool) -> None:
         raise _Refuse(_EBADREQ)
 
 
-def _plain_read(r) -> bool:
-    """A v3 ReadRequest that is neither a long poll nor a fencing read."""
-    return not r.HasField("previousLAC") and not (r.HasField("flag") and r.flag == v3.READ_FLAG_FENCE_LEDGER)
+def _fencing(r) -> bool:
+    return r.HasField("flag") and r.flag == v3.READ_FLAG_FENCE_LEDGER
+
+
+def _long_poll(r) -> bool:
+    """BookKeeper's RequestUtils.isLongPollReadRequest: previousLAC set, not a fencing read."""
+    return r.HasField("previousLAC") and not _fencing(r)
+
+
+# How a request is accounted (what _run ends)
+_OTHER, _READ, _LONG_POLL = 0, 1, 2
+_PARKED, _WOKEN, _CANCELLED = 0, 1, 2
+
+
+class _LongPoll:
+    """A parked long poll: the LAC watcher (called as `poll(lac)`) and the timeout timer."""
+
+    __slots__ = ("owner", "req", "conn", "desc", "timer", "state")
+
+    def __init__(self, owner, req, conn):
+        self.owner = owner
+        self.req = req
+        self.conn = conn
+        self.desc = None  # the LedgerDescriptor it is registered on
+        self.timer = None
+        self.state = _PARKED
+
+    def __call__(self, lac: int) -> None:
+        """The LAC passed previousLAC (called inside the add path: only queue the answer)."""
+        if self.state == _PARKED:
+            self.state = _WOKEN
+            self.timer.cancel()
+            self.owner._woken(self)
+
+    def expire(self) -> None:
+        """The timeOut passed: answer with what the bookie knows."""
+        if self.state == _PARKED:
+            self.state = _WOKEN
+            self.desc.cancel_wait_for_lac_update(self)
+            self.owner._answer_long_poll(self)
+
+    def cancel(self) -> None:
+        """The connection is gone: no answer; the watcher and the timer go, the count drops."""
+        if self.state != _CANCELLED:
+            was_parked = self.state == _PARKED
+            self.state = _CANCELLED
+            self.timer.cancel()
+            self.desc.cancel_wait_for_lac_update(self)
+            if was_parked:  # a woken one is ended by _answer_long_poll when its turn comes
+                self.owner._end_long_poll(self.conn)
 
 
 class V3Processor:
     def __init__(self, processor):
         self.processor = processor  # the RequestProcessor: bookie, config, task set
         self.bookie = processor.bookie
+        self.limits = processor.limits
+        self._woken_polls: list = []  # long polls whose LAC moved, answered at the next loop iteration
         self._handlers = {
             Op.ADD_ENTRY: None,  # only malformed ADDs get here (add_record answered them already)
             Op.READ_ENTRY: self._read, Op.WRITE_LAC: self._write_lac, Op.READ_LAC: self._read_lac,
@@ -84,26 +138,30 @@ class V3Processor:
                      if op in Op._value2member_map_ else op, conn.peer)
             conn.send(v3.frame(v3.error_response(req, _EBADREQ)))
             return
-        if not conn.begin(0):
+        if op == Op.READ_ENTRY and _long_poll(req.readRequest):
+            self._park(req, conn)
+            return
+        read = op == Op.READ_ENTRY or op == Op.READ_LAC
+        if not (conn.begin_read() if read else conn.begin(0)):
             conn.send(v3.frame(v3.error_response(req, TooManyRequestsError.code)))
             return
         # A plain read answers with an entry: it starts in one of the connection's read
-        # slots (BookieConnection.run_read); a long poll or a fencing read is not held there.
-        if op == Op.READ_ENTRY and _plain_read(req.readRequest):
+        # slots (BookieConnection.run_read); a fencing read is not held there.
+        if op == Op.READ_ENTRY and not _fencing(req.readRequest):
             conn.run_read(self._start_gated, req)
         else:
-            self._start(req, conn, handler, False)
+            self._start(req, conn, handler, False, _READ if read else _OTHER)
 
     def _start_gated(self, req, conn) -> None:
-        self._start(req, conn, self._read, True)
+        self._start(req, conn, self._read, True, _READ)
 
-    def _start(self, req, conn, handler, gated: bool) -> None:
-        task = asyncio.ensure_future(self._run(handler, req, conn, gated))
+    def _start(self, req, conn, handler, gated: bool, kind: int) -> None:
+        task = asyncio.ensure_future(self._run(handler, req, conn, gated, kind))
         tasks = self.processor._tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _run(self, handler, req, conn, gated: bool) -> None:
+    async def _run(self, handler, req, conn, gated: bool, kind: int) -> None:
         try:
             try:
                 resp = await handler(req)
@@ -115,11 +173,75 @@ class V3Processor:
                 log.error("unexpected error serving a v3 request: %r", err, exc_info=err)
                 resp = v3.error_response(req, BookieError.code)
             finally:
-                conn.end(0)
+                if kind == _READ:
+                    conn.end_read()
+                elif kind == _LONG_POLL:
+                    self._end_long_poll(conn)
+                else:
+                    conn.end(0)
             conn.send(v3.frame(resp))
         finally:
             if gated:  # after the send: the next read's room check counts this answer
                 conn.read_done()
+
+    # ------------------------------------------------------------ long polls
+    def _park(self, req, conn) -> None:
+        """Admit a long poll and park it on the ledger's LAC, or answer it now (the LAC already
+        passed previousLAC, no timeOut, or an error the read reports)."""
+        if not conn.begin(0):
+            conn.send(v3.frame(v3.error_response(req, TooManyRequestsError.code)))
+            return
+        if not self.limits.admit_long_poll():
+            conn.end(0)
+            conn.send(v3.frame(v3.error_response(req, TooManyRequestsError.code)))
+            return
+        r = req.readRequest
+        timeout_ms = r.timeOut if r.HasField("timeOut") else 0
+        poll = _LongPoll(self, req, conn)
+        if timeout_ms > 0 and r.ledgerId >= 0:
+            try:
+                poll.desc = self.bookie.wait_for_lac_update(r.ledgerId, r.previousLAC, poll)
+            except BookieError:
+                pass  # ENOLEDGER, limbo: the read answers it
+            if poll.desc is not None:
+                poll.timer = asyncio.get_running_loop().call_later(min(timeout_ms / 1000.0, LONG_POLL_MAX_S),
+                                                                   poll.expire)
+                conn.long_polls.add(poll)
+                return
+        self._start(req, conn, self._read, False, _LONG_POLL)
+
+    def _woken(self, poll) -> None:
+        """From the add path (LedgerDescriptor): answer at the next loop iteration, all at once."""
+        if not self._woken_polls:
+            asyncio.get_running_loop().call_soon(self._answer_woken)
+        self._woken_polls.append(poll)
+
+    def _answer_woken(self) -> None:
+        polls, self._woken_polls = self._woken_polls, []
+        for poll in polls:
+            self._answer_long_poll(poll)
+
+    def _answer_long_poll(self, poll) -> None:
+        """A parked long poll's LAC moved or its time is up: the read answers it (known LAC,
+        the entry previousLAC + 1 with ENTRY_PIGGYBACK, the entry asked for without)."""
+        if poll.state == _CANCELLED:  # its connection went while it was queued
+            self._end_long_poll(poll.conn)
+            return
+        poll.conn.long_polls.discard(poll)
+        self._start(poll.req, poll.conn, self._read, False, _LONG_POLL)
+
+    def _end_long_poll(self, conn) -> None:
+        self.limits.long_polls -= 1
+        conn.end(0)
+
+    @staticmethod
+    def wake_long_polls(connections) -> int:
+        """Answer every long poll parked for `connections` now with what the bookie knows (a
+        stopping bookie need not wait out their timeOut); returns how many."""
+        polls = [p for conn in list(connections) for p in conn.long_polls]
+        for poll in polls:
+            poll.expire()
+        return len(polls)
 
     # ------------------------------------------------------------ operations
     async def _read(self, req):
@@ -136,8 +258,8 @@ class V3Processor:
         out.status, out.ledgerId, out.entryId = 0, r.ledgerId, r.entryId
         if fencing:
             await bookie.fence_ledger(r.ledgerId, r.masterKey)
-        if r.HasField("previousLAC"):
-            known = await self._wait_for_lac(r.ledgerId, r.previousLAC, r.timeOut if r.HasField("timeOut") else 0)
+        if r.HasField("previousLAC") and not fencing:  # a long poll, parked before if it had to wait
+            known = bookie.last_add_confirmed(r.ledgerId)
             out.maxLAC = known
             if piggyback:
                 if known > r.previousLAC:  # best effort: the next entry, if this bookie has it
@@ -150,16 +272,6 @@ class V3Processor:
         # protobuf takes bytes only; a read-ahead entry is a view (bytes() of bytes is no copy)
         out.body = bytes(await bookie.read_entry(r.ledgerId, r.entryId))
         return resp
-
-    async def _wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_ms: int) -> int:
-        """The ledger's LAC once above previous_lac, or when timeout_ms passed."""
-        bookie = self.bookie
-        deadline = time.monotonic() + min(max(timeout_ms, 0) / 1000.0, LONG_POLL_MAX_S)
-        while True:
-            known = bookie.last_add_confirmed(ledger_id)
-            if known > previous_lac or time.monotonic() >= deadline:
-                return known
-            await asyncio.sleep(LONG_POLL_INTERVAL_S)
 
     async def _write_lac(self, req):
         w = req.writeLacRequest

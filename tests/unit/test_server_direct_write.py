@@ -15,6 +15,7 @@ from bk import eventloop
 from bk.config import load_config
 from bk.server import connection as connection_mod
 from bk.server.connection import DIRECT_WRITE_MIN_BYTES, BookieConnection, unwritten
+from bk.server.limits import BookieLimits
 
 
 def test_unwritten_cuts_at_every_place():
@@ -28,7 +29,7 @@ def test_unwritten_cuts_at_every_place():
 def _server():
     cfg = load_config(env={}, overrides={})
     return types.SimpleNamespace(config=cfg, connections=set(), auth_provider=None,
-                                 processor=types.SimpleNamespace())
+                                 processor=types.SimpleNamespace(limits=BookieLimits(cfg)))
 
 
 async def _connected(conn, small_receiver: bool = True):

@@ -1,9 +1,9 @@
 """RequestProcessor against a stand-in bookie: response sizes and flag bits, no sockets."""
 import asyncio
-import types
 
 import pytest
 
+from bk.config import load_config
 from bk.proto import BatchReadRequest, FrameDecoder, GetBookieInfoRequest, encode_response
 from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 from bk.errors import NoSuchEntryError
@@ -23,7 +23,7 @@ class _Bookie:
 
 
 def _processor(entries, tmp_path=None):
-    cfg = types.SimpleNamespace(max_frame_size_bytes=MAX_FRAME, ledger_dirs=[str(tmp_path or "/")])
+    cfg = load_config(env={}, overrides={"max_frame_size_bytes": MAX_FRAME, "ledger_dirs": [str(tmp_path or "/")]})
     return RequestProcessor(_Bookie(entries), cfg)
 
 
@@ -70,7 +70,7 @@ def test_batch_read_stops_before_a_damaged_entry_and_a_damaged_first_entry_is_ei
             return await super().read_entry(ledger_id, entry_id)
 
     entries = [bytes([i]) * 10 for i in range(6)]
-    cfg = types.SimpleNamespace(max_frame_size_bytes=MAX_FRAME, ledger_dirs=["/"])
+    cfg = load_config(env={}, overrides={"max_frame_size_bytes": MAX_FRAME, "ledger_dirs": ["/"]})
     proc = RequestProcessor(Damaged(entries), cfg)
     resp = asyncio.run(proc._batch_read_entries(BatchReadRequest(0, 7, 0, 1, 10, 0)))
     assert resp.rc == 0 and resp.entries == entries[:3]
