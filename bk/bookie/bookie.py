@@ -531,13 +531,17 @@ class Bookie:
         """Set by phase one, cleared once phase two found every ledger whole (survives restarts)."""
         return self.storage.get_flag(NEEDS_INTEGRITY_CHECK)
 
-    async def mark_for_integrity_check(self, ledgers) -> int:
+    async def mark_for_integrity_check(self, ledgers, unfenced=()) -> int:
         """Phase one's local half (REPLICATION.md, "Running without the journal").
 
         `ledgers`: (ledger_id, master_key or None) of every ledger whose metadata names this
         bookie. Each is created if this bookie has no record of it (with the key the metadata
         yields, or with none: the first key a client presents is then stored), and is fenced
-        and put in limbo. The needs-integrity-check flag goes first, then everything is made
+        and put in limbo; those in `unfenced` (open ledgers whose last ensemble left this
+        bookie: their writer is alive elsewhere, bk.server.integrity) only in limbo, so they
+        answer no false negative and their writer is not fenced out. Limbo without a fence
+        keeps the rule that an EUNKNOWNLEDGERSTATE answer to a fencing read proves the fence:
+        a fencing read fences before it reads. The needs-integrity-check flag goes first, then everything is made
         durable by one checkpoint (not one per ledger: a cluster may hold 100,000). Until that
         checkpoint returns the caller must not serve: a crash before it leaves the
         unclean-shutdown flag set, so the next boot runs phase one again."""
@@ -548,9 +552,10 @@ class Bookie:
             desc = storage.get_ledger(ledger_id) or storage.create_ledger(ledger_id)
             if desc.master_key is None and key is not None:
                 desc.check_key(key)  # length check
-                storage.update_ledger(desc, master_key=bytes(key), fenced=True, limbo=True)
-            else:
-                storage.update_ledger(desc, fenced=True, limbo=True)
+        unfenced = set(unfenced)
+                marks["master_key"] = bytes(key)
+            storage.update_ledger(desc, **marks)
+            marks = dict(limbo=True) if ledger_id in unfenced else dict(fenced=True, limbo=True)
             count += 1
         await asyncio.to_thread(storage.checkpoint)
         self.phase_one_due = False  # durable: a clean stop may clear the unclean-shutdown flag now
@@ -568,7 +573,8 @@ class Bookie:
         return sorted(ids)
 
     def missing_entries(self, ledger_id: int, entry_ids) -> list[int]:
-        """Those of `entry_ids` this bookie does not store (blocking: call from a thread)."""
+        """Those of `entry_ids` this bookie does not store, or stored in an entry log that is
+        gone (blocking: call from a thread)."""
         return self.storage.missing_entries(ledger_id, entry_ids)
 
     async def clear_limbo(self, ledger_ids) -> None:
@@ -576,6 +582,11 @@ class Bookie:
         Durable on return. The copied entries are in the write cache (visible to reads) before
         limbo clears in memory, and the cleared state is persisted by the same checkpoint that
         writes them (or a later one), so a cleared limbo never stands in front of an entry a
+    @property
+    def log_check(self):
+        """What the start found of the entry logs the index names (bk.bookie.log_check)."""
+        return self.storage.log_check
+
         crash could still take. A read that began while in limbo looks again (read_entry)."""
         storage = self.storage
         for ledger_id in ledger_ids:
