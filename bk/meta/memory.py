@@ -188,6 +188,10 @@ class InMemoryStore(MetadataStore):
     def session_id(self) -> int:
         return self._sid
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise MetadataStoreError("metadata store session is closed")
@@ -201,6 +205,13 @@ class InMemoryStore(MetadataStore):
             if watch is not None:
                 self.tree.add_watch(self.tree.data_watches, path, self._sid, watch, asyncio.get_running_loop())
             return node.data, node.version
+
+    async def get_with_owner(self, path: str) -> tuple[bytes, int, int]:
+        validate_path(path)
+        self._check_open()
+        with self.tree.lock:
+            node = self.tree.require(path)
+            return node.data, node.version, node.owner
 
     async def exists(self, path: str, watch: Watcher | None = None) -> int | None:
         validate_path(path)

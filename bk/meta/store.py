@@ -116,6 +116,12 @@ class MetadataStore(abc.ABC):
         """(data, version); raises MetadataNotFoundError."""
 
     @abc.abstractmethod
+    async def get_with_owner(self, path: str) -> tuple[bytes, int, int]:
+        """(data, version, session id of the ephemeral node's owner, 0 for a persistent
+        node); raises MetadataNotFoundError. How a session finds its own ephemeral node
+        whose create reply it never got (LedgerUnderreplicationManager's lost locks)."""
+
+    @abc.abstractmethod
     async def exists(self, path: str, watch: Watcher | None = None) -> int | None:
         """The version, or None. A watch is left even when the node is missing."""
 
@@ -147,6 +153,11 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def session_id(self) -> int:
         """The current session's id (changes after an expiry)."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool:
+        """True once close() began: no call succeeds any more."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -5,9 +5,16 @@
   are the 64-bit id's 16-bit groups, high first, as 4 lower-case hex digits);
   data = text `UnderreplicatedLedgerFormat` (missing bookie ids + creation ms).
   Marking an already-marked ledger merges the replica lists with a CAS loop.
-- A replication worker takes the ephemeral lock
+- A replication worker (or GC, for an over-replicated copy) takes the ephemeral lock
   `<root>/underreplication/locks/urL<%010d id>` (text `LockDataFormat`); it is
   released on completion or when the worker's session dies.
+- A lock create or delete whose reply never came (a timeout cancelled it, the
+  connection dropped) may have been applied: the node would then block every other
+  worker until this session ends, which for a bookie is never. Such a path is
+  resolved in the background: re-read after the lost call (ZooKeeper answers one
+  session's requests in order), deleted if it is this session's node with the data
+  this manager wrote and no manager of this session holds it, retried while the
+  store errs, dropped when the node is gone or someone else's.
 - The marker is removed only at the version the worker read: if the auditor
   added a missing bookie meanwhile, the ledger stays marked.
 - `underreplication/disable` existing = autorecovery paused;
@@ -16,8 +23,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
+import weakref
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterable
 
@@ -33,7 +42,13 @@ from bk.meta import formats
 from bk.meta.cluster import paths_for
 from bk.meta.store import MetadataStore, SessionState, join_path
 
+log = logging.getLogger(__name__)
+
 UR_PREFIX = "urL"
+# lock paths held through each store (session), by any manager on it: a lost lock is
+# released only when no manager of the session holds that path
+_HELD: "weakref.WeakKeyDictionary[MetadataStore, set[str]]" = weakref.WeakKeyDictionary()
+_RESOLVE_RETRY_MAX_S = 5.0
 
 
 def _check_id(ledger_id: int) -> int:
@@ -76,11 +91,15 @@ class LedgerUnderreplicationManager:
     def __init__(self, store: MetadataStore, root: str | None = None):
         self.store = store
         self.paths = paths_for(store, root)
-        self._locks: set[str] = set()  # lock znodes held by this session
+        self._locks: dict[str, bytes] = {}  # lock znodes this manager holds -> the data it wrote
+        self._session_locks = _HELD.setdefault(store, set())  # ... and every manager of the session
+        self._resolving: dict[str, asyncio.Task] = {}  # lost lock calls being resolved
+        self.lost_locks_released = 0
         store.add_session_listener(self._on_session_state)
 
     def _on_session_state(self, state: SessionState) -> None:
         if state is SessionState.EXPIRED:
+            self._session_locks.difference_update(self._locks)
             self._locks.clear()  # ephemeral locks died with the session
 
     def marker_path(self, ledger_id: int) -> str:
@@ -202,19 +221,67 @@ class LedgerUnderreplicationManager:
             await self.store.create(path, data, ephemeral=True, make_parents=True)
         except MetadataExistsError:
             return False
-        self._locks.add(path)
+        except BaseException:  # lost reply, timeout (cancelled): the node may exist, ours
+            self._resolve_lost_lock(path, data)
+            raise
+        self._locks[path] = data
+        self._session_locks.add(path)
         return True
 
     async def release_ledger_lock(self, ledger_id: int) -> None:
         """Release the lock if this session holds it (other sessions' locks are kept)."""
         path = self.lock_path(ledger_id)
-        if path not in self._locks:
+        data = self._locks.pop(path, None)
+        if data is None:
             return
-        self._locks.discard(path)
+        self._session_locks.discard(path)
         try:
             await self.store.delete(path)
         except MetadataNotFoundError:
             pass
+        except BaseException:  # lost reply, timeout: the node may still be there
+            self._resolve_lost_lock(path, data)
+            raise
+
+    def _resolve_lost_lock(self, path: str, data: bytes) -> None:
+        """Find and delete, in the background, the lock node a lost create (or delete) may
+        have left; `data` is what this manager wrote in it."""
+        if path in self._resolving:
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(self._resolve(path, data))
+        except RuntimeError:
+            return  # no loop: the store is going away with its session
+        self._resolving[path] = task
+        task.add_done_callback(lambda t, p=path: self._resolving.pop(p, None) if self._resolving.get(p) is t else None)
+
+    async def _resolve(self, path: str, data: bytes) -> None:
+        delay = 0.1
+        while True:
+            if path in self._session_locks:
+                return  # taken (again) by a manager of this session: it releases it
+            try:
+                node_data, version, owner = await self.store.get_with_owner(path)
+                if owner != self.store.session_id or node_data != data or path in self._session_locks:
+                    return  # another session's lock, or another holder's on this session
+                await self.store.delete(path, version)
+                self.lost_locks_released += 1
+                log.warning("released replication lock %s: a create or delete of it timed out or lost its "
+                            "reply, and it was left behind", path)
+                return
+            except (MetadataNotFoundError, MetadataVersionError):
+                return  # never created, already gone, or re-created since
+            except MetadataStoreError as e:  # connection loss, closed store: again later
+                if self.store.closed:
+                    return  # the session ended: its ephemeral nodes with it
+                log.info("replication lock %s: cannot check it yet (%s); retrying", path, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RESOLVE_RETRY_MAX_S)
+
+    async def wait_lost_locks_resolved(self) -> None:
+        """Wait until every lost lock call seen so far is resolved (tests, close)."""
+        while self._resolving:
+            await asyncio.gather(*list(self._resolving.values()), return_exceptions=True)
 
     async def lock_holder(self, ledger_id: int) -> str | None:
         try:
@@ -295,3 +362,7 @@ class LedgerUnderreplicationManager:
 
     async def close(self) -> None:
         self.store.remove_session_listener(self._on_session_state)
+        for task in list(self._resolving.values()):
+            task.cancel()  # the session ends with the store: its ephemeral locks with it
+        await asyncio.gather(*self._resolving.values(), return_exceptions=True)
+        self._session_locks.difference_update(self._locks)

@@ -216,6 +216,22 @@ async def test_ephemeral_nodes_vanish_when_session_closes(env):
 
 
 @behaviour
+async def test_get_with_owner_names_the_ephemeral_owner_session(env):
+    a, b = await env.open(), await env.open()
+    await a.ensure_path(env.root)
+    eph, persistent = env.path("owned"), env.path("persistent")
+    await b.create(eph, b"lock", ephemeral=True)
+    await b.create(persistent, b"p")
+    assert await a.get_with_owner(eph) == (b"lock", 0, b.session_id) and b.session_id != a.session_id
+    assert await a.get_with_owner(persistent) == (b"p", 0, 0)
+    with pytest.raises(MetadataNotFoundError):
+        await a.get_with_owner(env.path("missing"))
+    assert not b.closed
+    await b.close()
+    assert b.closed and not a.closed
+
+
+@behaviour
 async def test_ephemeral_nodes_vanish_when_session_expires(env):
     a, b = await env.open(), await env.open()
     await a.ensure_path(env.root)
