@@ -143,7 +143,10 @@ class BookieConfig:
     # names this bookie any more.
     gc_over_replicated_ledger_wait_time_ms: int = 86_400_000
     verify_metadata_on_gc: bool = True  # re-read a candidate's metadata just before deleting it
-    gc_metadata_timeout_ms: int = 30_000  # one metadata call of a pass; on timeout nothing is deleted
+    gc_metadata_timeout_ms: int = 30_000  # one metadata call of a pass (its metadata phase: 10 of them)
+    # BookKeeper's gcOverreplicatedLedgerMaxConcurrentRequests: metadata reads GC has in flight at
+    # once, and the batch it verifies and then deletes (the scan's candidates, the over-replication check)
+    gc_over_replicated_ledger_max_concurrent_requests: int = 1000
     minor_compaction_threshold: float = 0.2  # compact logs under 20% live ... (0 = no minor compaction)
     minor_compaction_interval_s: int = 3600  # ... every hour (0 = no minor compaction)
     major_compaction_threshold: float = 0.8
@@ -371,6 +374,8 @@ def _check(cfg: BookieConfig) -> None:
         bad("major_compaction_threshold", "must not be below minor_compaction_threshold")
     if cfg.gc_wait_time_ms < 1:
         bad("gc_wait_time_ms", "must be at least 1")
+    if cfg.gc_over_replicated_ledger_max_concurrent_requests < 1:
+        bad("gc_over_replicated_ledger_max_concurrent_requests", "must be at least 1")
     if cfg.max_response_bytes_per_connection < 64 * KiB:
         bad("max_response_bytes_per_connection", "must be at least 64KiB")
 

@@ -171,6 +171,7 @@ class GarbageCollector:
             out = dict(self._status)
             out["entry_logs"] = len(self._logs)
         out["damaged_logs"] = self.damaged_logs()
+        out.setdefault("candidates_left", None)  # scan and compare: candidates not yet verified or deleted
         out["compacting_logs"] = self.compactor.pending()
         out["settings"] = {k: getattr(self.config, k) for k in (
             "gc_wait_time_ms", "gc_over_replicated_ledger_wait_time_ms", "verify_metadata_on_gc",
@@ -291,50 +292,92 @@ class GarbageCollector:
         # The local set is taken before the metadata is read: a ledger created
         # after this moment is not a candidate, whatever the metadata says.
         local = frozenset(storage.run_on_owner(storage.ledger_ids))
-        deleted: list[int] = []
+        forgotten: list[int] = []  # forgotten on the owner thread (loop), in order
+        durable = [0]  # forgotten[:durable[0]] are checkpointed and synced
 
         async def delete(ids: list[int]) -> list[int]:
-            """On the loop (the owner thread): forget the ledgers, then make it durable."""
-            ids = sorted(set(ids) & local)
+            """On the loop (the owner thread): forget the ledgers, then make it durable.
+            The policy calls it once per verified batch, so each batch frees its ledgers."""
+            ids = sorted((set(ids) & local).difference(forgotten))
             if not ids:
                 return []
             for lid in ids:
                 storage.delete_ledger(lid)
-            await asyncio.to_thread(self._make_durable)
-            deleted.extend(ids)
+            forgotten.extend(ids)
+            # Shielded: a cancelled scan (stop, backstop) leaves the checkpoint running;
+            # the GC thread then makes the deletions durable itself before going on.
+            await asyncio.shield(asyncio.to_thread(self._make_durable))
+            durable[0] = len(forgotten)
             self.step_hook("after_ledger_delete", -1)
             return ids
 
         timeout_s = self.config.gc_metadata_timeout_ms / 1000.0
+        found: dict = {}
         try:
-            found = self._on_loop(self.policy.find_garbage(set(local), delete), timeout_s * 10)
+            # A backstop only: the policy keeps to its own budget (10 call timeouts) and
+            # still deletes what it verified when that runs out.
+            found = self._on_loop(self.policy.find_garbage(set(local), delete), timeout_s * 20)
         except Exception as e:  # store error, timeout, session loss: nothing more is garbage
             out["errors"].append(f"metadata scan failed: {type(e).__name__}: {e}")
             log.warning("GC: metadata scan failed; no (further) ledger deleted this pass: %s", e)
-            found = {}
+        if durable[0] < len(forgotten):  # cut off during a checkpoint: finish it before any byte goes
+            self._make_durable()
+        deleted = sorted(forgotten)
         out["errors"] += found.get("errors", [])
-        out["ledgers_deleted"] = sorted(deleted)
+        out["ledgers_deleted"] = deleted
         out["over_replicated_deleted"] = sorted(set(found.get("over_replicated", ())) & set(deleted))
-        if deleted:
-            log.info("GC: deleted %d ledgers: %s", len(deleted), sorted(deleted)[:20])
+        out["candidates_left"] = left = found.get("candidates_left")
+        if left is not None:  # unknown when the listing failed: the last count stands
+            with self._lock:
+                self._status["candidates_left"] = left
+        if deleted or left:
+            log.info("GC: deleted %d ledgers: %s; %s candidates left for the next pass", len(deleted), deleted[:20],
+                     "unknown" if left is None else left)
 
     def _make_durable(self) -> None:
+        """Checkpoint (the forgotten ledgers' state reaches the index) and sync the index:
+        after this no committed location names their entries, even after a power cut."""
         self.storage.checkpoint()
         self.storage.sync_index()
 
     def _on_loop(self, coro, timeout_s: float):
+        """Run coro on the loop; raise on stop or after timeout_s, once it has ended (a
+        cancelled scan must not go on deleting while this thread goes on)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             coro.close()
             raise RuntimeError("no event loop to reach the metadata store")
-        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        ended, cut = threading.Event(), threading.Event()
+        task: list[asyncio.Task] = []
+
+        async def run():
+            try:
+                if cut.is_set():  # cut before it started
+                    coro.close()
+                    raise asyncio.CancelledError()
+                task.append(asyncio.current_task())
+                return await coro
+            finally:
+                ended.set()
+
+        def cancel() -> None:  # on the loop
+            cut.set()
+            if task:
+                task[0].cancel()
+        fut = asyncio.run_coroutine_threadsafe(run(), loop)
         deadline = time.monotonic() + timeout_s
         # Polled (not fut.result(timeout)): the coroutine's own TimeoutError must not
         # read as "not done yet", and a stopping bookie must not wait for the scan.
         while not concurrent.futures.wait([fut], timeout=0.2).done:
             if self._stopping or time.monotonic() >= deadline:
-                fut.cancel()
-                raise TimeoutError(f"metadata scan took over {timeout_s:.0f}s")
+                try:
+                    loop.call_soon_threadsafe(cancel)
+                except RuntimeError:  # the loop closed: nothing runs there any more
+                    pass
+                while not ended.wait(0.2) and loop.is_running():
+                    pass
+                raise TimeoutError("the bookie is stopping" if self._stopping
+                                   else f"metadata scan took over {timeout_s:.0f}s")
         return fut.result()
 
     def _drop_dead_ledgers(self) -> None:

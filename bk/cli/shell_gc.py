@@ -230,6 +230,10 @@ def triggergc(args) -> dict:
     return out
 
 
+def _or_unknown(value):
+    return "unknown" if value is None else value
+
+
 def gcstatus(args) -> dict:
     st = _call(args, "gc_status")
     st["ok"] = True
@@ -238,7 +242,8 @@ def gcstatus(args) -> dict:
              f"  passes {st.get('passes')}, ledgers deleted {st.get('ledgers_deleted')}, logs deleted "
              f"{st.get('logs_deleted')}, logs compacted {st.get('logs_compacted')}, bytes freed {st.get('bytes_freed')}",
              f"  errors {st.get('errors')}" + (f" (last: {st['last_error']})" if st.get("last_error") else ""),
-             f"  entry logs known {st.get('entry_logs')}, compactions to finish {st.get('compacting_logs')}"]
+             f"  entry logs known {st.get('entry_logs')}, compactions to finish {st.get('compacting_logs')}",
+             f"  deleted ledgers still to collect (candidates left) {_or_unknown(st.get('candidates_left'))}"]
     lines += [f"  DAMAGED entry log {log_id}: {why} (kept while the index places entries in it)"
               for log_id, why in (st.get("damaged_logs") or {}).items()]
     st["text"] = "\n".join(lines)
