@@ -231,9 +231,9 @@ class LedgerUnderreplicationManager:
     async def release_ledger_lock(self, ledger_id: int) -> None:
         """Release the lock if this session holds it (other sessions' locks are kept)."""
         path = self.lock_path(ledger_id)
-        data = self._locks.pop(path, None)
-        if data is None:
+        if path not in self._locks:
             return
+        data = self._locks.pop(path)
         self._session_locks.discard(path)
         try:
             await self.store.delete(path)
