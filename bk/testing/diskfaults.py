@@ -39,6 +39,11 @@ fires that many times then stops (None: until healed). An fsync fault with
 code that retries the fsync and trusts it is caught reading zeros. A write fault with
 `partial_bytes=n` first writes n junk bytes (a short write before ENOSPC).
 
+A hung disk (`hang`): `rule = ctl.hang(op="fsync", path_prefix=d)` makes every matching
+operation block (the calling thread sleeps, as one in a D-state fsync does) until the rule
+is healed; then the operation goes on and succeeds. `hits(rule)` counts the operations
+that hung.
+
 Corruption of stored bytes (run against a bookie's directories once the entry is on disk,
 e.g. after a checkpoint; a running bookie may still serve the entry from a cache)::
 
@@ -78,6 +83,7 @@ class Rule:
     drop_unsynced: bool = True
     partial_bytes: int = 0
     full: bool = False  # a full disk: write/commit ENOSPC and space() reports it full
+    hang: bool = False  # a hung disk: the operation blocks until the rule is healed
 
     def matches(self, op: str, path: str) -> bool:
         if self.full:
@@ -139,6 +145,10 @@ class _Injector:
                 break
             else:
                 return
+        if rule.hang:
+            while any(r.id == rule.id for r in self._current_rules()):
+                time.sleep(0.05)
+            return
         if f is not None and f.fd >= 0:
             if op == "fsync" and rule.drop_unsynced and f.size > f.synced_size:
                 # what the kernel may do after a failed writeback: the dirty pages are dropped
@@ -203,6 +213,14 @@ class DiskFaults(_Injector):
     def full_disk(self, path_prefix: str) -> int:
         """Everything under `path_prefix` is on a full disk until healed; returns the rule id."""
         rule = Rule(next(self._ids), "write", errno_mod.ENOSPC, os.path.abspath(path_prefix), full=True)
+        with self._lock:
+            self._rules = [*self._rules, rule]
+        return rule.id
+
+    def hang(self, *, op: str, path_prefix: str | None = None) -> int:
+        """Every matching operation blocks until this rule is healed; returns its id."""
+        rule = _make_rule(next(self._ids), op, 0, path_prefix, None, 0, False, 0)
+        rule.hang = True
         with self._lock:
             self._rules = [*self._rules, rule]
         return rule.id
@@ -294,6 +312,14 @@ class DiskFaultControl:
 
     def full_disk(self, path_prefix: str) -> int:
         rule = Rule(self._take_id(), "write", errno_mod.ENOSPC, os.path.abspath(path_prefix), full=True)
+        self._rules.append(rule)
+        self._save()
+        return rule.id
+
+    def hang(self, *, op: str, path_prefix: str | None = None) -> int:
+        """Every matching operation blocks until this rule is healed (a hung disk)."""
+        rule = _make_rule(self._take_id(), op, 0, path_prefix, None, 0, False, 0)
+        rule.hang = True
         self._rules.append(rule)
         self._save()
         return rule.id
