@@ -93,6 +93,10 @@ class BookieConfig:
     max_frame_size_bytes: int = 5 * MiB
     max_pending_requests_per_connection: int = 10_000
     max_pending_bytes_per_connection: int = 64 * MiB
+    # BookKeeper's shutdown timeout: a SIGTERM'd bookie (or `bk autorecovery`) has left by
+    # then whatever ZooKeeper, peers or a disk do; a stop that had to abandon the final
+    # checkpoint exits non-zero with the unclean-shutdown flag set (docs/OPERATIONS.md)
+    shutdown_timeout_ms: int = 30_000
 
     # --- disks
     disk_usage_threshold: float = 0.95
@@ -372,6 +376,8 @@ def _check(cfg: BookieConfig) -> None:
             bad(key, "must be in [0, 1]")
     if 0 < cfg.major_compaction_threshold < cfg.minor_compaction_threshold:
         bad("major_compaction_threshold", "must not be below minor_compaction_threshold")
+    if cfg.shutdown_timeout_ms < 100:
+        bad("shutdown_timeout_ms", "must be at least 100")
     if cfg.gc_wait_time_ms < 1:
         bad("gc_wait_time_ms", "must be at least 1")
     if cfg.gc_over_replicated_ledger_max_concurrent_requests < 1:

@@ -102,6 +102,10 @@ class Bookie:
         # cleared: a start that fails or is stopped before that (metadata store down, SIGTERM)
         # leaves the flag set, or the next start would serve as if nothing had been lost.
         self.phase_one_due = False
+        # True once a stop cleared the unclean-shutdown flag: its final checkpoint made
+        # everything durable. A stop abandoned at its deadline (a hung fsync) never sets it,
+        # and `bk bookie` exits non-zero (bk.cli.stopping.EXIT_UNCLEAN).
+        self.stopped_clean = False
         self.replayed_records = 0
         self.cut_journal_tails: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -249,6 +253,7 @@ class Bookie:
                             " unclean-shutdown flag stays set, so the next start runs it again")
             else:
                 storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
+                self.stopped_clean = True
         storage.close_index()
 
     async def __aenter__(self) -> "Bookie":
@@ -547,15 +552,15 @@ class Bookie:
         unclean-shutdown flag set, so the next boot runs phase one again."""
         await asyncio.to_thread(self.storage.set_flag_now, NEEDS_INTEGRITY_CHECK, True)
         storage = self.storage
+        unfenced = set(unfenced)
         count = 0
         for ledger_id, key in ledgers:
             desc = storage.get_ledger(ledger_id) or storage.create_ledger(ledger_id)
+            marks = dict(limbo=True) if ledger_id in unfenced else dict(fenced=True, limbo=True)
             if desc.master_key is None and key is not None:
                 desc.check_key(key)  # length check
-        unfenced = set(unfenced)
                 marks["master_key"] = bytes(key)
             storage.update_ledger(desc, **marks)
-            marks = dict(limbo=True) if ledger_id in unfenced else dict(fenced=True, limbo=True)
             count += 1
         await asyncio.to_thread(storage.checkpoint)
         self.phase_one_due = False  # durable: a clean stop may clear the unclean-shutdown flag now
@@ -577,16 +582,16 @@ class Bookie:
         gone (blocking: call from a thread)."""
         return self.storage.missing_entries(ledger_id, entry_ids)
 
-    async def clear_limbo(self, ledger_ids) -> None:
-        """Phase two found these ledgers whole: answer explicit negatives for them again.
-        Durable on return. The copied entries are in the write cache (visible to reads) before
-        limbo clears in memory, and the cleared state is persisted by the same checkpoint that
-        writes them (or a later one), so a cleared limbo never stands in front of an entry a
     @property
     def log_check(self):
         """What the start found of the entry logs the index names (bk.bookie.log_check)."""
         return self.storage.log_check
 
+    async def clear_limbo(self, ledger_ids) -> None:
+        """Phase two found these ledgers whole: answer explicit negatives for them again.
+        Durable on return. The copied entries are in the write cache (visible to reads) before
+        limbo clears in memory, and the cleared state is persisted by the same checkpoint that
+        writes them (or a later one), so a cleared limbo never stands in front of an entry a
         crash could still take. A read that began while in limbo looks again (read_entry)."""
         storage = self.storage
         for ledger_id in ledger_ids:

@@ -1,11 +1,15 @@
-"""`bk bookie`: run one bookie until SIGTERM or Ctrl-C, then stop cleanly (exit 0)."""
+"""`bk bookie`: run one bookie until SIGTERM or Ctrl-C, then stop within shutdown_timeout_ms.
+
+Exit status (bk.cli.stopping, docs/OPERATIONS.md): 0 clean (everything durable, the
+unclean-shutdown flag cleared), 3 stopped but not cleanly (the final checkpoint failed or
+was abandoned at the deadline: the flag stays set; the log says what was abandoned), 4 a
+second SIGTERM/SIGINT (left at once), 1 an error (a failed start)."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
 import os
-import signal
 
 from bk import eventloop
 from bk.config import BookieConfig, load_config, setting_names
@@ -28,6 +32,8 @@ values are errors naming the key. The main keys:
   data_integrity_cookie_stamping_enabled false (true: a wiped bookie stamps new cookies itself)
   journal_sync_data      true    (false = no fsync: unsafe, for tests only)
   flush_interval_ms      1000
+  shutdown_timeout_ms    30000   (SIGTERM: gone by then whatever ZooKeeper or a disk do; exit 0 clean,
+                                  3 not clean: flag left set; a second signal exits at once, 4)
   write_cache_max_size_bytes 64MiB, read_cache_max_size_bytes 64MiB
   autorecovery_enabled   false
 
@@ -76,34 +82,45 @@ def raise_open_files_limit() -> tuple[int, int]:
 async def serve(cfg: BookieConfig) -> int:
     from bk.server import BookieServer
 
+    from .stopping import EXIT_CLEAN, EXIT_UNCLEAN, StopControl
+
     if cfg.raise_open_files_limit:
         raise_open_files_limit()
     server = BookieServer(cfg)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+
+    def status() -> int:
+        """Clean only once a final checkpoint cleared the unclean-shutdown flag (or the storage
+        was never opened, so the flag is as the last run left it)."""
+        bookie = server.bookie
+        return EXIT_CLEAN if bookie.stopped_clean or bookie.storage is None else EXIT_UNCLEAN
+
+    control = StopControl(f"bookie {cfg.bookie_id}", cfg.shutdown_timeout_ms, status,
+                          doing=lambda: server.stop_step or "the stop").install()
     # A start can wait long (phase one over a large cluster, the old session's expiry
     # before registering): a stop asked for meanwhile abandons it at once. The server's
-    # start tears down what it began; BP-46's unclean-shutdown flag survives an
-    # abandoned phase one (Bookie.phase_one_due).
+    # start tears down what it began (bounded like a stop); BP-46's unclean-shutdown flag
+    # survives an abandoned phase one (Bookie.phase_one_due).
     starting = asyncio.ensure_future(server.start())
-    stopping = asyncio.ensure_future(stop.wait())
+    stopping = asyncio.ensure_future(control.requested.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():
         log.warning("stop requested while bookie %s was starting: abandoning the start", cfg.bookie_id)
+        server.stop_deadline = control.deadline()
         starting.cancel()
-        try:
-            await starting
-        except asyncio.CancelledError:
-            pass
-        return 0
+        await asyncio.wait({starting})  # its teardown is bounded by the deadline
+        return control.finish(status(), server.stop_abandoned)
     stopping.cancel()
+    if starting.exception() is not None and server.stop_abandoned:
+        # the failed start's teardown left threads waiting (on ZooKeeper, a disk): do not join them
+        from .stopping import exit_now
+        log.error("bookie %s failed to start (%s); its teardown abandoned: %s", cfg.bookie_id,
+                  starting.exception(), "; ".join(server.stop_abandoned))
+        exit_now(1)
     starting.result()  # a failed start raises here
     eventloop.tune_gc()  # start-up objects out of the GC's sight; fewer young collections
     http = f", HTTP admin {server.http.url}" if server.http is not None else ""
     print(f"bookie {cfg.bookie_id} ready (metadata {cfg.metadata_service_uri}{http})", flush=True)
-    await stop.wait()
+    await control.requested.wait()
     log.info("stopping bookie %s", cfg.bookie_id)
-    await server.stop()
-    return 0
+    abandoned = await server.stop(control.deadline())
+    return control.finish(status(), abandoned)

@@ -7,7 +7,10 @@ module is the one bridge between them and asyncio:
   `loop.call_soon_threadsafe`, translating kazoo exceptions on the way;
 - watch callbacks and session-state changes are forwarded the same way, so
   user callbacks always run on the event loop;
-- blocking kazoo calls (start, stop, close) run in the default executor.
+- blocking kazoo calls run in the default executor (start), or in a daemon thread of
+  their own (stop and close: `close` waits for them at most `close_timeout_s`, so a stop
+  never waits forever on an unreachable or paused server, and a thread still waiting
+  on one never keeps the process alive).
 
 Reads (get/exists/children) are retried a few times on connection loss while
 the session lives; writes are not (a lost reply leaves the outcome unknown, so
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -104,6 +108,7 @@ class ZooKeeperStore(MetadataStore):
         connect_timeout_s: float = 15.0,
         zk_digest_auth: str | None = None,
         zk_enable_security: bool = False,
+        close_timeout_s: float = 5.0,
     ):
         """`zk_digest_auth` "user:password" authenticates the session (ZooKeeper's digest scheme);
         `zk_enable_security` (BookKeeper's zkEnableSecurity) gives every znode this session creates
@@ -118,6 +123,7 @@ class ZooKeeperStore(MetadataStore):
         self.ledgers_root = validate_path(root)
         self.session_timeout_s = session_timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.close_timeout_s = close_timeout_s
         self._client: KazooClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -331,13 +337,41 @@ class ZooKeeperStore(MetadataStore):
         self._listeners = [fn for fn in self._listeners if fn is not listener]
 
     async def close(self) -> None:
+        """End the session. kazoo's stop waits for its connection thread, which takes seconds
+        when the server is down or paused: it runs in a daemon thread and is waited for at most
+        `close_timeout_s`. A close that runs out returns anyway (logged); the server then ends
+        the session, and its ephemeral nodes, by the session timeout. Requests still queued
+        fail as the session closes (kazoo answers them ConnectionClosedError)."""
         if self._closing or self._client is None:
             self._closing = True
             return
         self._closing = True
         client, self._client = self._client, None
         self._wrappers.clear()
-        await self._loop.run_in_executor(None, _stop_and_close, client)
+        loop = self._loop
+        done = loop.create_future()
+
+        def finished() -> None:  # on the loop
+            if not done.done():
+                done.set_result(None)
+
+        def run() -> None:  # on its own daemon thread
+            try:
+                _stop_and_close(client)
+            except Exception as e:  # noqa: BLE001 - the session ends either way
+                log.warning("closing the ZooKeeper session to %s: %s", self.hosts, e)
+            finally:
+                try:
+                    loop.call_soon_threadsafe(finished)
+                except RuntimeError:
+                    pass  # the loop is closed: nobody waits any more
+
+        threading.Thread(target=run, name="kazoo-close", daemon=True).start()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), self.close_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("closing the ZooKeeper session to %s did not finish within %.1f s: left to the"
+                        " server's session timeout", self.hosts, self.close_timeout_s)
 
     async def expire_session(self) -> None:
         """Expire this session the way ZooKeeper's own tests do: connect a second

@@ -9,10 +9,14 @@ stamped, before the listener accepts (bk.server.integrity); phase two (the
 self-repair) starts once it listens; the bookie registers in ZooKeeper only once
 it can serve, so clients never pick a bookie that is not listening.
 
-Stop order (SIGTERM / Ctrl-C): stop the repair (it resumes at the next start), stop accepting, let in-flight requests finish
-(bounded), close connections, checkpoint and clear the unclean-shutdown flag
-(Bookie.stop), deregister, close the metadata session. AutoRecovery (when
-enabled) starts last, once the bookie is registered, and stops first.
+Stop order (SIGTERM / Ctrl-C), all of it within one deadline (shutdown_timeout_ms,
+docs/OPERATIONS.md): stop accepting, stop the repair (it resumes at the next start) and
+AutoRecovery, let in-flight requests finish (bounded), close connections (what is still in
+flight fails with them), checkpoint and clear the unclean-shutdown flag (Bookie.stop: only
+when the checkpoint made everything durable), deregister, close the metadata session. Every
+wait on ZooKeeper or a peer is bounded by the time left; a step that runs out is abandoned
+and named in `stop_abandoned`. AutoRecovery (when enabled) starts last, once the bookie is
+registered, and stops first.
 """
 from __future__ import annotations
 
@@ -39,7 +43,28 @@ from .processor import RequestProcessor
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 10.0  # in-flight requests get at most this, and at most a quarter of the stop's budget
+
+
+async def bounded_wait(aw, seconds: float, what: str, abandoned: list[str]) -> bool:
+    """Wait at most `seconds` for `aw`; True when it finished well. An error it ends with is
+    logged, not raised (a stop goes on), and `what` goes into `abandoned` with it. On
+    time-out it is cancelled without waiting for the cancellation (a kazoo call or a hung
+    thread may never answer it) and `what` goes into `abandoned`."""
+    task = asyncio.ensure_future(aw)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved"
+    if not task.done():
+        done, _ = await asyncio.wait({task}, timeout=max(seconds, 0.0))
+        if not done:
+            task.cancel()
+            abandoned.append(what)
+            log.warning("stop: %s did not finish within %.1f s: abandoned", what, max(seconds, 0.0))
+            return False
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("stop: %s failed: %s", what, task.exception())
+        abandoned.append(f"{what}: {task.exception()}")
+        return False
+    return True
 
 
 # BP-46 repair progress fields published as `repair.<field>` registration properties
@@ -88,6 +113,9 @@ class BookieServer:
         self.http = None  # bk.server.http_admin.HttpAdminServer when http_server_enabled
         self.started = False
         self.shutting_down = False
+        self.stop_step = ""  # what the stop is doing now (named in the log if it is abandoned)
+        self.stop_abandoned: list[str] = []  # what the last stop or teardown had to abandon
+        self.stop_deadline: float | None = None  # loop time
 
     async def start(self) -> None:
         cfg = self.config
@@ -166,23 +194,49 @@ class BookieServer:
         if repair is not None:
             await repair.stop()
 
-    async def stop(self) -> None:
-        """Graceful stop; safe to call more than once."""
+    async def stop(self, deadline: float | None = None) -> list[str]:
+        """Graceful stop by `deadline` (event-loop time; default shutdown_timeout_ms from now);
+        safe to call more than once. Returns what had to be abandoned (empty: nothing).
+        Whether everything was made durable is `self.bookie.stopped_clean`."""
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self.config.shutdown_timeout_ms / 1000.0
+        self.stop_deadline = deadline
+        budget = max(0.0, deadline - loop.time())
         self.shutting_down = True
-        await self._stop_repair()
-        await self._stop_autorecovery()
-        if self._listener is not None:
+        self.stop_step = "closing the listener"
+        if self._listener is not None:  # no new connections from here on
             self._listener.close()
         if self._monitor is not None:
             self._monitor.cancel()
-        if self.connections:  # let in-flight work finish, bounded
+        # the repair and AutoRecovery talk to ZooKeeper and peers: a quarter of the budget each at most
+        await self._bounded(self._stop_repair(), "stopping the BP-46 repair", budget / 4)
+        await self._bounded(self._stop_autorecovery(), "stopping AutoRecovery", budget / 4)
+        if self.connections:  # let in-flight work finish, bounded; what is left fails with its connection
+            self.stop_step = "waiting for in-flight requests"
+            grace = min(STOP_GRACE_S, budget / 4, self._time_left())
             waits = [c.idle.wait() for c in list(self.connections)]
-            try:
-                await asyncio.wait_for(asyncio.gather(*waits), STOP_GRACE_S)
-            except asyncio.TimeoutError:
-                log.warning("stopping with requests still in flight after %.0fs", STOP_GRACE_S)
+            if not await bounded_wait(asyncio.gather(*waits), grace, "in-flight requests", []):
+                log.warning("stopping with requests still in flight after %.1fs: their connections are closed",
+                            grace)
         await self._teardown()
-        log.info("bookie %s stopped", self.bookie_id)
+        self.stop_step = "stopped"
+        log.info("bookie %s stopped (%s)%s", self.bookie_id,
+                 "clean: everything durable, unclean-shutdown flag cleared" if self.bookie.stopped_clean
+                 else "NOT clean: the unclean-shutdown flag stays set",
+                 "; abandoned: " + "; ".join(self.stop_abandoned) if self.stop_abandoned else "")
+        return list(self.stop_abandoned)
+
+    def _time_left(self) -> float:
+        if self.stop_deadline is None:  # a failed start tears down: the same budget as a stop
+            self.stop_deadline = asyncio.get_running_loop().time() + self.config.shutdown_timeout_ms / 1000.0
+        return max(0.0, self.stop_deadline - asyncio.get_running_loop().time())
+
+    async def _bounded(self, aw, what: str, cap_s: float | None = None) -> bool:
+        """One stop step, bounded by the time left (and `cap_s`)."""
+        self.stop_step = what
+        left = self._time_left()
+        return await bounded_wait(aw, left if cap_s is None else min(left, cap_s), what, self.stop_abandoned)
 
     async def _stop_autorecovery(self) -> None:
         autorecovery, self.autorecovery = self.autorecovery, None
@@ -201,37 +255,44 @@ class BookieServer:
                 self.admin = admin
 
     async def _teardown(self) -> None:
-        await self._stop_repair()
-        await self._stop_autorecovery()
+        """Let go of everything, each wait bounded by the stop's deadline (_time_left). The
+        final checkpoint (Bookie.stop) comes before anything that needs ZooKeeper and gets all
+        the time left: when it is abandoned the unclean-shutdown flag stays set."""
+        await self._bounded(self._stop_repair(), "stopping the BP-46 repair")
+        await self._bounded(self._stop_autorecovery(), "stopping AutoRecovery")
         if self.http is not None:
-            await self.http.stop()
-            self.http = None
+            http, self.http = self.http, None
+            await self._bounded(http.stop(), "stopping the HTTP admin server")
         if self.admin is not None:
-            await self.admin.stop()
-            self.admin = None
+            admin, self.admin = self.admin, None
+            await self._bounded(admin.stop(), "stopping the admin socket")
         for conn in list(self.connections):
             conn.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        await self.processor.drain()
+        await self._bounded(self.processor.drain(), "answering the requests still in flight")
         if self.bookie._running:
-            await self.bookie.stop()
+            # all the time left but a little kept for deregistering (clients then stop picking
+            # this bookie at once, not after the session timeout)
+            keep_s = min(1.0, self.config.shutdown_timeout_ms / 10_000.0)
+            await self._bounded(self.bookie.stop(),
+                                "the final checkpoint (write cache and index to disk; the unclean-shutdown flag"
+                                " stays set)", self._time_left() - keep_s)
         if self.registration is not None and self._registered_readonly is not None:
-            try:
-                await self.registration.unregister(self.bookie_id)
-            except BKError as e:
-                log.warning("could not deregister %s: %s", self.bookie_id, e)
+            # the znode is ephemeral: abandoned, it goes when the server ends the session
+            await self._bounded(self.registration.unregister(self.bookie_id),
+                                f"deregistering {self.bookie_id} (its znode goes with the session)")
             self._registered_readonly = None
         if self.registration is not None:
-            await self.registration.close()
+            await self._bounded(self.registration.close(), "closing the registration")
             self.registration = None
         if self.gc_policy is not None:
-            await self.gc_policy.close()
-            self.gc_policy = None
+            gc_policy, self.gc_policy = self.gc_policy, None
+            await self._bounded(gc_policy.close(), "closing the GC's metadata access")
         if self._own_store and self.store is not None:
-            await self.store.close()
-            self.store = None
+            store, self.store = self.store, None
+            await self._bounded(store.close(), "closing the metadata session")
         self.started = False
 
     # ------------------------------------------------------------ registration and disks

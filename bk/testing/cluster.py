@@ -124,10 +124,13 @@ class BookieProcess:
         if self.alive:
             self.proc.send_signal(sig)
 
-    def stop(self, timeout_s: float = 30.0) -> int | None:
+    def stop(self, timeout_s: float = 30.0, *, signalled: bool = False) -> int | None:
+        """SIGTERM (unless `signalled`: a second one would make the bookie leave at once,
+        without its final checkpoint) and wait; killed after `timeout_s`."""
         if not self.alive:
             return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
+        if not signalled:
+            self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -272,7 +275,7 @@ class LocalCluster:
             b.signal(signal.SIGCONT)  # a paused (SIGSTOPped) bookie could not act on SIGTERM
             b.signal(signal.SIGTERM)
         for b in self.bookies.values():
-            b.stop()
+            b.stop(signalled=True)
         for p in self.proxies.values():
             p.stop()
         self.proxies.clear()
