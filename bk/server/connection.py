@@ -29,9 +29,10 @@ requests in flight, bounded by the request limits above).
 
 Bookie-wide limits (bk.server.limits, issue 27): every ADD and read is also counted in the
 one BookieLimits all connections share (`begin_add`/`begin_many`/`begin_read` and their
-ends). When one of its counts reaches its limit, a connection that delivers bytes stops
-reading after them and waits in `limits.paused` until every count is back to half
-(`limits_resumed`); a request arriving beyond twice a limit is refused like one beyond the
+ends). When one of its counts reaches its limit, the connection whose bytes reached it and
+every other connection still reading stop reading (`_pause_for_limits`) and wait in
+`limits.paused` until every count is back to half (`limits_resumed`); a request arriving
+beyond twice a limit (the rest of a socket read) is refused like one beyond the
 connection's own. v3 long polls parked on a ledger's LAC are held in `long_polls` and
 cancelled (watcher and timer gone) when the connection is lost.
 
@@ -179,11 +180,8 @@ class BookieConnection(asyncio.Protocol):
         elif items:
             self._dispatch_all(items)
         if not self._reading_paused:
-            limits = self.limits
-            if limits.saturated():  # the bookie-wide limits: every connection delivering bytes stops
-                self._reading_paused = True
-                self.transport.pause_reading()
-                limits.pause(self)
+            if self.limits.saturated():
+                self._pause_for_limits()
             elif self.pending >= self.max_pending or self.pending_bytes >= self.max_pending_bytes:
                 self._reading_paused = True
                 self.transport.pause_reading()
@@ -369,6 +367,23 @@ class BookieConnection(asyncio.Protocol):
             self.idle.set()
         if self._reading_paused:
             self._maybe_resume()
+
+    def _pause_for_limits(self) -> None:
+        """A bookie-wide limit is reached: this connection stops reading, and so does every other
+        one that reads (a flood over 1,000 connections: each one left reading delivered one more
+        socket read past the limit, most of it then refused ETOOMANYREQUESTS). One pass over the
+        connections per time the limits are reached; they all read again at half."""
+        limits = self.limits
+        self._reading_paused = True
+        self.transport.pause_reading()
+        first = not limits.paused
+        limits.pause(self)
+        if first:
+            for conn in self.server.connections:
+                if not conn._reading_paused and not conn.closed:
+                    conn._reading_paused = True
+                    conn.transport.pause_reading()
+                    limits.pause(conn)
 
     def limits_resumed(self) -> None:
         """The bookie-wide limits are back to half: read again if this connection's own allow."""
