@@ -118,6 +118,16 @@ def wait_for(pred, timeout_s: float = 60.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def take_zookeeper_down(c: LocalCluster, how: str) -> bool:
+    """Stop or pause (SIGSTOP) the cluster's own ZooKeeper; True when paused (to SIGCONT)."""
+    if how == "stopped":
+        c.zk.stop()
+    else:
+        os.kill(c.zk.pid, signal.SIGSTOP)
+    time.sleep(1.0)  # let the session notice (or not): either way the stop must end
+    return how == "paused"
+
+
 def restart_and_check_boot(c: LocalCluster, i: int, *, clean: bool) -> str:
     """Start bookie i again; its boot runs BP-46 phase one exactly when the stop was not clean."""
     c.start_bookie(i)
@@ -138,12 +148,7 @@ def test_sigterm_with_zookeeper_down_stops_clean_within_the_timeout(tmp_path, zk
     try:
         ledger_id = run(write(c.metadata_uri, 1, 50))
         b = c.bookies[0]
-        if zk_fault == "stopped":
-            c.zk.stop()
-        else:
-            os.kill(c.zk.pid, signal.SIGSTOP)
-            paused = True
-        time.sleep(1.0)
+        paused = take_zookeeper_down(c, zk_fault)
         code = sigterm_and_wait(b)
         text = run_log(b)
         assert code == EXIT_CLEAN, text[-3000:]
@@ -254,12 +259,7 @@ def test_autorecovery_with_zookeeper_down_exits_within_the_timeout(tmp_path, zk_
         wait_for(lambda: b"is the auditor" in log_path.read_bytes() or proc.poll() is not None,
                  what="autorecovery elected")
         assert proc.poll() is None, log_path.read_text()
-        if zk_fault == "stopped":
-            c.zk.stop()
-        else:
-            os.kill(c.zk.pid, signal.SIGSTOP)
-            paused = True
-        time.sleep(1.0)
+        paused = take_zookeeper_down(c, zk_fault)
         proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait(BOUND_S)
