@@ -218,18 +218,6 @@ class BookieConfig:
     # v3 long polls parked on a ledger's LAC at once (~1.5 KiB each, docs/OVERLOAD.md); more are
     # answered ETOOMANYREQUESTS (BookKeeper has no such limit). 0 = unlimited.
     max_long_polls: int = 10_000
-    # Bookie-wide limits (issue 27), over every connection at once; 0 = unlimited (BookKeeper's
-    # default for its two). Adds counted from arrival to answer (BookKeeper's
-    # maxAddsInProgressLimit), their body bytes likewise, reads likewise (maxReadsInProgressLimit):
-    # at the limit the bookie stops reading its sockets (BookKeeper: channel autoread off) and
-    # reads again at half; what arrives beyond twice the limit is answered ETOOMANYREQUESTS.
-    # Defaults bound memory whatever the number of connections (docs/OVERLOAD.md).
-    max_adds_in_progress_limit: int = 50_000
-    max_add_bytes_in_progress_limit: int = 64 * MiB
-    max_reads_in_progress_limit: int = 50_000
-    # v3 long polls parked on a ledger's LAC at once (~1.5 KiB each, docs/OVERLOAD.md); more are
-    # answered ETOOMANYREQUESTS (BookKeeper has no such limit). 0 = unlimited.
-    max_long_polls: int = 10_000
     # The bookie raises its soft open-files limit (RLIMIT_NOFILE) to the hard limit at start
     # (each connection is one descriptor) and logs both; false leaves the limit as inherited.
     raise_open_files_limit: bool = True

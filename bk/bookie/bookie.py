@@ -530,16 +530,6 @@ class Bookie:
             raise LedgerLimboError(ledger_id=ledger_id)
         return desc if desc.wait_for_lac_update(previous_lac, watcher) else None
 
-    def wait_for_lac_update(self, ledger_id: int, previous_lac: int, watcher):
-        """BookKeeper's waitForLastAddConfirmedUpdate: `watcher(lac)` is called once, from the add
-        path, when the ledger's LAC passes previous_lac (LedgerDescriptor.wait_for_lac_update).
-        Returns the descriptor it waits on (cancel there), or None when the LAC already passed.
-        Raises as last_add_confirmed does (ENOLEDGER; EUNKNOWNLEDGERSTATE in limbo)."""
-        desc = self._existing(ledger_id)
-        if desc.limbo:
-            raise LedgerLimboError(ledger_id=ledger_id)
-        return desc if desc.wait_for_lac_update(previous_lac, watcher) else None
-
     # ------------------------------------------------------------ BP-46 integrity check
     @property
     def needs_integrity_check(self) -> bool:
