@@ -214,6 +214,7 @@ class BookieServer:
         await self._bounded(self._stop_autorecovery(), "stopping AutoRecovery", budget / 4)
         if self.connections:  # let in-flight work finish, bounded; what is left fails with its connection
             self.stop_step = "waiting for in-flight requests"
+            self.processor.v3.wake_long_polls(self.connections)  # answered now, not at their timeOut
             grace = min(STOP_GRACE_S, budget / 4, self._time_left())
             waits = [c.idle.wait() for c in list(self.connections)]
             if not await bounded_wait(asyncio.gather(*waits), grace, "in-flight requests", []):

@@ -325,6 +325,21 @@ def test_a_long_poll_woken_as_its_connection_goes_is_counted_once(tmp_path):
     with_bookie(tmp_path, test)
 
 
+def test_a_stopping_bookie_answers_parked_long_polls_at_once(tmp_path):
+    async def test(bookie, server):
+        await bookie.add_entry(14, 0, entry(14, 0), KEY)
+        conn, t = server.connect(v2=False)
+        for txn in range(3):
+            conn.data_received(long_poll_frame(txn, 14, previous_lac=0, timeout_ms=60_000))
+        assert server.processor.v3.wake_long_polls(server.connections) == 3
+        assert await until(conn.idle.is_set)
+        answers = v3_answers(t)
+        assert sorted(a.header.txnId for a in answers) == [0, 1, 2]
+        assert all(a.status == 0 and a.readResponse.maxLAC == -1 for a in answers)
+        assert not bookie.storage.get_ledger(14).watchers and server.processor.limits.long_polls == 0
+    with_bookie(tmp_path, test)
+
+
 @pytest.mark.parametrize("key", ["max_adds_in_progress_limit", "max_add_bytes_in_progress_limit",
                                  "max_reads_in_progress_limit", "max_long_polls"])
 def test_negative_limits_are_refused_by_name(key):
