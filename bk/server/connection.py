@@ -288,50 +288,47 @@ class BookieConnection(asyncio.Protocol):
         if start >= 0:
             add_run(items[start:], self)
 
+    # Accounting: begin* count a request in flight (False: refuse it, nothing counted), end*
+    # once it is answered. Adds and reads are counted bookie-wide too (self.limits).
     def begin(self, nbytes: int = 0) -> bool:
-        """Account a request in flight that is neither an add nor a read (WRITE_LAC, GET_BOOKIE_INFO,
-        a v3 long poll, ...); False when it must be refused (overload)."""
+        """A request that is neither an add nor a read (WRITE_LAC, GET_BOOKIE_INFO, a v3 long poll)."""
         if self.pending >= 2 * self.max_pending:
             return False
-        self.pending += 1
-        self.pending_bytes += nbytes
-        self.idle.clear()
+        self._begun(1, nbytes)
         return True
-
-    def end(self, nbytes: int = 0) -> None:
-        self.pending -= 1
-        self.pending_bytes -= nbytes
-        if self.pending == 0:
-            self.idle.set()
-        if self._reading_paused:
-            self._maybe_resume()
 
     def begin_add(self, nbytes: int) -> bool:
-        """begin() for one ADD of `nbytes`, counted bookie-wide too."""
+        """One ADD of `nbytes`."""
         if self.pending >= 2 * self.max_pending or not self.limits.admit_adds(1, nbytes):
             return False
-        self.pending += 1
-        self.pending_bytes += nbytes
-        self.idle.clear()
+        self._begun(1, nbytes)
         return True
 
-    def end_add(self, nbytes: int) -> None:
-        limits = self.limits
-        limits.adds -= 1
-        limits.add_bytes -= nbytes
-        if limits.paused:
-            limits.resume_if_below_half()
-        self.end(nbytes)
-
     def begin_many(self, n: int, nbytes: int) -> bool:
-        """begin_add() for n adds the caller checked fit under the connection's refusal limit;
-        False (nothing counted) when they do not fit under the bookie-wide one."""
+        """n adds the caller checked fit under the connection's refusal limit; False (nothing
+        counted) when they do not fit under the bookie-wide one."""
         if not self.limits.admit_adds(n, nbytes):
             return False
+        self._begun(n, nbytes)
+        return True
+
+    def begin_read(self) -> bool:
+        """A READ, BATCH_READ or READ_LAC (v2 or v3)."""
+        if self.pending >= 2 * self.max_pending or not self.limits.admit_read():
+            return False
+        self._begun(1, 0)
+        return True
+
+    def _begun(self, n: int, nbytes: int) -> None:
         self.pending += n
         self.pending_bytes += nbytes
         self.idle.clear()
-        return True
+
+    def end(self, nbytes: int = 0) -> None:
+        self._ended(1, nbytes)
+
+    def end_add(self, nbytes: int) -> None:
+        self.end_many(1, nbytes)
 
     def end_many(self, n: int, nbytes: int) -> None:
         limits = self.limits
@@ -339,20 +336,7 @@ class BookieConnection(asyncio.Protocol):
         limits.add_bytes -= nbytes
         if limits.paused:
             limits.resume_if_below_half()
-        self.pending -= n
-        self.pending_bytes -= nbytes
-        if self.pending == 0:
-            self.idle.set()
-        if self._reading_paused:
-            self._maybe_resume()
-
-    def begin_read(self) -> bool:
-        """begin() for a READ, BATCH_READ or READ_LAC (v2 or v3), counted bookie-wide too."""
-        if self.pending >= 2 * self.max_pending or not self.limits.admit_read():
-            return False
-        self.pending += 1
-        self.idle.clear()
-        return True
+        self._ended(n, nbytes)
 
     def end_read(self) -> None:
         self.end_reads(1)
@@ -362,7 +346,11 @@ class BookieConnection(asyncio.Protocol):
         limits.reads -= n
         if limits.paused:
             limits.resume_if_below_half()
+        self._ended(n, 0)
+
+    def _ended(self, n: int, nbytes: int) -> None:
         self.pending -= n
+        self.pending_bytes -= nbytes
         if self.pending == 0:
             self.idle.set()
         if self._reading_paused:

@@ -84,18 +84,16 @@ class BookieLimits:
         return True
 
     def admit_read(self) -> bool:
-        if self.reads >= self.refuse_reads:
-            self.refused += 1
-            return False
-        self.reads += 1
-        return True
+        ok = self.reads < self.refuse_reads
+        self.reads += ok
+        self.refused += not ok
+        return ok
 
     def admit_long_poll(self) -> bool:
-        if self.long_polls >= self.max_long_polls:
-            self.refused += 1
-            return False
-        self.long_polls += 1
-        return True
+        ok = self.long_polls < self.max_long_polls
+        self.long_polls += ok
+        self.refused += not ok
+        return ok
 
     # ------------------------------------------------------------ pausing and resuming reading
     def pause(self, conn) -> None:

@@ -78,6 +78,11 @@ def long_poll_frame(txn_id, ledger_id, previous_lac, timeout_ms, piggyback=True)
     return v3.frame(req)
 
 
+def park(conn, ledger_id, txns, previous_lac=0, timeout_ms=60_000):
+    for txn in txns:
+        conn.data_received(long_poll_frame(txn, ledger_id, previous_lac, timeout_ms))
+
+
 def v3_answers(transport):
     """Every whole v3 Response written so far (and forget them)."""
     out, data, at = [], bytes(transport.out), 0
@@ -275,8 +280,7 @@ def test_long_polls_beyond_the_limit_are_refused(tmp_path):
         await bookie.add_entry(11, 0, entry(11, 0), KEY)
         conn, t = server.connect(v2=False)
         other, t2 = server.connect(v2=False)
-        for txn in range(3):
-            conn.data_received(long_poll_frame(txn, 11, previous_lac=5, timeout_ms=60_000))
+        park(conn, 11, range(3), previous_lac=5)
         other.data_received(long_poll_frame(99, 11, previous_lac=5, timeout_ms=60_000))
         await asyncio.sleep(0)
         (a,) = v3_answers(t2)  # the limit is the bookie's: another connection is refused too
@@ -293,8 +297,7 @@ def test_a_lost_connection_removes_its_watchers_and_timers(tmp_path):
     async def test(bookie, server):
         await bookie.add_entry(12, 0, entry(12, 0), KEY)
         conn, t = server.connect(v2=False)
-        for txn in range(5):
-            conn.data_received(long_poll_frame(txn, 12, previous_lac=0, timeout_ms=60_000))
+        park(conn, 12, range(5))
         desc = bookie.storage.get_ledger(12)
         polls = list(conn.long_polls)
         assert len(desc.watchers) == 5 and server.processor.limits.long_polls == 5
@@ -329,8 +332,7 @@ def test_a_stopping_bookie_answers_parked_long_polls_at_once(tmp_path):
     async def test(bookie, server):
         await bookie.add_entry(14, 0, entry(14, 0), KEY)
         conn, t = server.connect(v2=False)
-        for txn in range(3):
-            conn.data_received(long_poll_frame(txn, 14, previous_lac=0, timeout_ms=60_000))
+        park(conn, 14, range(3))
         assert server.processor.v3.wake_long_polls(server.connections) == 3
         assert await until(conn.idle.is_set)
         answers = v3_answers(t)
