@@ -85,8 +85,9 @@ class LogCheck:
                     f" {self.logs_present} present")
         parts = [f"{d.log_id:x} {d.state}" + (f" at {d.dead_from} of {d.file_bytes} bytes" if d.state == "truncated"
                                               else "") + f" ({d.dead} entries)" for d in self.dead_logs]
+        more = f" and {len(parts) - 20} more logs" if len(parts) > 20 else ""
         return (f"{self.dead_entries} entries of {len(self.ledgers)} ledgers are gone with their entry logs: "
-                + ", ".join(parts))
+                + ", ".join(parts[:20]) + more)
 
     def as_dict(self) -> dict:
         return {"ok": not self.dead_logs, "logs_named": self.logs_named, "logs_present": self.logs_present,

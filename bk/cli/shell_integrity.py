@@ -3,7 +3,7 @@
     fixcookie            (with --conf FILE of a STOPPED bookie) the cookie fix by hand: check the
                          bookie's directories against its cookie in the metadata store; where
                          directories lost their cookies (a replaced or wiped disk), run phase one
-                         (fence every ledger of the bookie and put it in limbo, durably) and then
+                         (put every ledger of the bookie in limbo and fence those BookKeeper fences, durably) and then
                          stamp the cookie into them. The bookie repairs the rest from its peers
                          (phase two) when it next starts.
     repairstatus [ID]    each live bookie's self-repair progress: ledgers left, entries and bytes
@@ -30,8 +30,8 @@ def add_parsers(cmds) -> None:
     c = cmds.add_parser(
         "fixcookie", help="BP-46: repair a stopped bookie whose directories lost their cookies (needs --conf)",
         description="Run with the bookie stopped: `bk shell --conf bookie.toml fixcookie`. Where the bookie's"
-                    " directories lost their cookies (a replaced or wiped disk), fence every ledger of the bookie"
-                    " and put it in limbo (BP-46 phase one: it never answers 'no such entry' for what it may have"
+                    " directories lost their cookies (a replaced or wiped disk), put every ledger of the bookie in"
+                    " limbo and fence it (the open ones only when their last ensemble names the bookie) (BP-46 phase one: it never answers 'no such entry' for what it may have"
                     " lost), make that durable, then stamp the cookie. The bookie copies what it lost from its"
                     " peers when it next starts. A cookie that differs (another address, other directories,"
                     " another cluster) is not fixed here: see `bk shell cookie`.")
@@ -79,7 +79,7 @@ async def cmd_fixcookie(uri, args):
                               + " | ".join(check.problems))
         if args.dry_run:
             out["text"] = (f"bookie {bookie_id}: lost cookies in {', '.join(check.missing_dirs)}; fixcookie would"
-                           " fence and limbo its ledgers, then stamp them (dry run: nothing changed)")
+                           " limbo (and fence) its ledgers, then stamp them (dry run: nothing changed)")
             return out
         t0 = time.monotonic()
         bookie = Bookie(cfg)
@@ -91,8 +91,8 @@ async def cmd_fixcookie(uri, args):
             await bookie.stop()  # phase one is durable; the needs-integrity-check flag stays set
         await stamp_cookies(store, check.cookie, cookie_directories(check.cookie), check.zk_version)
         out.update(result.as_dict(), stamped=list(check.missing_dirs), elapsed_s=round(time.monotonic() - t0, 3))
-        out["text"] = (f"bookie {bookie_id}: {result.ledgers_marked} of {result.ledgers_scanned} ledgers fenced and"
-                       f" in limbo; cookie stamped into {', '.join(check.missing_dirs)}. Start the bookie: it"
+        out["text"] = (f"bookie {bookie_id}: {result.ledgers_marked} of {result.ledgers_scanned} ledgers in limbo"
+                       f" ({result.ledgers_fenced} of them fenced); cookie stamped into {', '.join(check.missing_dirs)}. Start the bookie: it"
                        " copies what it lost from its peers (bk shell repairstatus shows progress).")
         return out
     finally:

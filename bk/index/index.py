@@ -209,7 +209,7 @@ class Index:
         """log id -> (how many stored locations point into it, the highest of them): which
         entry logs the index needs, and how far into each, from one walk of the location
         table (values only). Per batch the values are sorted in C and each log's run is
-        found by bisection, so the walk costs about 0.2 us a location in Python."""
+        found by bisection: about 0.3 us a location (2,000,000 in 0.56 s on the dev VM)."""
         out: dict[int, tuple[int, int]] = {}
         try:
             with self._env.begin(db=self._locations) as txn:

@@ -75,7 +75,7 @@ def refuse_cookie_problems(bookie_id: str, check: CookieCheck, stamping_enabled:
         raise CookieError(
             f"bookie {bookie_id} refuses to start: {problems}. These directories lost their cookies (a"
             " replaced or wiped disk?), so the bookie may have lost data. Fix: stop the bookie and run"
-            f" `{FIX_COMMAND}` (it fences and puts in limbo every ledger of this bookie, then stamps the"
+            f" `{FIX_COMMAND}` (it puts every ledger of this bookie in limbo, fencing those BookKeeper fences, then stamps the"
             " cookies; the bookie repairs the rest from its peers when it starts), or set"
             " data_integrity_cookie_stamping_enabled = true to let the bookie do the same itself.")
 

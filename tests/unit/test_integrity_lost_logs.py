@@ -148,3 +148,36 @@ def test_writer_whose_ensemble_left_a_crashed_bookie_keeps_writing(tmp_path):
                 assert md.is_closed and md.last_entry_id == 49
                 assert not b.is_fenced(lh.ledger_id)
     run(main())
+
+
+def test_crash_during_the_repair_of_an_unfenced_ledger_keeps_it_unfenced(tmp_path):
+    """A second crash while the repair copies the moved-off writer's old segment: the next
+    start limbos the ledger again without a fence, finishes the copy, the writer goes on."""
+    async def main():
+        async with InProcessCluster(tmp_path, bookies=4, journal_write_data=False,
+                                    flush_interval_ms=3_600_000) as cluster:
+            async with BookKeeper(cluster.metadata_uri, add_timeout_s=2.0) as bkc:
+                lh = await write(bkc, 20, close=False)
+                victim_id = lh.ensemble[0]
+                victim = next(i for i in cluster.servers if cluster.bookie_id(i) == victim_id)
+                await cluster.crash_bookie(victim)
+                n = 20
+                while victim_id in lh.ensemble:
+                    await lh.add_entry(payload(n))
+                    n += 1
+                server = await cluster.start_bookie(victim, data_integrity_repair_rate_bytes_per_s=1,
+                                                    rereplication_entry_batch_size=1)  # crawls
+                await asyncio.sleep(0.3)
+                assert server.repair.status.state == "running"
+                await cluster.crash_bookie(victim)
+                server = await cluster.start_bookie(victim)
+                b = server.bookie
+                assert b.is_limbo(lh.ledger_id) and not b.is_fenced(lh.ledger_id)
+                md, _ = await LedgerManager(bkc.store).read_ledger_metadata(lh.ledger_id)
+                st = await repaired(server, [(lh.ledger_id, md.segments[1][0])])
+                assert st["ledgers_recovered"] == 0
+                for i in range(n, n + 10):
+                    await lh.add_entry(payload(i))
+                await lh.close()
+                assert not b.is_fenced(lh.ledger_id)
+    run(main())
