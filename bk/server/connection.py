@@ -31,10 +31,9 @@ Bookie-wide limits (bk.server.limits, issue 27): every ADD and read is also coun
 one BookieLimits all connections share (`begin_add`/`begin_many`/`begin_read` and their
 ends). When one of its counts reaches its limit, the connection whose bytes reached it and
 every other connection still reading stop reading (`_pause_for_limits`) and wait in
-`limits.paused` until every count is back to half (`limits_resumed`); a request arriving
-beyond twice a limit (the rest of a socket read) is refused like one beyond the
-connection's own. v3 long polls parked on a ledger's LAC are held in `long_polls` and
-cancelled (watcher and timer gone) when the connection is lost.
+`limits.paused` until every count is back to half; a request arriving beyond twice a limit
+(the rest of a socket read) is refused like one beyond the connection's own. v3 long polls
+parked on a ledger's LAC are in `long_polls`, cancelled when the connection is lost.
 
 Protocol detection (BookKeeper's BookieProtoEncoding.RequestDecoder): every frame
 is first parsed as a v3 Request until one fails to parse; from that frame on the
@@ -48,18 +47,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 
-from bk.entrylog.spans import BufferSpan, FileSpan
+from bk.entrylog.spans import FileSpan
 from bk.errors import ProtocolError, StorageError
-from bk.fileio import IOV_MAX
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
                       RequestDecodeError, encode_add_acks, encode_add_responses, error_response_for)
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
 
 from . import auth, tls
+from .socket_writes import _SPANS, _copy_buffer_spans, _plain_socket_fd, _read_spans, _release_spans, _write_direct
 
 log = logging.getLogger(__name__)
 _ADDS_ONLY = {AddRequest}
@@ -183,20 +181,22 @@ class BookieConnection(asyncio.Protocol):
             if self.limits.saturated():
                 self._pause_for_limits()
             elif self.pending >= self.max_pending or self.pending_bytes >= self.max_pending_bytes:
-                self._reading_paused = True
-                self.transport.pause_reading()
+                self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        self._reading_paused = True
+        self.transport.pause_reading()
 
     def pause_writing(self) -> None:  # the client is not reading its responses
         self._writing_paused = True
         if not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
+            self._stop_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
         if self._reads_waiting:
             self._start_reads()
-        self._maybe_resume()
+        self.maybe_resume()
 
     def has_room(self) -> bool:
         """Whether the responses not yet written (queued here or in the transport) are
@@ -354,7 +354,7 @@ class BookieConnection(asyncio.Protocol):
         if self.pending == 0:
             self.idle.set()
         if self._reading_paused:
-            self._maybe_resume()
+            self.maybe_resume()
 
     def _pause_for_limits(self) -> None:
         """A bookie-wide limit is reached: this connection stops reading, and so does every other
@@ -362,22 +362,16 @@ class BookieConnection(asyncio.Protocol):
         socket read past the limit, most of it then refused ETOOMANYREQUESTS). One pass over the
         connections per time the limits are reached; they all read again at half."""
         limits = self.limits
-        self._reading_paused = True
-        self.transport.pause_reading()
         first = not limits.paused
+        self._stop_reading()
         limits.pause(self)
-        if first:
-            for conn in self.server.connections:
-                if not conn._reading_paused and not conn.closed:
-                    conn._reading_paused = True
-                    conn.transport.pause_reading()
-                    limits.pause(conn)
+        for conn in self.server.connections if first else ():
+            if not conn._reading_paused and not conn.closed:
+                conn._stop_reading()
+                limits.pause(conn)
 
-    def limits_resumed(self) -> None:
-        """The bookie-wide limits are back to half: read again if this connection's own allow."""
-        self._maybe_resume()
-
-    def _maybe_resume(self) -> None:
+    def maybe_resume(self) -> None:
+        """Read again if no limit holds this connection (bk.server.limits calls it at half)."""
         if (self._reading_paused and not self._writing_paused and not self.closed
                 and self.pending <= self.max_pending // 2 and self.pending_bytes <= self.max_pending_bytes // 2):
             limits = self.limits
@@ -523,98 +517,3 @@ class BookieConnection(asyncio.Protocol):
         self._flush()
         if self.transport is not None and not self.closed:
             self.transport.close()
-
-
-def _plain_socket_fd(transport) -> int:
-    """The fd a plain TCP transport writes to, or -1 (TLS, a test's fake transport)."""
-    if transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("ssl_object") is not None:
-        return -1
-    sock = transport.get_extra_info("socket")
-    try:
-        return sock.fileno() if sock is not None else -1
-    except (AttributeError, OSError):
-        return -1
-
-
-def _write_direct(fd: int, out: list) -> list:
-    """Write what the non-blocking socket takes now, the GIL released: runs of buffers (and
-    BufferSpans) by os.writev, FileSpans by os.sendfile; return the rest (a span cut short is
-    advanced past what was sent, one sent whole is released). Any error leaves the rest to the transport,
-    whose own write meets a socket error again and closes the connection the usual way (a
-    span's read error is met by _read_spans)."""
-    i, n_out = 0, len(out)
-    while i < n_out:
-        part = out[i]
-        if type(part) is FileSpan:
-            try:
-                n = os.sendfile(fd, part.fd, part.offset, part.length)
-            except OSError:  # BlockingIOError (a full socket) included
-                return out[i:]
-            part.advance(n)
-            if part.length:
-                return out[i:]
-            part.release()
-            i += 1
-            continue
-        j = i + 1
-        while j < n_out and j - i < IOV_MAX and type(out[j]) is not FileSpan:
-            j += 1
-        run = out[i:j]
-        try:
-            n = os.writev(fd, [p.view if type(p) is BufferSpan else p for p in run])
-        except OSError:
-            return out[i:]
-        rest = unwritten(run, n)
-        if rest:
-            return rest + out[j:]
-        i = j
-    return []
-
-
-def _copy_buffer_spans(out: list) -> list:
-    """`out` with what is left of its BufferSpans copied (the transport may keep what it is
-    given; the buffers go back to their pool)."""
-    copied = [part.read() if type(part) is BufferSpan else part for part in out]
-    for part in out:
-        if type(part) is BufferSpan:
-            part.release()
-    return copied
-
-
-def _read_spans(out: list) -> list:
-    """`out` with its FileSpans read into bytes (a thread: they may be on disk); every span
-    is released, read or not."""
-    try:
-        return [part.read() if type(part) is FileSpan else part for part in out]
-    finally:
-        _release_spans(out)
-
-
-def _release_spans(parts: list) -> None:
-    for part in parts:
-        if type(part) in _SPANS:
-            part.release()
-
-
-_SPANS = (FileSpan, BufferSpan)
-
-
-def unwritten(out: list, n: int) -> list:
-    """The parts of `out` left after its first n bytes were written: the first cut as a view (a
-    BufferSpan advanced); the BufferSpans written whole are released."""
-    i = 0
-    while i < len(out):
-        size = len(out[i])
-        if n < size:
-            break
-        n -= size
-        if type(out[i]) is BufferSpan:
-            out[i].release()
-        i += 1
-    rest = out[i:]
-    if rest and n:
-        if type(rest[0]) is BufferSpan:
-            rest[0].advance(n)
-        else:
-            rest[0] = memoryview(rest[0])[n:]
-    return rest

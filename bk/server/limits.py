@@ -19,7 +19,7 @@ hold no socket data to pause.
 
 Invariant: a connection is in `paused` exactly while its reading is stopped on account of
 these limits (it may be stopped for its own limits too); `resume_if_below_half` hands each
-back to `BookieConnection._maybe_resume`, which reads again only if its own limits allow.
+back to `BookieConnection.maybe_resume`, which reads again only if its own limits allow.
 All on the event loop.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ class BookieLimits:
             paused, self.paused = self.paused, set()
             log.debug("bookie-wide limits back to half: reading from %d connections again", len(paused))
             for conn in paused:
-                conn.limits_resumed()
+                conn.maybe_resume()
 
     def stats(self) -> dict:
         return {"adds_in_progress": self.adds, "add_bytes_in_progress": self.add_bytes,

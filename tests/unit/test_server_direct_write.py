@@ -14,8 +14,10 @@ import pytest
 from bk import eventloop
 from bk.config import load_config
 from bk.server import connection as connection_mod
-from bk.server.connection import DIRECT_WRITE_MIN_BYTES, BookieConnection, unwritten
+from bk.server import socket_writes
+from bk.server.connection import DIRECT_WRITE_MIN_BYTES, BookieConnection
 from bk.server.limits import BookieLimits
+from bk.server.socket_writes import unwritten
 
 
 def test_unwritten_cuts_at_every_place():
@@ -79,7 +81,7 @@ def test_big_answers_arrive_whole_and_in_order_through_a_small_socket(monkeypatc
         direct.append((n, sum(map(len, bufs))))
         return n
 
-    monkeypatch.setattr(connection_mod.os, "writev", counting_writev)
+    monkeypatch.setattr(socket_writes.os, "writev", counting_writev)
 
     async def main():
         conn = BookieConnection(_server())
@@ -146,7 +148,7 @@ def test_span_answers_arrive_whole_and_in_order_and_give_everything_back(tmp_pat
         sendfiles.append(n)
         return n
 
-    monkeypatch.setattr(connection_mod.os, "sendfile", counting_sendfile)
+    monkeypatch.setattr(socket_writes.os, "sendfile", counting_sendfile)
     threaded = []
     real_read_spans = connection_mod._read_spans
     monkeypatch.setattr(connection_mod, "_read_spans", lambda out: threaded.append(1) or real_read_spans(out))
