@@ -322,6 +322,7 @@ class BookieServer:
         metrics.JOURNAL_QUEUE_SIZE.set_function(lambda: sum(j.queued_records() for j in bookie.journals))
         metrics.LEDGER_WRITABLE_DIRS.set_function(lambda: self._writable_dirs)
         metrics.STORAGE_FAILED.set_function(lambda: 0 if bookie.storage_failure is None else 1)
+        metrics.GC_DAMAGED_ENTRY_LOGS.set_function(lambda: len(bookie.gc.damaged_logs()) if bookie.gc else 0)
 
     def _check_disks(self) -> None:
         """Read-only above disk_usage_threshold; writable again below the low-water mark."""
