@@ -55,8 +55,8 @@ class BookieLimits:
         self.reads = 0  # reads decoded and not yet answered (long polls apart)
         self.long_polls = 0  # v3 long polls parked or being answered
         self.paused: set = set()  # connections whose reading these limits stopped
-        self.pauses = 0  # times a connection was stopped for them (stats)
-        self.refused = 0  # requests answered ETOOMANYREQUESTS for them (stats)
+        self.pauses = 0  # times a connection was stopped for them (logged)
+        self.refused = 0  # requests answered ETOOMANYREQUESTS for them (logged)
         self._logged_at = -LOG_EVERY_S
 
     # ------------------------------------------------------------ admission
@@ -118,8 +118,3 @@ class BookieLimits:
             log.debug("bookie-wide limits back to half: reading from %d connections again", len(paused))
             for conn in paused:
                 conn.maybe_resume()
-
-    def stats(self) -> dict:
-        return {"adds_in_progress": self.adds, "add_bytes_in_progress": self.add_bytes,
-                "reads_in_progress": self.reads, "long_polls": self.long_polls,
-                "connections_paused": len(self.paused), "pauses": self.pauses, "refused": self.refused}
