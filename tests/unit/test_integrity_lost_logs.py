@@ -115,6 +115,20 @@ def test_wiped_second_ledger_dir_journal_off_is_repaired(tmp_path):
     run(main())
 
 
+async def moved_off(cluster, bkc):
+    """A writer of 20 entries on a journal-off bookie that crashes (losing them); the writer
+    adds until its ensemble has left that bookie. (handle, bookie id, its index, next entry)"""
+    lh = await write(bkc, 20, close=False)
+    victim_id = lh.ensemble[0]
+    victim = next(i for i in cluster.servers if cluster.bookie_id(i) == victim_id)
+    await cluster.crash_bookie(victim)  # journal off: its 20 entries are gone
+    n = 20
+    while victim_id in lh.ensemble:  # the writer replaces it
+        await lh.add_entry(payload(n))
+        n += 1
+    return lh, victim_id, victim, n
+
+
 def test_writer_whose_ensemble_left_a_crashed_bookie_keeps_writing(tmp_path):
     """BookKeeper's pre-boot rule: only ledgers not closed whose LAST ensemble names the bookie
     are fenced. The writer moved off bookie 0 while it was down: it keeps writing, and bookie
@@ -123,29 +137,23 @@ def test_writer_whose_ensemble_left_a_crashed_bookie_keeps_writing(tmp_path):
         async with InProcessCluster(tmp_path, bookies=4, journal_write_data=False,
                                     flush_interval_ms=3_600_000) as cluster:
             async with BookKeeper(cluster.metadata_uri, add_timeout_s=2.0) as bkc:
-                lh = await write(bkc, 20, close=False)
-                victim_id = lh.ensemble[0]
-                victim = next(i for i in cluster.servers if cluster.bookie_id(i) == victim_id)
-                await cluster.crash_bookie(victim)  # journal off: its 20 entries are gone
-                for i in range(20, 30):  # the writer replaces it
-                    await lh.add_entry(payload(i))
-                assert victim_id not in lh.ensemble
+                lh, victim_id, victim, n = await moved_off(cluster, bkc)
                 server = await cluster.start_bookie(victim)
                 b = server.bookie
                 assert b.is_limbo(lh.ledger_id) and not b.is_fenced(lh.ledger_id)
                 assert server.phase_one is not None and server.phase_one.ledgers_fenced == 0
-                for i in range(30, 40):  # through the restart and the repair
+                for i in range(n, n + 10):  # through the restart and the repair
                     await lh.add_entry(payload(i))
                 md, _ = await LedgerManager(bkc.store).read_ledger_metadata(lh.ledger_id)
                 moved_at = md.segments[1][0]  # the old segment: 0..moved_at-1, every entry on bookie 0
                 assert md.segments[0][1].count(victim_id) == 1 and victim_id not in md.segments[-1][1]
                 st = await repaired(server, [(lh.ledger_id, moved_at)])
                 assert st["ledgers_recovered"] == 0 and st["entries_copied"] == moved_at >= 20
-                for i in range(40, 50):
+                for i in range(n + 10, n + 20):
                     await lh.add_entry(payload(i))
                 await lh.close()
                 md, _ = await LedgerManager(bkc.store).read_ledger_metadata(lh.ledger_id)
-                assert md.is_closed and md.last_entry_id == 49
+                assert md.is_closed and md.last_entry_id == n + 19
                 assert not b.is_fenced(lh.ledger_id)
     run(main())
 
@@ -157,14 +165,7 @@ def test_crash_during_the_repair_of_an_unfenced_ledger_keeps_it_unfenced(tmp_pat
         async with InProcessCluster(tmp_path, bookies=4, journal_write_data=False,
                                     flush_interval_ms=3_600_000) as cluster:
             async with BookKeeper(cluster.metadata_uri, add_timeout_s=2.0) as bkc:
-                lh = await write(bkc, 20, close=False)
-                victim_id = lh.ensemble[0]
-                victim = next(i for i in cluster.servers if cluster.bookie_id(i) == victim_id)
-                await cluster.crash_bookie(victim)
-                n = 20
-                while victim_id in lh.ensemble:
-                    await lh.add_entry(payload(n))
-                    n += 1
+                lh, victim_id, victim, n = await moved_off(cluster, bkc)
                 server = await cluster.start_bookie(victim, data_integrity_repair_rate_bytes_per_s=1,
                                                     rereplication_entry_batch_size=1)  # crawls
                 await asyncio.sleep(0.3)

@@ -58,6 +58,13 @@ def locations(cfg) -> dict[tuple[int, int], int]:
         index.close()
 
 
+def filled(tmp_path):
+    """A stopped bookie with several entry logs, and where its index places every entry."""
+    cfg = two_dirs(tmp_path)
+    run(fill(cfg))
+    return cfg, locations(cfg)
+
+
 def move_logs(cfg, log_ids) -> None:
     """Put these logs in the second ledger dir (a bookie spreads its logs over its dirs)."""
     src, dst = fmt.log_dir(cfg.ledger_dirs[0]), fmt.log_dir(cfg.ledger_dirs[1])
@@ -67,9 +74,7 @@ def move_logs(cfg, log_ids) -> None:
 
 
 def test_wiped_second_ledger_dir_entries_are_missing_and_reads_fail(tmp_path):
-    cfg = two_dirs(tmp_path)
-    run(fill(cfg))
-    where = locations(cfg)
+    cfg, where = filled(tmp_path)
     logs = sorted({loc >> 32 for loc in where.values()})
     assert len(logs) >= 4
     lost_logs = {logs[1], logs[-1]}  # one in the middle, and the highest: its id must not be reborn
@@ -113,9 +118,7 @@ def test_wiped_second_ledger_dir_entries_are_missing_and_reads_fail(tmp_path):
 
 
 def test_truncated_log_entries_past_the_cut_are_missing(tmp_path):
-    cfg = two_dirs(tmp_path)
-    run(fill(cfg))
-    where = locations(cfg)
+    cfg, where = filled(tmp_path)
     logs = sorted({loc >> 32 for loc in where.values()})
     victim = logs[1]
     in_victim = sorted((loc & 0xFFFFFFFF, k) for k, loc in where.items() if loc >> 32 == victim)
@@ -145,9 +148,7 @@ def test_truncated_log_entries_past_the_cut_are_missing(tmp_path):
 
 
 def test_whole_logs_report_nothing_and_ledgers_map_truncation_is_harmless(tmp_path):
-    cfg = two_dirs(tmp_path)
-    run(fill(cfg))
-    where = locations(cfg)
+    cfg, where = filled(tmp_path)
     first = min(loc >> 32 for loc in where.values())
     path = os.path.join(fmt.log_dir(cfg.ledger_dirs[0]), fmt.log_file_name(first))
     # a closed log loses the tail of its ledgers map: its records are all there
@@ -163,9 +164,7 @@ def test_whole_logs_report_nothing_and_ledgers_map_truncation_is_harmless(tmp_pa
 
 
 def test_limbo_ledger_with_a_lost_log_answers_an_error_never_no_such_entry(tmp_path):
-    cfg = two_dirs(tmp_path)
-    run(fill(cfg))
-    where = locations(cfg)
+    cfg, where = filled(tmp_path)
     lost_log = sorted({loc >> 32 for loc in where.values()})[2]
     os.remove(os.path.join(fmt.log_dir(cfg.ledger_dirs[0]), fmt.log_file_name(lost_log)))
     lid, eid = min(k for k, loc in where.items() if loc >> 32 == lost_log)
