@@ -3,10 +3,12 @@ engine + uvloop listener + registration + disk monitor.
 
 Start order matters: cookies are checked before the engine touches any
 directory (a new bookie needs empty directories); the engine replays its journal
-before the listener accepts; with data-integrity checking on (BP-46, journal off)
-phase one fences and limbos the bookie's ledgers durably, and lost cookies are
-stamped, before the listener accepts (bk.server.integrity); phase two (the
-self-repair) starts once it listens; the bookie registers in ZooKeeper only once
+before the listener accepts; phase one (BP-46: with data-integrity checking on after
+an unclean stop or lost cookies, and whatever the journal setting when the engine's
+entry-log check found entries gone with their logs) puts the affected ledgers in limbo,
+fencing the open ones whose last ensemble names this bookie, durably, and lost cookies
+are stamped, before the listener accepts (bk.server.integrity); phase two (the
+self-repair) starts once it listens, whenever the needs-integrity-check flag is set; the bookie registers in ZooKeeper only once
 it can serve, so clients never pick a bookie that is not listening.
 
 Stop order (SIGTERM / Ctrl-C), all of it within one deadline (shutdown_timeout_ms,
