@@ -1,10 +1,13 @@
-"""python -m bk.testing.chaos: run seeds, replay one, shrink failures (see bk/testing/chaos/__init__.py)."""
+"""python -m bk.testing.chaos: run seeds, replay one, shrink failures (see bk/testing/chaos/__init__.py).
+With --mode gc: the GC chaos mode (one storage engine, bk/testing/chaos/gc_chaos.py)."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
+from .gc_breaks import GC_BREAKS
+from .gc_runner import print_run
 from .nemesis import KINDS
 from .runner import investigate, run_many, run_one
 
@@ -31,12 +34,13 @@ def main(argv=None) -> int:
     which.add_argument("--seeds", type=int, default=20, help="how many seeds to run (default 20)")
     p.add_argument("--start", type=int, default=1, help="the first seed of --seeds (default 1)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--mode", choices=("inprocess", "process"), help="force every run's cluster mode")
+    p.add_argument("--mode", choices=("inprocess", "process", "gc"),
+                   help="force every run's cluster mode; gc: the GC chaos mode (one engine, GC's destructive paths)")
     p.add_argument("--process-share", type=float, default=0.02,
                    help="share of seeds run with real `bk bookie` processes (default 0.02, 1 in 50)")
     p.add_argument("--faults", type=parse_faults, help="keep only these fault indices (a shrunk replay), or 'none'")
-    p.add_argument("--break", dest="test_break", choices=BREAKS, default="",
-                   help="run a deliberately broken bookie (the runner's self-test)")
+    p.add_argument("--break", dest="test_break", choices=BREAKS + GC_BREAKS, default="",
+                   help="run a deliberately broken bookie (the runner's self-test; gc-*: with --mode gc)")
     p.add_argument("--json", dest="json_path", help="write the summary and every run's result to this file")
     p.add_argument("--shrink-limit", type=int, default=3, help="failures to replay and shrink (default 3, 0 = none)")
     p.add_argument("--shrink", action="store_true", help="with --seed: replay and shrink it if it fails")
@@ -47,6 +51,11 @@ def main(argv=None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--verbose", action="store_true", help="let bk's logging through")
     a = p.parse_args(argv)
+    if a.mode == "gc":
+        from .gc_runner import main as gc_main
+        return gc_main(a)
+    if a.test_break in GC_BREAKS:
+        p.error(f"--break {a.test_break} needs --mode gc")
     options = {k: v for k, v in dict(mode=a.mode, process_share=a.process_share, keep=a.faults,
                                      test_break=a.test_break, zk_connect=a.zk_connect, time_limit_s=a.time_limit_s,
                                      keep_dir=a.keep_dir, verbose=a.verbose).items() if v not in (None, "", False)}
@@ -59,14 +68,7 @@ def main(argv=None) -> int:
         if not a.verbose:
             logging.disable(logging.CRITICAL)
         r = run_one(a.seed, options)
-        print("\n".join(r.trace))
-        print(f"seed {a.seed}: {'ok' if r.ok else 'FAILED'} in {r.duration_s:.2f}s")
-        for f in r.failures:
-            print(f"  {f}")
-        print(f"replay: {r.replay}")
-        if a.json_path:
-            with open(a.json_path, "w") as fh:
-                json.dump(r.to_json(), fh, indent=1)
+        print_run(r, f"seed {a.seed}", r.failures, r.replay, a.json_path)
         if not r.ok and a.shrink:
             investigate(r.to_json(), options)
         return 0 if r.ok else 1
