@@ -134,6 +134,7 @@ class Bookie:
             storage.set_checkpoint_hooks(
                 lambda: [j.last_mark() for j in self.journals],
                 lambda marks: [j.gc(m) for j, m in zip(self.journals, marks)],
+                lambda timeout_s: all(j.wait_written(timeout_s) for j in self.journals),
             )
             storage.start(self._loop)
             # Persist what replay restored, so the old journal files can go.
@@ -698,7 +699,7 @@ class Bookie:
     async def delete_ledger(self, ledger_id: int) -> bool:
         """Forget a ledger locally; durable (checkpointed) on return."""
         existed = self.storage.delete_ledger(ledger_id)
-        await asyncio.to_thread(self.storage.checkpoint)
+        await asyncio.to_thread(self.storage.checkpoint_deletions)
         return existed
 
     async def checkpoint(self) -> None:

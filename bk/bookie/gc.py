@@ -335,10 +335,11 @@ class GarbageCollector:
                      "unknown" if left is None else left)
 
     def _make_durable(self) -> None:
-        """Checkpoint (the forgotten ledgers' state reaches the index) and sync the index:
-        after this no committed location names their entries, even after a power cut."""
-        self.storage.checkpoint()
-        self.storage.sync_index()
+        """The forgotten ledgers' state reaches the index, durably, and the journals'
+        marks lie after their records (LedgerStorage.checkpoint_deletions): after this
+        no committed location names their entries and no replay brings them back,
+        even after a power cut."""
+        self.storage.checkpoint_deletions()
 
     def _on_loop(self, coro, timeout_s: float):
         """Run coro on the loop; raise on stop or after timeout_s, once it has ended (a

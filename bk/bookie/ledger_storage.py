@@ -94,6 +94,7 @@ class LedgerStorage:
         self._dirty: dict[int, LedgerDescriptor | None] = {}
         self._mark_source: Callable[[], list] = lambda: []
         self._after_checkpoint: Callable[[list], None] = lambda marks: None
+        self._journals_written: Callable[[float], bool] = lambda timeout_s: True
         self._loop: asyncio.AbstractEventLoop | None = None
         self._room_waiters: list[asyncio.Future] = []
         self._flush_event = threading.Event()
@@ -105,10 +106,25 @@ class LedgerStorage:
         self._last_marks: list | None = None
 
     # ------------------------------------------------------------ lifecycle
-    def set_checkpoint_hooks(self, mark_source: Callable[[], list], after: Callable[[list], None]) -> None:
-        """mark_source() -> journal log marks now; after(marks) once they are persisted."""
+    def set_checkpoint_hooks(self, mark_source: Callable[[], list], after: Callable[[list], None],
+                             journals_written: Callable[[float], bool] | None = None) -> None:
+        """mark_source() -> journal log marks now; after(marks) once they are persisted;
+        journals_written(timeout_s) blocks until what the journals had queued is written."""
         self._mark_source = mark_source
         self._after_checkpoint = after
+        if journals_written is not None:
+            self._journals_written = journals_written
+
+    def checkpoint_deletions(self, timeout_s: float = 30.0) -> None:
+        """Make ledgers deleted so far durable (blocking, not on the loop): first every
+        journal record queued before now is written, so the checkpoint's marks lie after
+        the deleted ledgers' records and a replay never creates them again; then a
+        checkpoint and an index sync."""
+        if not self._journals_written(timeout_s):
+            raise StorageError(f"the journal did not write its queued records within {timeout_s:.0f}s; "
+                               "the deletion is not made durable")
+        self.checkpoint()
+        self.sync_index()
 
     def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Start the flush thread; the calling thread (running `loop`) becomes the owner."""

@@ -109,6 +109,10 @@ class Journal:
         self._frame = self._kernel.frame_records
 
         self._queue: list = []  # flat: body, cb, ctx, body, cb, ctx, ...
+        # Records the writer took from the queue (counted BEFORE taking them) and records
+        # it has written or failed: wait_written's barrier (writer thread writes both).
+        self._taken = 0
+        self._processed = 0
         self._idle = False  # the writer is parked on _wake; log() must set it
         self._wake = threading.Event()
         # while the writer waits for a group to fill: wake it once the queue is this long
@@ -222,6 +226,23 @@ class Journal:
         """Records waiting for the writer (a racy read, for monitoring)."""
         return len(self._queue) // FIELDS
 
+    def wait_written(self, timeout_s: float) -> bool:
+        """Block (any thread but the loop's) until every record queued before this call
+        has been written (the mark lies after it) or failed; False on timeout. A ledger
+        deleted locally waits for this before its checkpoint: a checkpoint whose mark
+        were read before the ledger's master-key record was written would leave that
+        record to be replayed after a crash, bringing the deleted ledger back."""
+        target = self._taken + len(self._queue) // FIELDS
+        deadline = time.monotonic() + timeout_s
+        while self._processed < target and self._failed is None:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                return self._processed >= target
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0005)
+        return True
+
     def last_mark(self) -> LogMark:
         """Position just after the last record handed to write()."""
         return self._mark
@@ -300,6 +321,7 @@ class Journal:
                     head = len(queue[0]) + 8
                     fit = (threshold - group_bytes) // (head if head > avg_bytes else avg_bytes) + 1
                     k = FIELDS * (n if n < fit else fit)
+                    self._taken += k // FIELDS  # before the take: wait_written may over-count, never under
                     taken = queue[:k]
                     del queue[:k]
                     nbytes = self._frame_batch(taken, frame, buffers)
@@ -333,6 +355,7 @@ class Journal:
                 oldest = monotonic()
             if items:
                 self._write_group(items, buffers, group_bytes, group_oldest)
+                self._processed += len(items) // FIELDS
 
     def _frame_batch(self, taken: list, frame, buffers: list) -> int:
         """Frame the bodies of `taken` (flat records) onto `buffers`; returns the bytes
@@ -502,9 +525,11 @@ class Journal:
         queue = self._queue
         k = len(queue) // FIELDS * FIELDS
         if k:
+            self._taken += k // FIELDS
             taken = queue[:k]
             del queue[:k]
             self._deliver(taken, exc)
+            self._processed += k // FIELDS
 
     def _deliver(self, items: list, exc: BaseException | None) -> None:
         loop = self._loop
