@@ -253,8 +253,11 @@ class Bookie:
                 log.warning("stopping before the data-integrity check's phase one completed: the"
                             " unclean-shutdown flag stays set, so the next start runs it again")
             else:
-                storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
-                self.stopped_clean = True
+                try:
+                    storage.set_flag_now(UNCLEAN_SHUTDOWN, False)
+                    self.stopped_clean = True
+                except StorageError as e:  # the flag stays set: the next start takes it as a crash
+                    log.error("bookie %s: cannot clear the unclean-shutdown flag (%s)", self.bookie_id, e)
         storage.close_index()
 
     async def __aenter__(self) -> "Bookie":
