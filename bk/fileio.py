@@ -7,14 +7,21 @@ crash test can truncate every file to its last fsynced size (bk.testing.powerlos
 and check that everything acknowledged is still there. The record is written
 after the fsync returns and before the caller can acknowledge anything.
 
-LMDB does its own fsyncs on commit and is not tracked here; the power-loss
-simulation leaves LMDB files as they are (a committed LMDB transaction is
-durable by LMDB's own design).
+Directory entries are tracked too (only while tracking is on): `fsync_dir` logs the
+directory's listing as it was when the fsync began (`#D`), a new directory is logged
+empty (`#D`, nothing in it is durable until it is fsynced), and before `remove_file`
+unlinks a file or `atomic_write` renames over one, the old file is hard-linked aside
+(`#U`/`#R` with the link's path, under `<track file>.shadow/`), so a power cut before
+the directory's next fsync can undo the unlink or the rename.
+
+LMDB does its own fsyncs and is not tracked here; bk.testing.powerloss models its
+files (docs/DISK-FAULTS.md, "Power loss").
 
 Fault injection (tests only, bk.testing.diskfaults). `faults` is None in production:
 every operation below pays one module-global compare. When a test installs an
 injector, each operation asks it first: `faults.check(op, path, f)` may raise OSError
-(op is "write", "fsync", "read" or "commit"; `f` is the DurableFile or None), and
+(op is "write", "fsync", "read", "commit", "mkdir", "rename" or "unlink"; `f` is the
+DurableFile or None), and
 `faults.space(path)` may report a directory full. The Cython kernels do no I/O (they
 frame and scan buffers), so every durable write and fsync of the bookie passes here;
 LMDB's commit is checked by bk.index through `check_commit` before LMDB commits.
@@ -101,6 +108,52 @@ def tracking_enabled() -> bool:
     return bool(os.environ.get("BK_FSYNC_TRACK_FILE"))
 
 
+def _track_event(kind: str, path: str, extra: str) -> None:
+    """Log a directory event (`#D` listing, `#U` unlink, `#R` rename over) for power-loss tests."""
+    want = os.environ.get("BK_FSYNC_TRACK_FILE")
+    if not want:
+        return
+    global _track_fd, _track_path
+    with _track_lock:
+        if _track_fd is None or _track_path != want:
+            _track_fd = os.open(want, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            _track_path = want
+        os.write(_track_fd, f"#{kind}\t{os.path.abspath(path)}\t{extra}\n".encode())
+
+
+def _keep_aside(kind: str, path: str) -> None:
+    """Tracking only: hard-link `path` aside before it is unlinked or renamed over, so a
+    power-loss test can put the old file back if its directory was not fsynced after."""
+    want = os.environ.get("BK_FSYNC_TRACK_FILE")
+    if not want or not os.path.isfile(path):
+        return
+    import itertools
+    global _shadow_ids
+    if _shadow_ids is None:
+        _shadow_ids = itertools.count()
+    shadow_dir = want + ".shadow"
+    os.makedirs(shadow_dir, exist_ok=True)
+    shadow = os.path.join(shadow_dir, f"{os.getpid()}-{next(_shadow_ids)}")
+    try:
+        os.link(path, shadow)
+    except OSError:
+        return
+    _track_event(kind, path, shadow)
+
+
+def _track_listing(path: str) -> str | None:
+    if not os.environ.get("BK_FSYNC_TRACK_FILE"):
+        return None
+    import json
+    try:
+        return json.dumps(sorted(os.listdir(path)))
+    except OSError:
+        return None
+
+
+_shadow_ids = None
+
+
 def _raise_os(e: OSError, what: str, path: str) -> None:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         raise DiskFullError(f"no space left on device while {what} {path}") from e
@@ -113,12 +166,15 @@ def fsync_dir(path: str) -> None:
     try:
         if faults is not None:
             faults.check("fsync", path, None)
+        listing = _track_listing(path)
         os.fsync(fd)
     except OSError as e:
         raise SyncFailedError(f"fsync of directory {path} failed: {e.strerror}; its new or removed "
                               f"entries may not be durable") from e
     finally:
         os.close(fd)
+    if listing is not None:  # the entries present when the fsync began are durable
+        _track_event("D", path, listing)
 
 
 def ensure_dir(path: str) -> None:
@@ -128,9 +184,13 @@ def ensure_dir(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     ensure_dir(parent)
     try:
+        if faults is not None:
+            faults.check("mkdir", path, None)
         os.mkdir(path)
     except FileExistsError:
         return
+    if tracking_enabled():
+        _track_event("D", path, "[]")  # a new directory: nothing in it durable before its fsync
     fsync_dir(parent)
 
 
@@ -275,6 +335,10 @@ def atomic_write(path: str, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if faults is not None:
+            faults.check("rename", path, None)
+        if tracking_enabled():
+            _keep_aside("R", path)
         os.replace(tmp, path)
         fsync_dir(os.path.dirname(os.path.abspath(path)))
     except OSError as e:
@@ -285,6 +349,10 @@ def atomic_write(path: str, data: bytes) -> None:
 def remove_file(path: str) -> None:
     """Delete a file and make the deletion durable."""
     try:
+        if faults is not None:
+            faults.check("unlink", path, None)
+        if tracking_enabled():
+            _keep_aside("U", path)
         os.unlink(path)
     except FileNotFoundError:
         return

@@ -122,11 +122,35 @@ class _Injector:
         self._lock = threading.Lock()
         self._rules: list[Rule] = []
         self._states: dict[int, _State] = {}
+        # crash gates (bk.testing.inprocess's abrupt crash): directories of crashed bookies;
+        # every operation under one fails from the crash instant on (heal() leaves them)
+        self._gates: tuple[str, ...] = ()
 
     def _current_rules(self) -> list[Rule]:
         return self._rules
 
+    def _gated(self, path: str) -> bool:
+        gates = self._gates
+        return bool(gates) and any(_under(path, g) for g in gates)
+
+    def close_gate(self, path_prefix: str) -> None:
+        """From now on every file operation under `path_prefix` fails with EIO, including
+        those blocked by a hang rule (they fail instead of going on): nothing more of a
+        crashed bookie reaches its disk."""
+        with self._lock:
+            self._gates = (*self._gates, os.path.abspath(path_prefix))
+
+    def open_gate(self, path_prefix: str) -> None:
+        prefix = os.path.abspath(path_prefix)
+        with self._lock:
+            gates = list(self._gates)
+            if prefix in gates:
+                gates.remove(prefix)
+            self._gates = tuple(gates)
+
     def check(self, op: str, path: str, f) -> None:
+        if self._gates and self._gated(path):
+            raise OSError(errno_mod.EIO, "the bookie crashed (crash gate)", path)
         rules = self._current_rules()
         if not rules:
             return
@@ -147,6 +171,8 @@ class _Injector:
                 return
         if rule.hang:
             while any(r.id == rule.id for r in self._current_rules()):
+                if self._gates and self._gated(path):  # crashed while hung: the write never happens
+                    raise OSError(errno_mod.EIO, "the bookie crashed (crash gate)", path)
                 time.sleep(0.05)
             return
         if f is not None and f.fd >= 0:

@@ -71,34 +71,66 @@ class InProcessCluster:
         server = self.servers.pop(i)
         await server.stop()
 
-    async def crash_bookie(self, i: int) -> None:
-        """Stop bookie i as kill -9 would leave it: connections dropped, no final checkpoint
-        (what only the write cache held is gone), the unclean-shutdown flag still set, and
-        its registration gone with its metadata session."""
+    def bookie_dirs(self, i: int) -> list[str]:
+        """Every directory bookie i writes (its journal and ledger dirs, its index under them)."""
+        cfg = self.config(i)
+        return sorted({os.path.abspath(d) for d in [*cfg.journal_dirs, *cfg.ledger_dirs, cfg.resolved_index_dir]})
+
+    async def crash_bookie(self, i: int, on_frozen=None) -> None:
+        """Crash bookie i as kill -9 does: abruptly (docs/CHAOS.md, "Crashes are abrupt").
+
+        At the crash instant, before any await: a crash gate closes over the bookie's
+        directories (bk.testing.diskfaults: every later write, fsync, rename, unlink or index
+        commit of its files fails, and a thread blocked in a hung disk operation fails
+        instead of going on), and every connection is aborted without a flush (answers not yet
+        on the wire are never sent). Then, with nothing more able to reach its disk, the
+        remains are taken apart: no drain of requests in flight, no final checkpoint (one in
+        progress stops at its next write: its index commit never happens), no final fsync of
+        the journals. What the bookie wrote before the instant stays (the page cache survives
+        a kill -9); `on_frozen()`, if given, runs once every thread of the bookie has stopped
+        and before the gate opens again (a power cut: bk.testing.powerloss rolls the files
+        back there). Its registration goes with its metadata session."""
+        from bk.testing.diskfaults import DiskFaults
+        from bk import fileio
         server = self.servers.pop(i)
-        for task in (server.repair, server.autorecovery):
-            if task is not None:
-                await task.stop()
-        server.repair = server.autorecovery = None
-        for side in (server.http, server.admin):  # their sockets die with a killed process
-            if side is not None:
-                await side.stop()
-        server.http = server.admin = None
-        if server._monitor is not None:
-            server._monitor.cancel()
+        had_injector = fileio.faults is not None
+        faults = DiskFaults.install()
+        dirs = self.bookie_dirs(i)
+        for d in dirs:
+            faults.close_gate(d)
+        for conn in list(server.connections):
+            conn.closed = True  # nothing more is written to it, not even by a direct socket write
+            conn._fd = -1
+            if conn.transport is not None:
+                conn.transport.abort()
         if server._listener is not None:
             server._listener.close()
-        for conn in list(server.connections):
-            conn.close()
-        await server.processor.drain()
-        # Off the loop thread: a checkpoint in progress on the storage thread waits for the loop
-        # (LedgerStorage._on_owner) before halt's join can return (chaos seed 25 hung here).
-        await asyncio.to_thread(halt_without_checkpoint, server.bookie)
-        if server.registration is not None:
-            await server.registration.close()
-        if server.gc_policy is not None:
-            await server.gc_policy.close()
-        await server.store.close()  # its ephemeral registration goes with the session
+        if server._monitor is not None:
+            server._monitor.cancel()
+        try:
+            for task in (server.repair, server.autorecovery):
+                if task is not None:
+                    await task.stop()
+            server.repair = server.autorecovery = None
+            for side in (server.http, server.admin):  # their sockets die with a killed process
+                if side is not None:
+                    await side.stop()
+            server.http = server.admin = None
+            # Off the loop thread: a checkpoint in progress on the storage thread may wait for the
+            # loop (LedgerStorage._on_owner) before halt's join can return (chaos seed 25 hung here).
+            await asyncio.to_thread(halt_without_checkpoint, server.bookie)
+            if server.registration is not None:
+                await server.registration.close()
+            if server.gc_policy is not None:
+                await server.gc_policy.close()
+            await server.store.close()  # its ephemeral registration goes with the session
+            if on_frozen is not None:
+                on_frozen()
+        finally:
+            for d in dirs:
+                faults.open_gate(d)
+            if not had_injector and not faults.rules() and not faults._gates:
+                DiskFaults.uninstall()  # back to zero cost
 
     async def add_bookie(self, **extra) -> int:
         i = max(self.ports, default=-1) + 1
