@@ -23,7 +23,7 @@ import lmdb
 from bk._native import load as _load_kernel
 from bk.config import BookieConfig
 from bk.errors import CorruptedStorageError, IndexFullError, StorageError
-from bk.fileio import check_commit, ensure_dir
+from bk.fileio import check_commit, ensure_dir, fsync_dir
 from bk.index import state as st
 from bk.index.state import LedgerState, LogMark
 
@@ -55,6 +55,15 @@ class Index:
             if self._env is not None:
                 self._env.close()
             raise self._error(e, "opening") from e
+        if not readonly:
+            # LMDB fsyncs its files, never their directory: without this, the names data.mdb and
+            # lock.mdb of a new index are not durable and a power cut could take every commit
+            # (log marks, locations, the unclean-shutdown flag) with them
+            try:
+                fsync_dir(path)
+            except StorageError:
+                self._env.close()
+                raise
 
     # ------------------------------------------------------------ reads (any thread)
     def get_location(self, ledger_id: int, entry_id: int) -> int | None:

@@ -16,11 +16,11 @@ rule API for both), expire_session(i) (in-process), data_dir_of(i), alive(i), he
 disk_faults (bk.testing.diskfaults: DiskFaults in-process, a DiskFaultControl file the
 bookie processes read): fail(op, errno, path_prefix, count), full_disk(path), heal(rule).
 
-Power loss in-process. A crash of an in-process bookie drains its journals (their
-writer threads are joined), so the fsync log is read *before* the crash: a journal
-file keeps what was fsynced before that instant. Entry logs and the index keep what
-was fsynced when the storage thread stopped (a checkpoint in progress finishes, so
-the index never points past what the entry log kept).
+Power loss in-process. The crash is abrupt (crash_bookie's crash gate: from the instant of
+the cut no write, fsync, rename, unlink or index commit of the bookie reaches its disk), so
+the fsync log read once its threads stopped is the one at the cut, and every file (journal,
+entry logs, ledgers maps, cookies, directory entries, the index: bk.testing.powerloss) goes
+back to what was durable then.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import shutil
 import signal
 
 from bk.testing.inprocess import InProcessCluster, free_port
-from bk.testing.powerloss import read_fsync_log, simulate_power_loss
+from bk.testing.powerloss import install_index_model, simulate_power_loss
 from bk.testing.proxy import Proxy
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,6 @@ class BookieStartError(Exception):
     """A bookie did not come back (the message says why: a detected corruption, ...)."""
 
 
-def _write_track(path: str, sizes: dict) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        for p, size in sizes.items():
-            fh.write(f"{p}\t{size}\n")
-
-
 class InProcessChaosCluster:
     mode = "inprocess"
 
@@ -57,6 +51,7 @@ class InProcessChaosCluster:
         self.track_file = os.path.join(data_dir, "fsync.track")
         self._old_track = os.environ.get(TRACK_ENV)
         os.environ[TRACK_ENV] = self.track_file  # bk.fileio reads it at every fsync (restored by stop())
+        install_index_model()  # index_sync = false: a cut rolls the index back to its last sync
         self.inner = InProcessCluster(data_dir, bookies=bookies, bind_address="127.0.0.2", **overrides)
         self.count = bookies
         self.proxies: dict[int, Proxy] = {}
@@ -132,22 +127,24 @@ class InProcessChaosCluster:
             return await self._power_loss(i, tear, rng)
 
     async def _power_loss(self, i: int, tear: bool, rng) -> str:
-        # The instant of the power cut: from here the bookie must not acknowledge anything more,
-        # yet crash_bookie() closes its connections only after a few awaits. So its proxy goes
-        # dark and drops every connection (with the answers queued in it) first.
+        # The instant of the power cut: the proxy goes dark and drops every connection (with
+        # the answers queued in it), and crash_bookie closes the crash gate over the bookie's
+        # files before its first await. Once every thread of the bookie has stopped (nothing
+        # more can reach its disk, so the fsync log is final), its files are rolled back.
         proxy = self.proxies[i]
         was_dark = proxy._blackhole
         proxy.set_blackhole(True)
         proxy.close_connections(reset=True)
-        before = read_fsync_log(self.track_file)
-        journal_dir = os.path.join(self.data_dir_of(i), "journal") + os.sep
-        await self.inner.crash_bookie(i)
-        proxy.set_blackhole(was_dark)
-        after = read_fsync_log(self.track_file)
-        durable = {p: (before.get(p) if p.startswith(journal_dir) else size) for p, size in after.items()}
-        snapshot = os.path.join(self.data_dir, f"powerloss-{i}.track")
-        _write_track(snapshot, {p: s for p, s in durable.items() if s is not None})
-        return str(simulate_power_loss(snapshot, [self.data_dir_of(i)], tear=tear, rng=rng))
+        report = []
+
+        def cut() -> None:
+            report.append(simulate_power_loss(self.track_file, [self.data_dir_of(i)], tear=tear, rng=rng))
+
+        try:
+            await self.inner.crash_bookie(i, on_frozen=cut)
+        finally:
+            proxy.set_blackhole(was_dark)
+        return str(report[0]) if report else "power loss: not applied"
 
     async def restart(self, i: int) -> None:
         async with self._locks[i]:
