@@ -175,10 +175,14 @@ class EntryLogCompactor:
         if batch:
             self._move(batch, result)
             throttle.account(batch_bytes)
-        if scan.status != SCAN_CLEAN:
+        unusable = self.entry_logger.map_unusable(log_id) if scan.status == SCAN_CLEAN else ""
+        if scan.status != SCAN_CLEAN or unusable:
             # Damage inside the log: the records past it were not seen, and whichever
-            # ledgers they belong to, the index says where they are (step 4).
-            damage = f"{SCAN_REASONS.get(scan.status, scan.status)} at offset {scan.stop_offset}"
+            # ledgers they belong to, the index says where they are (step 4). A map that
+            # fails its check where the header says makes that offset, where the scan
+            # stopped, suspect too (a wrong header): records may lie past it.
+            damage = (f"{SCAN_REASONS.get(scan.status, scan.status)} at offset {scan.stop_offset}" if not unusable
+                      else f"ledgers map unusable ({unusable}) at offset {scan.stop_offset}")
             if not self._move_indexed(log_id, damage, result, throttle, batch_limit, stop):
                 return result
         self.step_hook("before_delete", log_id)

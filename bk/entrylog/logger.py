@@ -577,7 +577,10 @@ class EntryLogger:
         (crash) by scanning it ("scan"). A scan that did not end clean (a bad size
         field, a torn tail) sets `damage`: the ledgers it lists are only those before
         that point, so they are not the log's contents (bk.bookie.gc never deletes or
-        compacts such a log on them; it asks the index)."""
+        compacts such a log on them; it asks the index). So does a map the header names
+        that fails its check: the scan then stops at the header's map offset, which is
+        suspect too (a wrong header, apache/bookkeeper#4607), so even a clean end there
+        may leave records unseen."""
         with self._lock:
             if log_id == self.current_log_id and self._current is not None:
                 return EntryLogMetadata.from_ledgers_map(log_id, self._current_usage, "memory")
@@ -585,18 +588,11 @@ class EntryLogger:
         if path is None:
             raise StorageError(f"no entry log {log_id:x}")
         info = self._log_info(log_id)
-        if info.map_offset:
-            need = fmt.ledgers_map_bytes(info.map_count)
-            h = self._files.acquire(log_id)
-            try:
-                # a count the file cannot hold is a corrupt header: never read (allocate) by it
-                raw = self.pread(h, need, info.map_offset) if need <= self._file_size(h) - info.map_offset else b""
-            finally:
-                self._files.release(h)
-            try:
-                return EntryLogMetadata.from_ledgers_map(log_id, fmt.decode_ledgers_map(raw, info.map_count))
-            except ValueError as e:
-                log.warning("ledgers map of %s is unusable (%s); scanning the log", path, e)
+        stored, unusable = self._stored_map(log_id, info)
+        if stored is not None:
+            return EntryLogMetadata.from_ledgers_map(log_id, stored)
+        if unusable:
+            log.warning("ledgers map of %s is unusable (%s); scanning the log", path, unusable)
         usage: dict[int, int] = {}
         scan = self.scan(log_id)
         for lid, _, _, size in scan:
@@ -604,8 +600,37 @@ class EntryLogger:
         meta = EntryLogMetadata.from_ledgers_map(log_id, usage, "scan")
         if scan.status != SCAN_CLEAN:
             meta.damage = f"{SCAN_REASONS.get(scan.status, scan.status)} at offset {scan.stop_offset}"
+        elif unusable:
+            meta.damage = f"ledgers map unusable ({unusable}) at offset {info.map_offset}"
+        if meta.damage:
             log.warning("scan of %s stopped: %s", path, meta.damage)
         return meta
+
+    def map_unusable(self, log_id: int) -> str:
+        """Why the ledgers map the closed log's header names fails its check ("" when it
+        names none or the map is whole): then the log's records end is not known either
+        (the scan stops at the header's offset), and compaction asks the index."""
+        with self._lock:
+            if log_id == self.current_log_id and self._current is not None:
+                return ""
+        return self._stored_map(log_id, self._log_info(log_id))[1]
+
+    def _stored_map(self, log_id: int, info: _LogInfo) -> tuple[dict[int, int] | None, str]:
+        """(the ledgers map the header names, "") or (None, why it is unusable), (None, "")
+        when the header names none."""
+        if not info.map_offset:
+            return None, ""
+        need = fmt.ledgers_map_bytes(info.map_count)
+        h = self._files.acquire(log_id)
+        try:
+            # a count the file cannot hold is a corrupt header: never read (allocate) by it
+            raw = self.pread(h, need, info.map_offset) if need <= self._file_size(h) - info.map_offset else b""
+        finally:
+            self._files.release(h)
+        try:
+            return fmt.decode_ledgers_map(raw, info.map_count), ""
+        except ValueError as e:
+            return None, str(e)
 
     def record_sizes(self, locations) -> list[int | None]:
         """The size field of the record at each location (entry bytes, as written), or

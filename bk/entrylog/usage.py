@@ -232,6 +232,8 @@ def read_log_metadata(path: str, report: ScanReport | None = None) -> EntryLogMe
     meta = EntryLogMetadata.from_ledgers_map(log_id, scan_ledgers_map(path, report), "scan")
     if not report.clean:
         meta.damage = f"{report.reason} at offset {report.stop_offset}"
+    elif header is not None and header.map_offset:  # the walk stopped at a suspect offset (EntryLogger.log_metadata)
+        meta.damage = f"ledgers map unusable at offset {header.map_offset}"
     return meta
 
 
