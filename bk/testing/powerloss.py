@@ -225,10 +225,11 @@ def _copy_index(index, orig_sync) -> None:
 
 
 def halt_without_checkpoint(bookie) -> None:
-    """Stop an in-process Bookie the way a crash would leave it: journals drained
-    and closed (what they acknowledged is on disk), but no final checkpoint, the
-    unclean-shutdown flag left set, and everything since the last checkpoint only
-    in the journal. The next start must replay it."""
+    """Stop an in-process Bookie the way a crash would leave it: no final checkpoint,
+    the unclean-shutdown flag left set, everything since the last checkpoint only in
+    the journal (the next start must replay it). Called alone, the journals' stop still
+    writes and fsyncs what they had queued; behind InProcessCluster.crash_bookie's
+    crash gate those writes (and a checkpoint in progress) fail, so it is a kill -9."""
     if bookie.gc is not None:
         bookie.gc.stop()
     for journal in bookie.journals:
