@@ -344,6 +344,10 @@ class LedgerStorage:
                     w.put_ledger(lid, state)
             for i, mark in enumerate(p.marks):
                 w.set_log_mark(i, mark)
+        # index_sync = false: the commit is not durable yet. Sync before the checkpoint counts:
+        # the journal files behind its marks are deleted next, and with the journal off what it
+        # flushed is durable only through it.
+        self.sync_index()
         if self._pending is p:  # only the flush side clears it; the owner only sets it from None
             self._pending = None
         self._last_marks = p.marks
