@@ -27,6 +27,14 @@ def _cut(track, root):
     return simulate_power_loss(track, [str(root)])
 
 
+def _synced_file(path, data: bytes = b"") -> None:
+    f = fileio.DurableFile(str(path))
+    if data:
+        f.write(data)
+        f.fsync()
+    f.close()
+
+
 def test_a_file_written_and_not_synced_loses_what_was_not_synced(tmp_path, track):
     d = tmp_path / "disk" / "journal"
     fileio.ensure_dir(str(d))
@@ -90,10 +98,7 @@ def test_a_rename_followed_by_a_directory_fsync_stays(tmp_path, track):
 def test_an_unlink_not_followed_by_a_directory_fsync_is_undone(tmp_path, track):
     d = tmp_path / "disk" / "ledgers"
     fileio.ensure_dir(str(d))
-    f = fileio.DurableFile(str(d / "0.log"))
-    f.write(b"entries")
-    f.fsync()
-    f.close()
+    _synced_file(d / "0.log", b"entries")
     faults = DiskFaults.install()
     faults.fail(op="fsync", errno=errno.EIO, path_prefix=str(d), count=1)
     with pytest.raises(StorageError):
@@ -106,8 +111,7 @@ def test_an_unlink_not_followed_by_a_directory_fsync_is_undone(tmp_path, track):
 def test_an_unlink_made_durable_stays(tmp_path, track):
     d = tmp_path / "disk" / "ledgers"
     fileio.ensure_dir(str(d))
-    f = fileio.DurableFile(str(d / "0.log"))
-    f.close()
+    _synced_file(d / "0.log")
     fileio.remove_file(str(d / "0.log"))
     _cut(track, tmp_path / "disk")
     assert not (d / "0.log").exists()
