@@ -201,7 +201,7 @@ class EntryLogCompactor:
         unreadable = 0
         batch: list = []
         batch_bytes = 0
-        for lid, eid, loc in self.index.locations_in_logs([log_id])[log_id]:
+        for lid, eid, loc in self.index.iter_locations_in_logs([log_id]):  # streamed: bounded memory
             try:
                 entry = self.entry_logger.read_entry(lid, eid, loc)
             except StorageError as e:  # damaged itself: it stays where the index says
@@ -220,7 +220,7 @@ class EntryLogCompactor:
         if batch:
             self._move(batch, result)
             throttle.account(batch_bytes)
-        left = len(self.index.locations_in_logs([log_id])[log_id])  # after the switches, from the index
+        left = self.index.count_locations_in_logs([log_id])[log_id]  # after the switches, from the index
         if left:
             result.error = (f"entry log {log_id:x} is damaged ({damage}) and the index still places {left} "
                             f"entries in it ({unreadable} unreadable); kept")

@@ -405,21 +405,34 @@ class GarbageCollector:
         if not todo:
             return
         el = self.storage.entry_logger
-        for log_id, rows in self.storage.index.locations_in_logs(todo).items():
-            meta = todo[log_id]
-            indexed: dict[int, int] = {}
-            for (lid, _eid, _loc), size in zip(rows, el.record_sizes([loc for _, _, loc in rows])):
-                indexed[lid] = indexed.get(lid, 0) + 4 + (size or 0)
+        # streamed, per log and ledger: entries and record bytes (bounded memory: a damaged
+        # 1 GiB log of small entries holds millions of locations)
+        indexed: dict[int, dict[int, int]] = {log_id: {} for log_id in todo}
+        entries = dict.fromkeys(todo, 0)
+        chunk: list[tuple[int, int]] = []
+
+        def account() -> None:
+            for (lid, loc), size in zip(chunk, el.record_sizes([loc for _, loc in chunk])):
+                per_ledger = indexed[loc >> 32]
+                per_ledger[lid] = per_ledger.get(lid, 0) + 4 + (size or 0)
+                entries[loc >> 32] += 1
+            chunk.clear()
+        for lid, _eid, loc in self.storage.index.iter_locations_in_logs(todo):
+            chunk.append((lid, loc))
+            if len(chunk) >= 4096:
+                account()
+        account()
+        for log_id, meta in todo.items():
             # a ledger the scan saw and the index does not place here is kept while it lives
             ledgers = {lid: n for lid, n in meta.ledgers.items() if not self._is_dead(lid)}
-            ledgers.update(indexed)
+            ledgers.update(indexed[log_id])
             total = max(0, el.log_file_bytes(log_id) - HEADER_BYTES)
             with self._lock:
                 meta.ledgers = ledgers
                 meta.total_bytes = max(total, sum(ledgers.values()))
                 self._indexed.add(log_id)
-            log.info("GC: damaged entry log %x holds %d entries of %d ledgers by the index", log_id, len(rows),
-                     len({lid for lid, _, _ in rows}))
+            log.info("GC: damaged entry log %x holds %d entries of %d ledgers by the index", log_id,
+                     entries[log_id], len(indexed[log_id]))
 
     def damaged_logs(self) -> dict[str, str]:
         """Hex log id -> how its damage was found, for the logs GC knows (gcstatus)."""
@@ -432,10 +445,10 @@ class GarbageCollector:
             empty = [log_id for log_id, m in self._logs.items() if m.is_empty()]
             damaged = [log_id for log_id, m in self._logs.items() if m.damaged and not m.ledgers]
         if damaged:  # the index's answer is asked again right before deleting: it must be "nothing"
-            for log_id, rows in self.storage.index.locations_in_logs(damaged).items():
-                if rows:
+            for log_id, named in self.storage.index.count_locations_in_logs(damaged).items():
+                if named:
                     log.error("GC: damaged entry log %x kept: the index still places %d entries in it",
-                              log_id, len(rows))
+                              log_id, named)
                     with self._lock:
                         self._indexed.discard(log_id)  # look it up again next pass
                 else:

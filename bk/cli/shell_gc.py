@@ -120,7 +120,7 @@ def _indexed_entries(cfg, log_ids) -> dict[int, int]:
         return {}
     idx = Index(path, cfg, readonly=True)
     try:
-        return {log_id: len(rows) for log_id, rows in idx.locations_in_logs(log_ids).items()}
+        return idx.count_locations_in_logs(log_ids)
     finally:
         idx.close()
 
