@@ -31,7 +31,8 @@ After a full disk is healed, a bookie turns writable at its next disk check
 
 Rules (`fail`): `op` is "write" (any write, including creating a file), "fsync" (file and
 directory fsyncs), "read" (entry-log reads), "commit" (the index's LMDB commit) or "any";
-`errno` the error raised (EIO, ENOSPC, ...); `path_prefix` limits it to paths under a
+`errno` the error raised (EIO, ENOSPC, ...) ("any" also matches bk.fileio's
+"mkdir", "rename" and "unlink" checks); `path_prefix` limits it to paths under a
 directory (None: every path); `after` skips that many matching operations first; `count`
 fires that many times then stops (None: until healed). An fsync fault with
 `drop_unsynced=True` (the default) also does what Linux does after a failed writeback
@@ -43,6 +44,10 @@ A hung disk (`hang`): `rule = ctl.hang(op="fsync", path_prefix=d)` makes every m
 operation block (the calling thread sleeps, as one in a D-state fsync does) until the rule
 is healed; then the operation goes on and succeeds. `hits(rule)` counts the operations
 that hung.
+
+A crash gate (`faults.close_gate(dir)`, `open_gate(dir)`; InProcessCluster.crash_bookie):
+from the call on, every operation under `dir` fails with EIO, one hung on a hang rule
+included; `heal()` leaves gates alone.
 
 Corruption of stored bytes (run against a bookie's directories once the entry is on disk,
 e.g. after a checkpoint; a running bookie may still serve the entry from a cache)::
