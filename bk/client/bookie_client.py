@@ -28,6 +28,11 @@ Invariants:
   out fails with BookieTimeoutError and is forgotten; a late answer to it is
   dropped or matched to a newer request with the same key (which asked the same
   question).
+- BATCH_READ (v2 op code 7) came with BookKeeper 4.17: an older bookie drops the connection on it
+  (or answers EBADREQ). A connection that dies with a BATCH_READ pending marks the bookie
+  `batch_reads_refused` for this client's lifetime (logged once): readers then read its entries
+  one by one. Everything pending on that connection fails with BatchReadDropError, which tells a
+  reader the bookie is most likely alive and worth one more try (read_ops.ReadEntryOp).
 """
 from __future__ import annotations
 
@@ -63,6 +68,12 @@ ADD, READ, READ_LAC, WRITE_LAC, INFO, BATCH = (
 Callback = Callable[[object, "BaseException | None"], None]
 
 _read_req = READ_REQUEST_FRAME
+
+
+class BatchReadDropError(BookieConnectionError):
+    """The connection was lost while a BATCH_READ was pending: the bookie most likely refused the
+    op (it predates 4.17), not crashed, so a request that failed with it may be sent once more."""
+
 # A bookie that failed within this many seconds is "suspect": readers try it last.
 SUSPECT_S = 5.0
 EAGER_FLUSH_BYTES = _core.EAGER_FLUSH_BYTES  # the core's flush bound (core_py explains it)
@@ -170,6 +181,10 @@ class BookieClient:
         self._request_ids = itertools.count(1)
         self.last_failure_at: float | None = None  # loop time of the last timeout / connection failure
         self.connects = 0  # connections made (tests and stats)
+        # Set once the bookie dropped a connection on BATCH_READ or answered it EBADREQ: never
+        # sent it a batch again (module docstring). A side connection reports to its main client.
+        self.batch_reads_refused = False
+        self._main: "BookieClient | None" = None
 
     @property
     def add_timeout_s(self) -> float:
@@ -214,6 +229,8 @@ class BookieClient:
                         callback: Callback, *, flags: int = 0, master_key: bytes | None = None,
                         timeout_s: float | None = None) -> int:
         """BATCH_READ from `start_entry_id`; returns the request id it is matched by."""
+        if self.batch_reads_refused:
+            raise BatchReadDropError(f"bookie {self.bookie_id} does not serve BATCH_READ")
         if self.wire.protocol == "v3":  # BATCH_READ exists only in v2
             return self._side().send_batch_read(ledger_id, start_entry_id, max_count, max_size_bytes, callback,
                                                 flags=flags, master_key=master_key, timeout_s=timeout_s)
@@ -235,7 +252,23 @@ class BookieClient:
                 self.bookie_id, add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
                 connect_timeout_s=self.connect_timeout_s, max_frame_size_bytes=self.max_frame_size_bytes,
                 address=(self.host, self.port), wire=dataclasses.replace(self.wire, protocol=other))
+            side._main = self
         return side
+
+    def refuse_batch_reads(self, why: str) -> None:
+        """Read this bookie entry by entry from now on (logged the first time only)."""
+        main = self._main or self
+        if not main.batch_reads_refused:
+            main.batch_reads_refused = True
+            log.warning("bookie %s %s: it predates BookKeeper 4.17 (no BATCH_READ); this client reads its"
+                        " entries one by one from now on", main.bookie_id, why)
+
+    def _lost_error(self, message: str) -> BookieConnectionError:
+        """The error for everything pending on a lost connection (a refused BATCH_READ is named)."""
+        if any(key[0] == BATCH for key in self._core.pending):
+            self.refuse_batch_reads("closed the connection with a BATCH_READ pending")
+            return BatchReadDropError(f"{message} (with a BATCH_READ pending: the bookie most likely refused it)")
+        return BookieConnectionError(message)
 
     def send_read_lac(self, ledger_id: int, callback: Callback, timeout_s: float | None = None) -> None:
         if self._v3_only():
@@ -332,13 +365,13 @@ class BookieClient:
             return
         self._core.protocol = None
         why = f": {exc}" if exc else ""
-        self._fail_all(BookieConnectionError(f"connection to bookie {self.bookie_id} lost{why}"))
+        self._fail_all(self._lost_error(f"connection to bookie {self.bookie_id} lost{why}"))
 
     def _protocol_error(self, protocol: _BookieProtocol, err: ProtocolError) -> None:
         log.warning("bookie %s sent malformed data, dropping the connection: %s", self.bookie_id, err)
         if protocol is self._core.protocol:
             self._core.protocol = None
-            self._fail_all(BookieConnectionError(f"bookie {self.bookie_id} sent a malformed response: {err}"))
+            self._fail_all(self._lost_error(f"bookie {self.bookie_id} sent a malformed response: {err}"))
         protocol.transport.abort()
 
     def _fail_all(self, err: BaseException) -> None:

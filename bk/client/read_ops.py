@@ -10,6 +10,9 @@ negative or a bad digest ask the next one. The outcome:
 - otherwise, if every replica answered ENOENTRY/ENOLEDGER -> NoSuchEntryError;
 - otherwise the error of the last replica that failed for another reason
   (EIO-typed: timeout, connection loss, EIO, ...), naming every replica's answer.
+A replica whose connection was dropped over a BATCH_READ (an older bookie refusing
+the op, bookie_client.BatchReadDropError) is asked once more before moving on: the
+drop says nothing about this entry, and each replica may be dropping a batch of its own.
 
 Range read (ReadRangeOp): at most `window` entry reads in flight; results are
 placed by entry id, so the list comes back in order; the first failure fails
@@ -29,7 +32,10 @@ from bk.errors import (
 )
 from bk.proto import DigestManager, StatusCode
 
+from .bookie_client import BatchReadDropError
+
 EOK = int(StatusCode.EOK)
+EBADREQ = int(StatusCode.EBADREQ)
 NEGATIVE = (int(StatusCode.ENOENTRY), int(StatusCode.ENOLEDGER))
 
 
@@ -50,7 +56,7 @@ class ReadEntryOp:
     """Reads one entry from its replicas; `callback(entry_id, LedgerEntry | None, error)` once."""
 
     __slots__ = ("pool", "digest", "ledger_id", "entry_id", "replicas", "callback", "flags", "master_key",
-                 "_next", "_answers", "_negatives", "_digest_errors", "_last_error", "lac", "length")
+                 "_next", "_retried", "_answers", "_negatives", "_digest_errors", "_last_error", "lac", "length")
 
     def __init__(self, pool, digest: DigestManager, entry_id: int, replicas: Sequence[str],
                  callback: Callable, *, flags: int = 0, master_key: bytes | None = None):
@@ -63,6 +69,7 @@ class ReadEntryOp:
         self.flags = flags
         self.master_key = master_key
         self._next = 0
+        self._retried: set[str] | None = None  # replicas asked again after a BATCH_READ drop
         self._answers: list[str] = []
         self._negatives = 0
         self._digest_errors = 0
@@ -90,6 +97,11 @@ class ReadEntryOp:
     def _on_response(self, response, err) -> None:
         bookie = self.replicas[self._next - 1]
         if err is not None:
+            if isinstance(err, BatchReadDropError) and (self._retried is None or bookie not in self._retried):
+                self._retried = (self._retried or set()) | {bookie}
+                self._next -= 1  # the same replica once more, on a new connection
+                self._try_next()
+                return
             self._last_error = err
             self._answers.append(f"{bookie}: {err}")
         elif response.rc == EOK:
@@ -132,7 +144,9 @@ class ReadRangeOp:
     Where a segment stores every entry on every bookie (E == WQ), runs of up
     to `batch_entries` entries are asked with one BATCH_READ from the first
     replica; entries the answer lacks or that fail verification, and every
-    entry of a failed batch, are read one by one (replica by replica)."""
+    entry of a failed batch, are read one by one (replica by replica). A bookie that
+    refuses BATCH_READ (it predates 4.17: bookie_client's docstring) is read entry by
+    entry from then on; the batch that met the refusal is read entry by entry too."""
 
     def __init__(self, pool, digest: DigestManager, first: int, last: int,
                  replicas_for: Callable[[int], Sequence[str]], window: int, *,
@@ -186,6 +200,8 @@ class ReadRangeOp:
         bookie = order_replicas(self.replicas_for(start), self.pool)[0]
 
         def answered(response, err) -> None:
+            if err is None and response.rc == EBADREQ:  # a well-formed batch: the op is unknown there
+                client.refuse_batch_reads("answered BATCH_READ with EBADREQ")
             got = response.entries if err is None and response.rc == EOK else []
             verify = self.digest.verify_entry
             for i, body in enumerate(got[:count]):
@@ -199,8 +215,12 @@ class ReadRangeOp:
                 self._single(entry_id)
 
         try:
-            self.pool.get(bookie).send_batch_read(self.digest.ledger_id, start, count, self.max_frame_size_bytes,
-                                                  answered)
+            client = self.pool.get(bookie)
+            if client.batch_reads_refused:
+                for entry_id in range(start, start + count):
+                    self._single(entry_id)
+                return
+            client.send_batch_read(self.digest.ledger_id, start, count, self.max_frame_size_bytes, answered)
         except BKError as e:
             answered(None, e)
 
