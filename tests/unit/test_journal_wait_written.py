@@ -11,20 +11,23 @@ from bk.journal.journal import FIELDS
 from tests.unit.test_journal import make_config
 
 
-class _TakenWhileMeasured(list):
-    """A queue the writer empties the moment its length is read: the interleaving
-    'reader reads _taken, writer takes the batch, reader reads the queue length'."""
+class _TakenByTheWriter(list):
+    """A queue the writer empties the moment its length is read (as the writer does:
+    _taken counted first, then the records taken). `old_length`: the reader got the
+    length from before the take (the batch is then counted twice), else from after
+    (the interleaving 'reader reads _taken, writer takes, reader reads the length')."""
 
-    def __init__(self, journal: Journal, records: int):
+    def __init__(self, journal: Journal, records: int, old_length: bool):
         super().__init__([b"body", None, None] * records)
         self.journal = journal
+        self.old_length = old_length
 
     def __len__(self) -> int:
         n = list.__len__(self)
         if n:
-            self.journal._taken += n // FIELDS  # as the writer: count first, then take
+            self.journal._taken += n // FIELDS
             del self[:n]
-        return list.__len__(self)
+        return n if self.old_length else list.__len__(self)
 
 
 def test_a_batch_taken_during_the_call_is_waited_for(tmp_path):
@@ -34,7 +37,7 @@ def test_a_batch_taken_during_the_call_is_waited_for(tmp_path):
     writer.start()
     try:
         j._thread = writer
-        j._queue = _TakenWhileMeasured(j, 3)
+        j._queue = _TakenByTheWriter(j, 3, old_length=False)
         # the three records are taken but not written: the barrier must not pass
         assert j.wait_written(0.05) is False
         j._processed += 3  # the writer wrote them
@@ -44,22 +47,6 @@ def test_a_batch_taken_during_the_call_is_waited_for(tmp_path):
         writer.join()
 
 
-class _TakenAfterMeasured(list):
-    """The other interleaving: the length is read, then the writer takes the batch before
-    the barrier reads `_taken` (the batch is counted twice)."""
-
-    def __init__(self, journal: Journal, records: int):
-        super().__init__([b"body", None, None] * records)
-        self.journal = journal
-
-    def __len__(self) -> int:
-        n = list.__len__(self)
-        if n:
-            self.journal._taken += n // FIELDS
-            del self[:n]
-        return n
-
-
 def test_a_batch_counted_twice_does_not_hold_a_quiet_journal(tmp_path):
     j = Journal(str(tmp_path / "journal"), make_config())
     stop = threading.Event()
@@ -67,8 +54,7 @@ def test_a_batch_counted_twice_does_not_hold_a_quiet_journal(tmp_path):
     writer.start()
     try:
         j._thread = writer
-        q = _TakenAfterMeasured(j, 3)
-        j._queue = q
+        j._queue = _TakenByTheWriter(j, 3, old_length=True)
         j._processed = 3  # written by the time the barrier looks
         assert j.wait_written(5.0) is True  # nothing else will ever be queued
     finally:
