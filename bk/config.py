@@ -126,10 +126,13 @@ class BookieConfig:
     # --- operations: HTTP admin server, metrics, logs (issue 15; docs/OPERATIONS.md)
     http_server_enabled: bool = True
     # BookKeeper's httpServerPort is 8000, which Pulsar's and ZooKeeper's metrics also use
-    # by default; bk takes 8180 (0 = an ephemeral port, for tests). Bound like the bookie
-    # port: http_server_address, else bind_address, else advertised_address.
+    # by default; bk takes 8180 (0 = an ephemeral port, for tests). A port another process
+    # holds is a WARNING and no HTTP server, the bookie serves (docs/OPERATIONS.md).
     http_server_port: int = 8180
+    # empty = loopback (127.0.0.1) only; any other address needs http_server_token or
+    # http_server_tls_enable with tls_client_authentication, else the bookie refuses to start
     http_server_address: str = ""
+    http_server_tls_enable: bool = False  # httpServerTlsEnable: HTTPS with the bookie's tls_* files
     http_server_mutations_enabled: bool = False  # PUT/DELETE endpoints answer 403 unless true
     http_server_token: str = ""  # when set, "Authorization: Bearer <token>" is required (not on probes)
     metrics_enabled: bool = True  # false: recording is a no-op (the page stays, frozen)
@@ -317,6 +320,24 @@ def _convert(key: str, value: Any) -> Any:
     raise ConfigError(f"setting {key!r} has an unsupported type {kind}")  # pragma: no cover
 
 
+def http_loopback(address: str) -> bool:
+    """True when the HTTP admin server's address (empty = 127.0.0.1) reaches this host only."""
+    import ipaddress
+
+    if address in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it may resolve beyond loopback
+        return False
+
+
+def http_server_protected(cfg: "BookieConfig") -> bool:
+    """The rule for the HTTP admin server: loopback, or a token, or mutual TLS."""
+    return (http_loopback(cfg.http_server_address) or bool(cfg.http_server_token)
+            or (cfg.http_server_tls_enable and cfg.tls_client_authentication))
+
+
 def _check(cfg: BookieConfig) -> None:
     def bad(key: str, why: str) -> None:
         raise ConfigError(f"bad value for {key!r}: {getattr(cfg, key)!r} ({why})")
@@ -352,6 +373,13 @@ def _check(cfg: BookieConfig) -> None:
     if cfg.http_server_enabled and cfg.http_server_port == cfg.bookie_port:
         bad("http_server_port", "the HTTP admin server and the bookie listen on the same address: "
                                 "they need different ports")
+    if cfg.http_server_tls_enable and not cfg.tls_certificate_path:
+        bad("http_server_tls_enable", "HTTPS uses the bookie's TLS files: set tls_certificate_path and tls_key_store")
+    if cfg.http_server_enabled and not http_server_protected(cfg):
+        bad("http_server_address", f"the HTTP admin server would listen on {cfg.http_server_address} beyond "
+                                   "loopback with no authentication: set http_server_token, or "
+                                   "http_server_tls_enable with tls_client_authentication (mutual TLS), or leave "
+                                   "http_server_address empty (127.0.0.1), or http_server_enabled = false")
     if cfg.log_format not in ("text", "json"):
         bad("log_format", "must be text or json")
     if cfg.bookie_auth_provider not in ("", "token"):

@@ -16,10 +16,19 @@ Rules kept here for every endpoint:
   http_server_mutations_enabled; with http_server_token set, every endpoint but
   the probes (/heartbeat, /api/v1/bookie/is_ready) and /metrics needs
   `Authorization: Bearer <token>`.
+
+Safe by default: the server listens on 127.0.0.1 unless http_server_address is
+set, and bk.config refuses an address beyond loopback with neither a token nor
+mutual TLS (http_server_tls_enable + tls_client_authentication), so ledger data
+never reaches the network unauthenticated. A port another process holds is a
+WARNING and no HTTP server: the bookie itself serves (two bookies on one host
+with default settings both start; the second has no admin API until it is given
+its own http_server_port).
 """
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import logging
@@ -114,8 +123,9 @@ class HttpAdminServer:
 
         self.server = server
         self.config = config
-        self.port: int | None = None
-        self.address = config.http_server_address or config.bind_address or config.advertised_address
+        self.port: int | None = None  # None once start() found the port taken (no HTTP server)
+        self.address = config.http_server_address or "127.0.0.1"
+        self.scheme = "https" if config.http_server_tls_enable else "http"
         self._runner: web.AppRunner | None = None
         self._client = None  # a bk.client.BookKeeper, made on first use (ledger reads, recovery)
         self._client_lock = asyncio.Lock()
@@ -124,21 +134,36 @@ class HttpAdminServer:
     @property
     def url(self) -> str:
         host = self.config.advertised_address if self.address in ("", "0.0.0.0", "::") else self.address
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
-    async def start(self) -> "HttpAdminServer":
+    def _ssl_context(self):
+        """The bookie's TLS files as an HTTPS context (read once at start; CERT_REQUIRED
+        with tls_client_authentication, so every request then carries a trusted certificate)."""
+        if not self.config.http_server_tls_enable:
+            return None
+        from .tls import ServerTls
+        return ServerTls(self.config).context()
+
+    async def start(self) -> "HttpAdminServer | None":
+        """Listen; None (with a WARNING) when another process holds the port."""
         app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
         for path in ROUTES:  # BookKeeper's docs write some paths with a trailing slash: take both
             app.router.add_route("*", path, self._dispatch)
             app.router.add_route("*", path + "/", self._dispatch)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.address, self.config.http_server_port, reuse_address=True)
+        site = web.TCPSite(self._runner, self.address, self.config.http_server_port, reuse_address=True,
+                           ssl_context=self._ssl_context())
         try:
             await site.start()
         except OSError as e:
             await self._runner.cleanup()
             self._runner = None
+            if e.errno == errno.EADDRINUSE:
+                log.warning("HTTP admin server DISABLED: %s:%d is in use by another process (another bookie?);"
+                            " this bookie serves without its admin API and /metrics: give it its own"
+                            " http_server_port (0 = any free port)", self.address, self.config.http_server_port)
+                return None
             raise BKError(f"HTTP admin server cannot listen on {self.address}:{self.config.http_server_port}"
                           f" ({e.strerror or e}); set http_server_port (0 = any free port) or"
                           f" http_server_enabled = false") from None

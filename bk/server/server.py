@@ -311,7 +311,7 @@ class BookieServer:
         if self.http is None:
             return info
         host = self.http.url.rpartition("//")[2].rpartition(":")[0]
-        return BookieServiceInfo((*info.endpoints, Endpoint("http", host, self.http.port, "http")), info.properties)
+        return BookieServiceInfo((*info.endpoints, Endpoint("http", host, self.http.port, self.http.scheme)), info.properties)
 
     def _export_gauges(self) -> None:
         """The gauges /metrics reads from this bookie's state at scrape time."""

@@ -67,10 +67,11 @@ class BookieProcess:
         self.proc: subprocess.Popen | None = None
         self._log_offset = 0
         self.http_port = http_port  # the HTTP admin server's port (None: disabled)
+        self.http_host = "127.0.0.1"  # its address: http_server_address, loopback when unset
 
     @property
     def http_url(self) -> str | None:
-        return None if self.http_port is None else f"http://{self.bind_host}:{self.http_port}"
+        return None if self.http_port is None else f"http://{self.http_host}:{self.http_port}"
 
     def start(self) -> None:
         self._log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
@@ -216,6 +217,7 @@ class LocalCluster:
         http_port = values["http_server_port"] if values.get("http_server_enabled", True) else None
         b = BookieProcess(i, conf, os.path.join(self.data_dir, f"bookie-{i}.log"), f"127.0.0.1:{port}", self.env,
                           bind_host=bind_host, http_port=http_port)
+        b.http_host = values.get("http_server_address") or "127.0.0.1"
         if self.proxied and i not in self.proxies:
             from .proxy import ThreadedProxy
             self.proxies[i] = ThreadedProxy(bind_host, port, "127.0.0.1", port).start()
