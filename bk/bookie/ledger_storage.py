@@ -497,14 +497,18 @@ class LedgerStorage:
         checks is read_from_storage's (caches, index, caches again: an entry moves from the
         write cache to the index only once its flush committed), so no stored entry is missed.
         An entry whose index location points into an entry log found gone at start (missing or
-        cut short, self.log_check) is missing too: until a copy replaces that location."""
+        cut short, self.log_check) is missing too: until a copy replaces that location. So is
+        one whose record there is garbled or unreadable (EntryLogger.holds_entry: a repair
+        that says done has checked that the bytes are there, not only that the index says so)."""
         get_cached, get_location, dead_from = self.get_cached, self.index.get_location, self._dead_from
+        holds = self.entry_logger.holds_entry
 
         def missing(e: int) -> bool:
             if get_cached(ledger_id, e) is not None:
                 return False
             location = get_location(ledger_id, e)
-            if location is not None and not (dead_from and is_dead(dead_from, location)):
+            if location is not None and not (dead_from and is_dead(dead_from, location)) \
+                    and holds(ledger_id, e, location):
                 return False
             return get_cached(ledger_id, e) is None
         return [e for e in entry_ids if missing(e)]

@@ -636,22 +636,39 @@ class EntryLogger:
         """The size field of the record at each location (entry bytes, as written), or
         None where it cannot be read or is out of range: what the index names in a log
         that cannot be scanned to its end."""
-        out: list[int | None] = []
-        for location in locations:
-            log_id, offset = fmt.split_location(location)
-            try:
-                h = self._files.acquire(log_id)
-            except StorageError:
-                out.append(None)
-                continue
-            try:
-                head = self.pread(h, fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES, offset)
-                out.append(self._check_record(h.path, offset, head)[0])
-            except StorageError:
-                out.append(None)
-            finally:
-                self._files.release(h)
-        return out
+        return [self._record_head(location, None) for location in locations]
+
+    def holds_entry(self, ledger_id: int, entry_id: int, location: int) -> bool:
+        """Whether the record at `location` is whole and holds (ledger_id, entry_id): its
+        size in range, its ids, and all its bytes inside the log's records. What a repair
+        asks before it counts an entry as stored (the index saying so is not enough: a
+        garbled record answers EIO for good). An unreadable record is not held."""
+        size = self._record_head(location, (ledger_id, entry_id))
+        if size is None:
+            return False
+        log_id, offset = fmt.split_location(location)
+        try:
+            return offset + fmt.SIZE_FIELD_BYTES + size <= self._records_end(log_id)
+        except StorageError:
+            return False
+
+    def _record_head(self, location: int, ids: tuple[int, int] | None) -> int | None:
+        """The size of the record at location, checked (and its ids, when given); None
+        when it is missing, unreadable or fails a check."""
+        log_id, offset = fmt.split_location(location)
+        try:
+            h = self._files.acquire(log_id)
+        except StorageError:
+            return None
+        try:
+            head = self.pread(h, fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES, offset)
+            if ids is None:
+                return self._check_record(h.path, offset, head)[0]
+            return self._check_entry_record(h.path, offset, head, *ids)
+        except StorageError:
+            return None
+        finally:
+            self._files.release(h)
 
     def delete_log(self, log_id: int) -> bool:
         """Delete a log that is not the current one (GC). False if it did not exist."""

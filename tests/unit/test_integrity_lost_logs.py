@@ -182,3 +182,24 @@ def test_crash_during_the_repair_of_an_unfenced_ledger_keeps_it_unfenced(tmp_pat
                 await lh.close()
                 assert not b.is_fenced(lh.ledger_id)
     run(main())
+
+
+def test_garbled_record_mid_log_is_repaired_not_reported_repaired(tmp_path):
+    """A record garbled in the middle of a log that is neither missing nor cut short: the
+    index still places the entry there, but the bytes are not its record. The repair counts
+    it missing (EntryLogger.holds_entry), copies it from a peer, and the entry is served
+    again. Before, the repair said done and the entry answered EIO for good."""
+    from bk.testing.corruption import flip_entry_bit
+
+    async def main():
+        async with InProcessCluster(tmp_path, bookies=3, journal_write_data=False) as cluster:
+            async with BookKeeper(cluster.metadata_uri) as bkc:
+                lh = await write(bkc, N)
+                await cluster.servers[0].bookie.checkpoint()
+                await cluster.crash_bookie(0)  # unclean: phase one and the repair at the start
+                flip_entry_bit([os.path.join(str(tmp_path), "bookie-0", "ledgers")], lh.ledger_id, N // 2,
+                               part="size")
+                server = await cluster.start_bookie(0)
+                st = await repaired(server, [(lh.ledger_id, N)])
+                assert st["entries_copied"] == 1 and st["errors"] == 0
+    run(main())
