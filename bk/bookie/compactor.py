@@ -158,23 +158,9 @@ class EntryLogCompactor:
         throttle = Throttle(self.rate_bytes_per_s)
         batch_limit = batch_bytes_for(self.rate_bytes_per_s)
         scan = self.entry_logger.scan(log_id, with_entries=True)
-        batch: list = []
-        batch_bytes = 0
-        for lid, eid, loc, size, entry in scan:
-            if not is_live(lid):
-                continue
-            batch.append((lid, eid, loc, entry))
-            batch_bytes += size + 4
-            if batch_bytes >= batch_limit or len(batch) >= BATCH_ENTRIES:
-                if stop():
-                    result.error = "stopped"
-                    return result
-                self._move(batch, result)
-                throttle.account(batch_bytes)
-                batch, batch_bytes = [], 0
-        if batch:
-            self._move(batch, result)
-            throttle.account(batch_bytes)
+        seen = ((lid, eid, loc, entry) for lid, eid, loc, _size, entry in scan if is_live(lid))
+        if not self._copy_all(seen, result, throttle, batch_limit, stop):
+            return result
         unusable = self.entry_logger.map_unusable(log_id) if scan.status == SCAN_CLEAN else ""
         if scan.status != SCAN_CLEAN or unusable:
             # Damage inside the log: the records past it were not seen, and whichever
@@ -199,17 +185,38 @@ class EntryLogCompactor:
         its location; True when afterwards no location points into the log any more
         (it may go), else the log is kept and `result.error` says why."""
         unreadable = 0
+
+        def placed():
+            nonlocal unreadable
+            for lid, eid, loc in self.index.iter_locations_in_logs([log_id]):  # streamed: bounded memory
+                try:
+                    yield lid, eid, loc, self.entry_logger.read_entry(lid, eid, loc)
+                except StorageError as e:  # damaged itself: it stays where the index says
+                    unreadable += 1
+                    log.error("compaction of entry log %x: ledger %d entry %d cannot be read: %s",
+                              log_id, lid, eid, e)
+        if not self._copy_all(placed(), result, throttle, batch_limit, stop):
+            return False
+        left = self.index.count_locations_in_logs([log_id])[log_id]  # after the switches, from the index
+        if left:
+            result.error = (f"entry log {log_id:x} is damaged ({damage}) and the index still places {left} "
+                            f"entries in it ({unreadable} unreadable); kept")
+            log.error("compaction: %s", result.error)
+            return False
+        log.warning("compaction: entry log %x was damaged (%s); every entry the index placed in it was "
+                    "copied", log_id, damage)
+        return True
+
+    def _copy_all(self, records, result: CompactionResult, throttle: Throttle, batch_limit: int,
+                  stop: Callable[[], bool]) -> bool:
+        """Copy and switch (ledger, entry, location, entry bytes) records in batches of
+        batch_limit bytes or BATCH_ENTRIES, throttled; False when stopped between two
+        batches (result.error says so)."""
         batch: list = []
         batch_bytes = 0
-        for lid, eid, loc in self.index.iter_locations_in_logs([log_id]):  # streamed: bounded memory
-            try:
-                entry = self.entry_logger.read_entry(lid, eid, loc)
-            except StorageError as e:  # damaged itself: it stays where the index says
-                unreadable += 1
-                log.error("compaction of entry log %x: ledger %d entry %d cannot be read: %s", log_id, lid, eid, e)
-                continue
-            batch.append((lid, eid, loc, entry))
-            batch_bytes += len(entry) + 4
+        for record in records:
+            batch.append(record)
+            batch_bytes += len(record[3]) + 4
             if batch_bytes >= batch_limit or len(batch) >= BATCH_ENTRIES:
                 if stop():
                     result.error = "stopped"
@@ -220,14 +227,6 @@ class EntryLogCompactor:
         if batch:
             self._move(batch, result)
             throttle.account(batch_bytes)
-        left = self.index.count_locations_in_logs([log_id])[log_id]  # after the switches, from the index
-        if left:
-            result.error = (f"entry log {log_id:x} is damaged ({damage}) and the index still places {left} "
-                            f"entries in it ({unreadable} unreadable); kept")
-            log.error("compaction: %s", result.error)
-            return False
-        log.warning("compaction: entry log %x was damaged (%s); every entry the index placed in it was "
-                    "copied", log_id, damage)
         return True
 
     def _move(self, batch: list, result: CompactionResult) -> None:
