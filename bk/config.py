@@ -136,6 +136,9 @@ class BookieConfig:
     http_server_mutations_enabled: bool = False  # PUT/DELETE endpoints answer 403 unless true
     http_server_token: str = ""  # when set, "Authorization: Bearer <token>" is required (not on probes)
     metrics_enabled: bool = True  # false: recording is a no-op (the page stays, frozen)
+    # latencies on /metrics: "summary" = BookKeeper's Prometheus provider ({quantile="0.99"}),
+    # "histogram" = <name>_bucket{le=...} for histogram_quantile() (docs/OPERATIONS.md)
+    prometheus_latency_shape: str = "summary"
     log_file: str = ""  # empty: stderr
     # "INFO", or a root level and per-logger levels: "INFO,bk.journal=DEBUG,kazoo=WARNING"
     log_level: str = "INFO"
@@ -380,6 +383,8 @@ def _check(cfg: BookieConfig) -> None:
                                    "loopback with no authentication: set http_server_token, or "
                                    "http_server_tls_enable with tls_client_authentication (mutual TLS), or leave "
                                    "http_server_address empty (127.0.0.1), or http_server_enabled = false")
+    if cfg.prometheus_latency_shape not in ("summary", "histogram"):
+        bad("prometheus_latency_shape", "must be summary (BookKeeper's) or histogram")
     if cfg.log_format not in ("text", "json"):
         bad("log_format", "must be text or json")
     if cfg.bookie_auth_provider not in ("", "token"):

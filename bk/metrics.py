@@ -10,11 +10,21 @@ only at scrape time (`collect()` builds its metric families):
   existing BookKeeper/Pulsar dashboards and alerts keep working, and PromQL's
   rate() treats them as counters.
 - `OpStat`: BookKeeper's OpStatsLogger (success and failure of an operation
-  with its latency in milliseconds) as a Prometheus histogram with the label
-  `success="true"|"false"`: `<name>_bucket`, `<name>_count` and `<name>_sum`
-  (BookKeeper's summaries have the same `_count` and `_sum`). `record_many(n, v)`
-  counts n events of one value: the add path records once per completion batch.
-- `ValueStat`: a histogram of values (group sizes, bytes), no success label.
+  with its latency in milliseconds), label `success="true"|"false"`, in one of
+  two shapes (`set_latency_shape`, the setting prometheus_latency_shape):
+  "summary" (default, BookKeeper's Prometheus provider): `<name>{quantile="0.5"}`
+  ... `{quantile="1.0"}`, `<name>_count`, `<name>_sum`; "histogram":
+  `<name>_bucket{le=...}`, `_count`, `_sum`. `record_many(n, v)` counts n events
+  of one value: the add path records once per completion batch.
+- `ValueStat`: the same for values (group sizes, bytes), no success label.
+
+Summary quantiles are computed, not guessed from coarse buckets: `_Sketch` keeps
+log-spaced buckets of ratio GAMMA (1.02) per window, so every quantile it reports
+is within 1% (relative) of a value actually recorded at that rank; at most about
+1,300 buckets whatever the traffic. Quantiles cover the current window and the one
+before it (windows of ROLLOVER_S = 60 s, BookKeeper's default latency rollover,
+turned at scrape time), so they describe the last 60-120 s; `_count` and `_sum`
+are totals since start, as BookKeeper's are.
 - `Gauge`: a function read at scrape time (write cache size, queue lengths).
 
 Updates come from the loop, the journal writer and the flush thread; each metric
@@ -27,6 +37,8 @@ into a no-op: the benchmark of the cost of metrics compares the two.
 """
 from __future__ import annotations
 
+import math
+import time
 from bisect import bisect_left
 from typing import Callable, Iterable
 
@@ -38,6 +50,12 @@ COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 # sizes in bytes
 BYTES_BUCKETS = (1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
                  256 << 20, 1 << 30)
+
+QUANTILES = (0.5, 0.75, 0.95, 0.99, 0.999, 0.9999, 1.0)  # BookKeeper's, labelled "0.5" ... "1.0"
+GAMMA = 1.02  # sketch bucket ratio: relative error <= (GAMMA - 1) / (GAMMA + 1) < 1%
+_LOG_GAMMA = math.log(GAMMA)
+ROLLOVER_S = 60.0
+SHAPES = ("summary", "histogram")
 
 _REGISTRY: dict[str, "_Metric"] = {}
 _ALIASES: dict[str, "_Metric"] = {}  # a second export name for a metric (same measurement)
@@ -94,15 +112,62 @@ class _Histogram:
         return sum(self.counts)
 
 
+class _Sketch:
+    """Counts of one label set in log-spaced buckets (bucket k holds (GAMMA^(k-1), GAMMA^k]),
+    per window; quantiles over the current and the previous window, count and sum since start."""
+    __slots__ = ("cur", "prev", "started", "count", "total")
+
+    def __init__(self, bounds: tuple = ()):  # bounds unused: the signature of _Histogram
+        self.cur: dict[int, int] = {}
+        self.prev: dict[int, int] = {}
+        self.started = time.monotonic()
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, n: int, value: float) -> None:
+        self.count += n
+        self.total += n * value
+        k = math.ceil(math.log(value) / _LOG_GAMMA) if value > 0 else _ZERO
+        cur = self.cur
+        cur[k] = cur.get(k, 0) + n
+
+    def quantiles(self, now: float | None = None) -> list[tuple[str, float]]:
+        """[(label, value)] for QUANTILES; NaN when the two windows saw nothing."""
+        now = time.monotonic() if now is None else now
+        if now - self.started >= ROLLOVER_S:  # a racing add may land in the window being turned
+            self.prev, self.cur, self.started = self.cur, {}, now
+        merged = dict(self.prev)
+        for k, c in list(self.cur.items()):
+            merged[k] = merged.get(k, 0) + c
+        keys = sorted(merged)
+        n = sum(merged.values())
+        out = []
+        for q in QUANTILES:
+            if n == 0:
+                out.append((repr(q), float("nan")))
+                continue
+            rank, seen = max(1, math.ceil(q * n - 1e-9)), 0  # the rank-th smallest value (1-based)
+            for k in keys:
+                seen += merged[k]
+                if seen >= rank:
+                    break
+            out.append((repr(q), 0.0 if k == _ZERO else 2 * GAMMA ** k / (GAMMA + 1)))
+        return out
+
+
+_ZERO = -(1 << 30)  # the bucket of values <= 0
+
+
 class OpStat(_Metric):
     """BookKeeper's OpStatsLogger: latency in ms of successful and failed operations."""
-    __slots__ = ("ok", "failed")
+    __slots__ = ("ok", "failed", "bounds")
     kind = "opstat"
 
     def __init__(self, name: str, help: str, buckets: tuple = LATENCY_BUCKETS_MS):
         super().__init__(name, help)
-        self.ok = _Histogram(buckets)
-        self.failed = _Histogram(buckets)
+        self.bounds = buckets
+        self.ok = _SHAPE(buckets)
+        self.failed = _SHAPE(buckets)
 
     def success(self, latency_ms: float) -> None:
         self.ok.add(1, latency_ms)
@@ -116,12 +181,13 @@ class OpStat(_Metric):
 
 class ValueStat(_Metric):
     """A histogram of values (sizes, counts): BookKeeper's OpStatsLogger used for values."""
-    __slots__ = ("hist",)
+    __slots__ = ("hist", "bounds")
     kind = "value"
 
     def __init__(self, name: str, help: str, buckets: tuple):
         super().__init__(name, help)
-        self.hist = _Histogram(buckets)
+        self.bounds = buckets
+        self.hist = _SHAPE(buckets)
 
     def record(self, value: float) -> None:
         self.hist.add(1, value)
@@ -185,6 +251,30 @@ def enabled() -> bool:
     return _enabled
 
 
+_SHAPE = _Sketch  # what OpStat and ValueStat record into: _Sketch (summary) or _Histogram
+
+
+def set_latency_shape(shape: str) -> None:
+    """"summary" (BookKeeper's) or "histogram" for every OpStat and ValueStat; a change
+    starts their figures afresh (bk sets it once, at start)."""
+    global _SHAPE
+    if shape not in SHAPES:
+        raise ValueError(f"latency shape must be one of {SHAPES}, got {shape!r}")
+    new = _Sketch if shape == "summary" else _Histogram
+    if new is _SHAPE:
+        return
+    _SHAPE = new
+    for m in _REGISTRY.values():
+        if m.kind == "opstat":
+            m.ok, m.failed = new(m.bounds), new(m.bounds)
+        elif m.kind == "value":
+            m.hist = new(m.bounds)
+
+
+def latency_shape() -> str:
+    return "summary" if _SHAPE is _Sketch else "histogram"
+
+
 def alias(name: str, metric: _Metric) -> None:
     """Export `metric` under `name` as well (BookKeeper has two names for one measurement)."""
     if name in _REGISTRY or name in _ALIASES:
@@ -221,16 +311,21 @@ def collect(extra_labels: dict | None = None):
             fam = GaugeMetricFamily(name, m.help, labels=names)
             fam.add_metric(values, value)
             yield fam
-        elif m.kind == "opstat":
-            fam = HistogramMetricFamily(name, m.help, labels=names + ["success"])
-            for flag, hist in (("true", m.ok), ("false", m.failed)):
-                buckets, total = hist.samples()
-                fam.add_metric(values + [flag], buckets, total)
-            yield fam
-        elif m.kind == "value":
-            fam = HistogramMetricFamily(name, m.help, labels=names)
-            buckets, total = m.hist.samples()
-            fam.add_metric(values, buckets, total)
+        elif m.kind in ("opstat", "value"):
+            parts = ((("true", m.ok), ("false", m.failed)) if m.kind == "opstat" else ((None, m.hist),))
+            if isinstance(parts[0][1], _Sketch):
+                fam = Metric(name, m.help, "summary")
+                for flag, sketch in parts:
+                    lab = labels if flag is None else {**labels, "success": flag}
+                    for q, v in sketch.quantiles():
+                        fam.add_sample(name, {**lab, "quantile": q}, v)
+                    fam.add_sample(name + "_count", lab, sketch.count)
+                    fam.add_sample(name + "_sum", lab, sketch.total)
+            else:
+                fam = HistogramMetricFamily(name, m.help, labels=names + (["success"] if m.kind == "opstat" else []))
+                for flag, hist in parts:
+                    buckets, total = hist.samples()
+                    fam.add_metric(values + ([flag] if flag else []), buckets, total)
             yield fam
 
 
@@ -293,6 +388,34 @@ READ_ENTRY_CORRUPTED = Counter("bookie_read_entry_corrupted",
 GC_DAMAGED_ENTRY_LOGS = Gauge("bookie_gc_damaged_entry_logs",
                               "entry logs whose records could not be read to their end: GC keeps them "
                               "until the index places nothing in them")
+# garbage collection (bookie_gc_*: BookKeeper's GarbageCollectorStats), fed once per GC pass
+GC_MINOR_COMPACTION_COUNT = Counter("bookie_gc_MINOR_COMPACTION_COUNT", "minor compactions run")
+GC_MAJOR_COMPACTION_COUNT = Counter("bookie_gc_MAJOR_COMPACTION_COUNT", "major compactions run")
+GC_RECLAIMED_DELETION_SPACE_BYTES = Counter("bookie_gc_RECLAIMED_DELETION_SPACE_BYTES",
+                                            "bytes reclaimed by deleting entry logs with no live ledger")
+GC_RECLAIMED_COMPACTION_SPACE_BYTES = Counter("bookie_gc_RECLAIMED_COMPACTION_SPACE_BYTES",
+                                              "bytes reclaimed by compacting entry logs (deleted minus rewritten)")
+GC_DELETED_LEDGER_COUNT = Counter("bookie_gc_DELETED_LEDGER_COUNT", "ledgers deleted by garbage collection")
+GC_THREAD_RUNTIME = OpStat("bookie_gc_THREAD_RUNTIME", "GC pass time (ms); success=false: the pass had errors")
+GC_ACTIVE_ENTRY_LOG_COUNT = Gauge("bookie_gc_ACTIVE_ENTRY_LOG_COUNT", "entry logs GC tracks (closed, not yet deleted)")
+GC_ACTIVE_ENTRY_LOG_SPACE_BYTES = Gauge("bookie_gc_ACTIVE_ENTRY_LOG_SPACE_BYTES",
+                                        "live bytes in the entry logs GC tracks, as of the last pass")
+alias("bookie_gc_ACTIVE_LEDGER_COUNT", LEDGERS_COUNT)
+
+
+def record_gc_pass(out: dict, active_logs: int, active_log_bytes: int) -> None:
+    """One GC pass's result (bk.bookie.gc's `out`) into BookKeeper's GC metrics."""
+    if out.get("compaction") == "minor":
+        GC_MINOR_COMPACTION_COUNT.inc()
+    elif out.get("compaction") == "major":
+        GC_MAJOR_COMPACTION_COUNT.inc()
+    by_compaction = out.get("bytes_freed_by_compaction", 0)
+    GC_RECLAIMED_COMPACTION_SPACE_BYTES.inc(by_compaction)
+    GC_RECLAIMED_DELETION_SPACE_BYTES.inc(max(0, out["bytes_freed"] - by_compaction))
+    GC_DELETED_LEDGER_COUNT.inc(len(out["ledgers_deleted"]))
+    GC_THREAD_RUNTIME.record_many(1, out["duration_ms"], ok=not out["errors"])
+    GC_ACTIVE_ENTRY_LOG_COUNT.set_function(lambda: active_logs)
+    GC_ACTIVE_ENTRY_LOG_SPACE_BYTES.set_function(lambda: active_log_bytes)
 
 # AutoRecovery (auditor_*, replication_worker_*, election_*)
 ELECTION_ATTEMPTS = Counter("election_attempts", "auditor elections won by this process")

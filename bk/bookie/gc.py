@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Callable
 
+from bk import metrics
 from bk.entrylog import HEADER_BYTES
 from bk.entrylog.usage import EntryLogMetadata
 from bk.errors import BKError
@@ -209,6 +210,7 @@ class GarbageCollector:
         t0_ms, t0 = int(time.time() * 1000), time.monotonic()
         out = {"ok": True, "start_ms": t0_ms, "ledgers_deleted": [], "over_replicated_deleted": [],
                "logs_deleted": [], "logs_compacted": [], "compaction": None, "bytes_freed": 0,
+               "bytes_freed_by_compaction": 0,
                "bytes_rewritten": 0, "errors": []}
         stop = lambda: self._stopping  # noqa: E731
         try:
@@ -249,6 +251,8 @@ class GarbageCollector:
             st["errors"] += len(out["errors"])
             if out["errors"]:
                 st["last_error"] = out["errors"][-1]
+            active = (len(self._logs), sum(m.live_bytes for m in self._logs.values()))
+        metrics.record_gc_pass(out, *active)
         log.info("GC pass: %d ledgers deleted (%d over-replicated), %d logs deleted, %d logs compacted (%s), "
                  "%d bytes freed, %d bytes rewritten, %d errors, %d ms",
                  len(out["ledgers_deleted"]), len(out["over_replicated_deleted"]), len(out["logs_deleted"]),
@@ -534,6 +538,8 @@ class GarbageCollector:
         out["bytes_rewritten"] += r.bytes_copied
         if r.deleted:
             out["logs_compacted"].append(r.log_id)
-            out["bytes_freed"] += max(0, r.file_bytes_deleted - r.bytes_copied)
+            freed = max(0, r.file_bytes_deleted - r.bytes_copied)
+            out["bytes_freed"] += freed
+            out["bytes_freed_by_compaction"] += freed
         if r.error:
             out["errors"].append(f"compaction of entry log {r.log_id:x}: {r.error}")

@@ -147,6 +147,7 @@ class BookieServer:
                 await self._start_repair()
             self.registration = RegistrationManager(self.store)
             metrics.set_enabled(cfg.metrics_enabled)
+            metrics.set_latency_shape(cfg.prometheus_latency_shape)
             self._export_gauges()
             if cfg.http_server_enabled:
                 from .http_admin import HttpAdminServer
