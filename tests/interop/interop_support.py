@@ -1,4 +1,4 @@
-"""Interop tests: Apache BookKeeper's own Java bookie and client against bk (docs/INTEROP.md).
+"""Interop tests' helpers: Apache BookKeeper's own Java bookie and client against bk (docs/INTEROP.md).
 
 The Java side is ../shared/java-bookkeeper beside the repository (BookKeeper built from its
 source against Debian's jars; scripts/setup installs those jars). Every piece is required:

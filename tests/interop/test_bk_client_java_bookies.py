@@ -5,12 +5,19 @@ bk's client reads ranges with BATCH_READ, so the 4.15.5 runs prove that the clie
 reads those bookies entry by entry, and the read that met the drop still succeeds."""
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import pytest
 
-from conftest import PASSWORD, RELEASES, format_root, fresh_root, run_async, start_java_bookies
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bk.client import BookKeeper
-from bk.meta.ledger_metadata import LedgerState
+from interop_support import (  # noqa: E402
+    PASSWORD, RELEASES, format_root, fresh_root, run_async, start_java_bookies,
+)
+
+from bk.client import BookKeeper  # noqa: E402
+from bk.meta.ledger_metadata import LedgerState  # noqa: E402
 
 N = 400
 

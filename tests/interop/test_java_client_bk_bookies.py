@@ -7,11 +7,16 @@ getBookieInfo, getListOfEntriesOfLedger, BATCH_READ (4.17, v2) and fencing. Both
 defaults (v3) and with useV2WireProtocol=true, every digest type the driver takes."""
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import pytest
 
-from conftest import fresh_root, java_client, wait_registered
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bk.testing.cluster import LocalCluster
+from interop_support import fresh_root, java_client, wait_registered  # noqa: E402
+
+from bk.testing.cluster import LocalCluster  # noqa: E402
 
 DIGESTS = ("CRC32", "CRC32C", "MAC", "DUMMY")
 # What the Java client itself does not do over v2 (useV2WireProtocol=true): it fails these checks

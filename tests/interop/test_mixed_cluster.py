@@ -1,0 +1,179 @@
+"""A mixed cluster: three bk bookies and three Apache BookKeeper 4.17.4 bookies on one metadata
+root, ledgers of E6/WQ3/AQ2 spread over both kinds. Each client writes and the other reads; a
+crashed writer of each kind is recovered (fenced, closed) by the other kind's client."""
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from interop_support import (  # noqa: E402
+    DEFAULT_RELEASE, JAVA_BK, JVM_TIMEOUT_S, PASSWORD, fresh_root, java_client, java_payload, run_async,
+    start_java_bookies, wait_registered,
+)
+
+from bk.client import BookKeeper  # noqa: E402
+from bk.meta.ledger_metadata import LedgerState  # noqa: E402
+from bk.testing.cluster import LocalCluster  # noqa: E402
+
+SIZE = 256
+
+
+@pytest.fixture(scope="module")
+def mixed(interop_zk, tmp_path_factory):
+    base = tmp_path_factory.mktemp("mixed")
+    cluster = LocalCluster(str(base / "bk"), 3, zk_connect=fresh_root(interop_zk, "mixed"),
+                           http_server_enabled=False)
+    cluster.start()
+    java = []
+    try:
+        java = start_java_bookies(cluster.metadata_uri, base, 3, DEFAULT_RELEASE)
+        wait_registered(cluster.metadata_uri, list(cluster.bookies.values()) + java)
+        yield cluster, java
+    finally:
+        for b in java:
+            b.stop()
+        cluster.stop()
+
+
+def all_ids(mixed) -> set[str]:
+    cluster, java = mixed
+    return set(cluster.bookie_ids) | {b.bookie_id for b in java}
+
+
+async def read_all(bkc, ledger_id, recovery=True):
+    rh = await bkc.open_ledger(ledger_id, PASSWORD, recovery=recovery)
+    entries = await rh.read_entries(0, rh.last_add_confirmed) if rh.last_add_confirmed >= 0 else []
+    return rh, entries
+
+
+def test_java_writes_bk_reads(mixed):
+    cluster, _ = mixed
+    n = 1500
+    answer = java_client("bench", cluster.metadata_uri, "-e", "6", "-w", "3", "-a", "2", "-n", str(n),
+                         "-s", str(SIZE), "-k", "200")
+    ensemble = set(answer["ensemble_bookies"].strip("[]").replace(" ", "").split(","))
+    assert ensemble == all_ids(mixed)  # both kinds hold its entries
+
+    async def go():
+        for protocol in ("v2", "v3"):
+            async with BookKeeper(cluster.metadata_uri, protocol=protocol) as bkc:
+                rh, entries = await read_all(bkc, answer["ledger_id"])
+                assert rh.is_closed and rh.last_add_confirmed == n - 1
+                assert [e.data for e in entries] == [java_payload(i, SIZE) for i in range(n)]
+                assert (await rh.read_entry(777)).data == java_payload(777, SIZE)
+
+    run_async(go())
+
+
+@pytest.mark.parametrize("protocol", ["v2", "v3"])
+def test_bk_writes_java_reads(mixed, protocol):
+    cluster, _ = mixed
+    n = 1500
+
+    async def write():
+        async with BookKeeper(cluster.metadata_uri, protocol=protocol) as bkc:
+            lh = await bkc.create_ledger(6, 3, 2, digest_type="CRC32C", password=PASSWORD)
+            await lh.add_entries([java_payload(i, SIZE) for i in range(n)])
+            await lh.close()
+            assert set(lh.metadata.segments[0][1]) == all_ids(mixed)
+            return lh.ledger_id
+
+    ledger_id = run_async(write())
+    for v2 in ([], ["--v2"]):
+        answer = java_client("read", cluster.metadata_uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), *v2)
+        assert answer["closed"] and answer["lac"] == n - 1
+        assert answer["entries_read"] == n and answer.get("bad_payloads", 0) == 0
+
+
+def test_crashed_bk_writer_recovered_by_java_client(mixed):
+    cluster, _ = mixed
+    n = 700
+
+    async def write_and_crash():
+        bkc = await BookKeeper.connect(cluster.metadata_uri)
+        lh = await bkc.create_ledger(6, 3, 2, digest_type="CRC32C", password=PASSWORD)
+        await lh.add_entries([java_payload(i, SIZE) for i in range(n)])
+        await bkc.close()  # the writer goes away without closing its ledger: a crash, as far as anyone knows
+        return lh
+
+    lh = run_async(write_and_crash())
+    answer = java_client("read", cluster.metadata_uri, "--ledger-id", str(lh.ledger_id), "--size", str(SIZE))
+    assert answer["closed"] and answer["lac"] == n - 1 and answer["entries_read"] == n
+    assert answer.get("bad_payloads", 0) == 0
+
+    async def check():
+        async with BookKeeper(cluster.metadata_uri) as bkc:
+            md = await bkc.get_ledger_metadata(lh.ledger_id)
+            assert md.state == LedgerState.CLOSED and md.last_entry_id == n - 1
+
+    run_async(check())
+
+
+def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
+    """A Java writer killed (SIGKILL) mid-stream: bk's client fences and closes its ledger, and reads
+    back every entry up to the recovered LAC, which covers every entry the writer saw confirmed."""
+    cluster, _ = mixed
+    uri = cluster.metadata_uri
+
+    async def before():
+        async with BookKeeper(uri) as bkc:
+            return set(await bkc.list_ledgers())
+
+    known = run_async(before())
+    log = open(tmp_path / "java-writer.log", "wb")
+    writer = subprocess.Popen(
+        ["bash", str(JAVA_BK / "run-client.sh"), "bench", "--metadata-uri", uri, "-e", "6", "-w", "3", "-a", "2",
+         "-n", "2000000", "-s", str(SIZE), "-k", "100", "--no-close"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "BK_CLIENT_HEAP": "256m"}, start_new_session=True)
+
+    async def watch_then_kill() -> tuple[int, int]:
+        async with BookKeeper(uri) as bkc:
+            deadline = time.monotonic() + JVM_TIMEOUT_S
+            ledger_id, lac = None, -1
+            while lac < 300:
+                assert writer.poll() is None, (tmp_path / "java-writer.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the Java writer never got 300 entries confirmed"
+                if ledger_id is None:
+                    new = set(await bkc.list_ledgers()) - known
+                    ledger_id = min(new) if new else None
+                if ledger_id is not None:
+                    rh = await bkc.open_ledger(ledger_id, PASSWORD, recovery=False)  # no fencing: just look
+                    lac = await rh.read_last_add_confirmed()
+                await asyncio.sleep(0.1)
+            os.killpg(writer.pid, signal.SIGKILL)  # the writer dies with adds in flight
+            writer.wait()
+            return ledger_id, lac
+
+    try:
+        ledger_id, seen_lac = run_async(watch_then_kill())
+    finally:
+        if writer.poll() is None:
+            os.killpg(writer.pid, signal.SIGKILL)
+            writer.wait()
+        log.close()
+
+    async def recover():
+        async with BookKeeper(uri) as bkc:
+            md = await bkc.get_ledger_metadata(ledger_id)
+            assert md.state == LedgerState.OPEN  # nobody closed it
+            rh, entries = await read_all(bkc, ledger_id, recovery=True)
+            assert rh.is_closed and rh.last_add_confirmed >= seen_lac
+            assert [e.data for e in entries] == [java_payload(i, SIZE) for i in range(rh.last_add_confirmed + 1)]
+            md = await bkc.get_ledger_metadata(ledger_id)
+            assert md.state == LedgerState.CLOSED and md.last_entry_id == rh.last_add_confirmed
+            return rh.last_add_confirmed
+
+    lac = run_async(recover())
+    # the Java client sees the same closed ledger (and every payload) after bk's recovery
+    answer = java_client("read", uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), "--no-recovery")
+    assert answer["closed"] and answer["lac"] == lac and answer["entries_read"] == lac + 1
+    assert answer.get("bad_payloads", 0) == 0
