@@ -21,6 +21,7 @@ from interop_support import (  # noqa: E402
 )
 
 from bk.client import BookKeeper  # noqa: E402
+from bk.errors import LedgerClosedError, LedgerFencedError  # noqa: E402
 from bk.meta.ledger_metadata import LedgerState  # noqa: E402
 from bk.testing.cluster import LocalCluster  # noqa: E402
 
@@ -177,3 +178,24 @@ def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
     answer = java_client("read", uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), "--no-recovery")
     assert answer["closed"] and answer["lac"] == lac and answer["entries_read"] == lac + 1
     assert answer.get("bad_payloads", 0) == 0
+
+
+def test_a_live_bk_writer_is_fenced_by_the_java_clients_recovery(mixed):
+    cluster, _ = mixed
+    n = 100
+
+    async def go():
+        async with BookKeeper(cluster.metadata_uri) as bkc:
+            lh = await bkc.create_ledger(6, 3, 3, digest_type="CRC32C", password=PASSWORD)
+            await lh.add_entries([java_payload(i, SIZE) for i in range(n)])
+            # the writer is alive; a Java reader recovers the ledger (fences every bookie, closes it)
+            answer = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: java_client("read", cluster.metadata_uri, "--ledger-id", str(lh.ledger_id),
+                                          "--size", str(SIZE)))
+            assert answer["closed"] and answer["lac"] == n - 1 and answer["entries_read"] == n
+            with pytest.raises((LedgerFencedError, LedgerClosedError)):
+                await lh.add_entry(java_payload(n, SIZE))
+            md = await bkc.get_ledger_metadata(lh.ledger_id)
+            assert md.state == LedgerState.CLOSED and md.last_entry_id == n - 1
+
+    run_async(go())
