@@ -73,3 +73,21 @@ def test_java_client_features(bk_cluster, protocol):
     # BATCH_READ from a 4.17 Java client goes over v2 only: it must have run there
     assert {name for name in skipped if name.startswith("batchReadAsync")} == (
         set() if protocol == "v2" else {name for name in checks if name.startswith("batchReadAsync")})
+
+
+@pytest.mark.parametrize("protocol", ["v3", "v2"])
+def test_java_client_of_4_15_5(bk_cluster, protocol):
+    """The older Java client (no BATCH_READ at all) against bk bookies: bench and features."""
+    v2 = ["--v2"] if protocol == "v2" else []
+    n = 2000
+    answer = java_client("bench", bk_cluster.metadata_uri, "-e", "3", "-w", "3", "-a", "2", "-n", str(n),
+                         "-s", "1024", "-k", "200", "--delete", *v2, release="release-4.15.5")
+    assert answer["adds_failed"] == 0 and answer["read_back"]["ok"]
+    assert answer["lac_after_recovery"] == n - 1 and answer["read_after_recovery"]["ok"]
+    answer = java_client("features", bk_cluster.metadata_uri, "-e", "3", "-w", "3", "-a", "2", *v2,
+                         release="release-4.15.5", check=protocol == "v3")
+    checks = {c["name"]: c for c in answer["checks"]}
+    failed = {name for name, c in checks.items() if not c.get("ok")}
+    assert failed == (JAVA_V2_LACKS if v2 else set()), [checks[name] for name in failed]
+    batch = [c for name, c in checks.items() if name.startswith("batchReadAsync")]
+    assert batch and all(str(c.get("detail", "")).startswith("skipped") for c in batch)

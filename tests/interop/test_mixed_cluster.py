@@ -4,6 +4,7 @@ crashed writer of each kind is recovered (fenced, closed) by the other kind's cl
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pathlib
 import signal
@@ -119,65 +120,103 @@ def test_crashed_bk_writer_recovered_by_java_client(mixed):
     run_async(check())
 
 
+def start_java_writer(uri: str, log_path, entries: int) -> subprocess.Popen:
+    """The Java driver's bench, leaving its ledger open (--no-close), in a session of its own."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            ["bash", str(JAVA_BK / "run-client.sh"), "bench", "--metadata-uri", uri, "-e", "6", "-w", "3", "-a", "2",
+             "-n", str(entries), "-s", str(SIZE), "-k", "100", "--no-close"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "BK_CLIENT_HEAP": "256m"},
+            start_new_session=True)
+
+
+async def ledgers_of(uri: str) -> set[int]:
+    async with BookKeeper(uri) as bkc:
+        return set(await bkc.list_ledgers())
+
+
+async def java_writer_past(bkc, writer, log_path, known: set[int], lac_at_least: int) -> tuple[int, int]:
+    """Wait (without fencing) until the Java writer's new ledger has a LAC past `lac_at_least`."""
+    deadline = time.monotonic() + JVM_TIMEOUT_S
+    ledger_id, lac = None, -1
+    while lac < lac_at_least:
+        assert writer.poll() is None, log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"the Java writer never got {lac_at_least} entries confirmed"
+        if ledger_id is None:
+            new = set(await bkc.list_ledgers()) - known
+            ledger_id = min(new) if new else None
+        if ledger_id is not None:
+            rh = await bkc.open_ledger(ledger_id, PASSWORD, recovery=False)  # no fencing: just look
+            lac = await rh.read_last_add_confirmed()
+        await asyncio.sleep(0.1)
+    return ledger_id, lac
+
+
+def end(writer: subprocess.Popen) -> None:
+    if writer.poll() is None:
+        os.killpg(writer.pid, signal.SIGKILL)
+    writer.wait()
+
+
+async def recover_and_check(bkc, ledger_id: int, lac_at_least: int) -> int:
+    """bk's recovery open of a Java-written ledger: closed at a LAC >= what was seen, every payload intact."""
+    rh, entries = await read_all(bkc, ledger_id, recovery=True)
+    assert rh.is_closed and rh.last_add_confirmed >= lac_at_least
+    assert [e.data for e in entries] == [java_payload(i, SIZE) for i in range(rh.last_add_confirmed + 1)]
+    md = await bkc.get_ledger_metadata(ledger_id)
+    assert md.state == LedgerState.CLOSED and md.last_entry_id == rh.last_add_confirmed
+    return rh.last_add_confirmed
+
+
 def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
     """A Java writer killed (SIGKILL) mid-stream: bk's client fences and closes its ledger, and reads
     back every entry up to the recovered LAC, which covers every entry the writer saw confirmed."""
     cluster, _ = mixed
     uri = cluster.metadata_uri
+    known = run_async(ledgers_of(uri))
+    log_path = tmp_path / "java-writer.log"
+    writer = start_java_writer(uri, log_path, 2_000_000)
 
-    async def before():
+    async def go() -> tuple[int, int]:
         async with BookKeeper(uri) as bkc:
-            return set(await bkc.list_ledgers())
-
-    known = run_async(before())
-    log = open(tmp_path / "java-writer.log", "wb")
-    writer = subprocess.Popen(
-        ["bash", str(JAVA_BK / "run-client.sh"), "bench", "--metadata-uri", uri, "-e", "6", "-w", "3", "-a", "2",
-         "-n", "2000000", "-s", str(SIZE), "-k", "100", "--no-close"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "BK_CLIENT_HEAP": "256m"}, start_new_session=True)
-
-    async def watch_then_kill() -> tuple[int, int]:
-        async with BookKeeper(uri) as bkc:
-            deadline = time.monotonic() + JVM_TIMEOUT_S
-            ledger_id, lac = None, -1
-            while lac < 300:
-                assert writer.poll() is None, (tmp_path / "java-writer.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the Java writer never got 300 entries confirmed"
-                if ledger_id is None:
-                    new = set(await bkc.list_ledgers()) - known
-                    ledger_id = min(new) if new else None
-                if ledger_id is not None:
-                    rh = await bkc.open_ledger(ledger_id, PASSWORD, recovery=False)  # no fencing: just look
-                    lac = await rh.read_last_add_confirmed()
-                await asyncio.sleep(0.1)
-            os.killpg(writer.pid, signal.SIGKILL)  # the writer dies with adds in flight
-            writer.wait()
-            return ledger_id, lac
+            ledger_id, seen = await java_writer_past(bkc, writer, log_path, known, 300)
+            end(writer)  # SIGKILL: the writer dies with adds in flight
+            assert (await bkc.get_ledger_metadata(ledger_id)).state == LedgerState.OPEN  # nobody closed it
+            return ledger_id, await recover_and_check(bkc, ledger_id, seen)
 
     try:
-        ledger_id, seen_lac = run_async(watch_then_kill())
+        ledger_id, lac = run_async(go())
     finally:
-        if writer.poll() is None:
-            os.killpg(writer.pid, signal.SIGKILL)
-            writer.wait()
-        log.close()
-
-    async def recover():
-        async with BookKeeper(uri) as bkc:
-            md = await bkc.get_ledger_metadata(ledger_id)
-            assert md.state == LedgerState.OPEN  # nobody closed it
-            rh, entries = await read_all(bkc, ledger_id, recovery=True)
-            assert rh.is_closed and rh.last_add_confirmed >= seen_lac
-            assert [e.data for e in entries] == [java_payload(i, SIZE) for i in range(rh.last_add_confirmed + 1)]
-            md = await bkc.get_ledger_metadata(ledger_id)
-            assert md.state == LedgerState.CLOSED and md.last_entry_id == rh.last_add_confirmed
-            return rh.last_add_confirmed
-
-    lac = run_async(recover())
+        end(writer)
     # the Java client sees the same closed ledger (and every payload) after bk's recovery
     answer = java_client("read", uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), "--no-recovery")
     assert answer["closed"] and answer["lac"] == lac and answer["entries_read"] == lac + 1
     assert answer.get("bad_payloads", 0) == 0
+
+
+def test_a_live_java_writer_is_fenced_by_bk_recovery(mixed, tmp_path):
+    """bk's client recovers a ledger a live Java writer is still adding to: the writer's later adds
+    fail (fenced), and what bk closed is what every reader sees."""
+    cluster, _ = mixed
+    uri = cluster.metadata_uri
+    known = run_async(ledgers_of(uri))
+    log_path = tmp_path / "java-writer.log"
+    writer = start_java_writer(uri, log_path, 300_000)
+
+    async def go() -> tuple[int, int]:
+        async with BookKeeper(uri) as bkc:
+            ledger_id, seen = await java_writer_past(bkc, writer, log_path, known, 300)
+            return ledger_id, await recover_and_check(bkc, ledger_id, seen)
+
+    try:
+        ledger_id, lac = run_async(go())
+        writer.wait(JVM_TIMEOUT_S)
+    finally:
+        end(writer)
+    lines = [line for line in log_path.read_text().splitlines() if line.startswith("{")]
+    answer = json.loads(lines[-1])
+    assert writer.returncode != 0 and answer["adds_failed"] > 0, answer
+    assert "fenced" in answer["first_add_error"].lower(), answer["first_add_error"]
 
 
 def test_a_live_bk_writer_is_fenced_by_the_java_clients_recovery(mixed):
