@@ -146,6 +146,7 @@ class HttpAdminServer:
 
     async def start(self) -> "HttpAdminServer | None":
         """Listen; None (with a WARNING) when another process holds the port."""
+        ssl_context = self._ssl_context()  # bad TLS files: a ConfigError before anything listens
         app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
         for path in ROUTES:  # BookKeeper's docs write some paths with a trailing slash: take both
             app.router.add_route("*", path, self._dispatch)
@@ -153,7 +154,7 @@ class HttpAdminServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.address, self.config.http_server_port, reuse_address=True,
-                           ssl_context=self._ssl_context())
+                           ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as e:
