@@ -52,9 +52,24 @@ def run_seed(seed: int, test_break: str = "", keep_dir: bool = False, verbose: b
     return chaos.result
 
 
+def git_revision() -> str:
+    """The commit the runs ran on ("+dirty" with uncommitted changes), for the evidence."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
+
+
 def summarize(results: list[dict], test_break: str, wall_s: float) -> dict:
     failed = [r for r in results if not r["ok"]]
-    return {"mode": "gc", "break": test_break, "runs": len(results), "ok": len(results) - len(failed),
+    return {"mode": "gc", "break": test_break, "git_revision": git_revision(),
+            "runs": len(results), "ok": len(results) - len(failed),
             "failed": len(failed), "failed_seeds": [r["seed"] for r in failed],
             "seeds": f"{results[0]['seed']}-{results[-1]['seed']}" if results else "",
             "caught_at_step": dict(Counter(r["failed_step"].split(":")[-1] for r in failed)),
