@@ -17,8 +17,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from interop_support import (  # noqa: E402
-    DEFAULT_RELEASE, JAVA_BK, JVM_TIMEOUT_S, PASSWORD, fresh_root, java_client, java_payload, run_async,
-    start_java_bookies, wait_registered,
+    DEFAULT_RELEASE, JAVA_BK, JVM_TIMEOUT_S, PASSWORD, die_with_parent, fresh_root, java_client, java_payload,
+    run_async, start_java_bookies, wait_registered,
 )
 
 from bk.client import BookKeeper  # noqa: E402
@@ -127,7 +127,7 @@ def start_java_writer(uri: str, log_path, entries: int) -> subprocess.Popen:
             ["bash", str(JAVA_BK / "run-client.sh"), "bench", "--metadata-uri", uri, "-e", "6", "-w", "3", "-a", "2",
              "-n", str(entries), "-s", str(SIZE), "-k", "100", "--no-close"],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "BK_CLIENT_HEAP": "256m"},
-            start_new_session=True)
+            start_new_session=True, preexec_fn=die_with_parent)
 
 
 async def ledgers_of(uri: str) -> set[int]:
