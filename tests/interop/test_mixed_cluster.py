@@ -1,6 +1,7 @@
-"""A mixed cluster: three bk bookies and three Apache BookKeeper 4.17.4 bookies on one metadata
-root, ledgers of E6/WQ3/AQ2 spread over both kinds. Each client writes and the other reads; a
-crashed writer of each kind is recovered (fenced, closed) by the other kind's client."""
+"""A mixed cluster: three bk bookies and three Apache BookKeeper bookies (4.17.4, then 4.15.5,
+with the Java client of the same release) on one metadata root, ledgers of E6/WQ3/AQ2 spread over
+both kinds. Each client writes and the other reads; a crashed writer of each kind is recovered
+(fenced, closed) by the other kind's client, and each client's recovery fences the other's live writer."""
 from __future__ import annotations
 
 import asyncio
@@ -17,8 +18,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from interop_support import (  # noqa: E402
-    DEFAULT_RELEASE, JAVA_BK, JVM_TIMEOUT_S, PASSWORD, die_with_parent, fresh_root, java_client, java_payload,
-    run_async, start_java_bookies, wait_registered,
+    JAVA_BK, JVM_TIMEOUT_S, PASSWORD, die_with_parent, fresh_root, java_client, java_payload,
+    RELEASES, run_async, start_java_bookies, wait_registered,
 )
 
 from bk.client import BookKeeper  # noqa: E402
@@ -29,17 +30,18 @@ from bk.testing.cluster import LocalCluster  # noqa: E402
 SIZE = 256
 
 
-@pytest.fixture(scope="module")
-def mixed(interop_zk, tmp_path_factory):
+@pytest.fixture(scope="module", params=RELEASES)
+def mixed(request, interop_zk, tmp_path_factory):
+    release = request.param
     base = tmp_path_factory.mktemp("mixed")
     cluster = LocalCluster(str(base / "bk"), 3, zk_connect=fresh_root(interop_zk, "mixed"),
                            http_server_enabled=False)
     cluster.start()
     java = []
     try:
-        java = start_java_bookies(cluster.metadata_uri, base, 3, DEFAULT_RELEASE)
+        java = start_java_bookies(cluster.metadata_uri, base, 3, release)
         wait_registered(cluster.metadata_uri, list(cluster.bookies.values()) + java)
-        yield cluster, java
+        yield cluster, java, release
     finally:
         for b in java:
             b.stop()
@@ -47,7 +49,7 @@ def mixed(interop_zk, tmp_path_factory):
 
 
 def all_ids(mixed) -> set[str]:
-    cluster, java = mixed
+    cluster, java, _ = mixed
     return set(cluster.bookie_ids) | {b.bookie_id for b in java}
 
 
@@ -58,10 +60,10 @@ async def read_all(bkc, ledger_id, recovery=True):
 
 
 def test_java_writes_bk_reads(mixed):
-    cluster, _ = mixed
+    cluster, _, release = mixed
     n = 1500
     answer = java_client("bench", cluster.metadata_uri, "-e", "6", "-w", "3", "-a", "2", "-n", str(n),
-                         "-s", str(SIZE), "-k", "200")
+                         "-s", str(SIZE), "-k", "200", release=release)
     ensemble = set(answer["ensemble_bookies"].strip("[]").replace(" ", "").split(","))
     assert ensemble == all_ids(mixed)  # both kinds hold its entries
 
@@ -78,7 +80,7 @@ def test_java_writes_bk_reads(mixed):
 
 @pytest.mark.parametrize("protocol", ["v2", "v3"])
 def test_bk_writes_java_reads(mixed, protocol):
-    cluster, _ = mixed
+    cluster, _, release = mixed
     n = 1500
 
     async def write():
@@ -91,13 +93,14 @@ def test_bk_writes_java_reads(mixed, protocol):
 
     ledger_id = run_async(write())
     for v2 in ([], ["--v2"]):
-        answer = java_client("read", cluster.metadata_uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), *v2)
+        answer = java_client("read", cluster.metadata_uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), *v2,
+                             release=release)
         assert answer["closed"] and answer["lac"] == n - 1
         assert answer["entries_read"] == n and answer.get("bad_payloads", 0) == 0
 
 
 def test_crashed_bk_writer_recovered_by_java_client(mixed):
-    cluster, _ = mixed
+    cluster, _, release = mixed
     n = 700
 
     async def write_and_crash():
@@ -108,7 +111,8 @@ def test_crashed_bk_writer_recovered_by_java_client(mixed):
         return lh
 
     lh = run_async(write_and_crash())
-    answer = java_client("read", cluster.metadata_uri, "--ledger-id", str(lh.ledger_id), "--size", str(SIZE))
+    answer = java_client("read", cluster.metadata_uri, "--ledger-id", str(lh.ledger_id), "--size", str(SIZE),
+                         release=release)
     assert answer["closed"] and answer["lac"] == n - 1 and answer["entries_read"] == n
     assert answer.get("bad_payloads", 0) == 0
 
@@ -120,13 +124,14 @@ def test_crashed_bk_writer_recovered_by_java_client(mixed):
     run_async(check())
 
 
-def start_java_writer(uri: str, log_path, entries: int) -> subprocess.Popen:
+def start_java_writer(uri: str, log_path, entries: int, release: str) -> subprocess.Popen:
     """The Java driver's bench, leaving its ledger open (--no-close), in a session of its own."""
     with open(log_path, "wb") as log:
         return subprocess.Popen(
             ["bash", str(JAVA_BK / "run-client.sh"), "bench", "--metadata-uri", uri, "-e", "6", "-w", "3", "-a", "2",
              "-n", str(entries), "-s", str(SIZE), "-k", "100", "--no-close"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "BK_CLIENT_HEAP": "256m"},
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "BK_CLIENT_HEAP": "256m", "BK_RELEASE": release},
             start_new_session=True, preexec_fn=die_with_parent)
 
 
@@ -171,11 +176,11 @@ async def recover_and_check(bkc, ledger_id: int, lac_at_least: int) -> int:
 def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
     """A Java writer killed (SIGKILL) mid-stream: bk's client fences and closes its ledger, and reads
     back every entry up to the recovered LAC, which covers every entry the writer saw confirmed."""
-    cluster, _ = mixed
+    cluster, _, release = mixed
     uri = cluster.metadata_uri
     known = run_async(ledgers_of(uri))
     log_path = tmp_path / "java-writer.log"
-    writer = start_java_writer(uri, log_path, 2_000_000)
+    writer = start_java_writer(uri, log_path, 2_000_000, release)
 
     async def go() -> tuple[int, int]:
         async with BookKeeper(uri) as bkc:
@@ -189,7 +194,8 @@ def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
     finally:
         end(writer)
     # the Java client sees the same closed ledger (and every payload) after bk's recovery
-    answer = java_client("read", uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), "--no-recovery")
+    answer = java_client("read", uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), "--no-recovery",
+                         release=release)
     assert answer["closed"] and answer["lac"] == lac and answer["entries_read"] == lac + 1
     assert answer.get("bad_payloads", 0) == 0
 
@@ -197,11 +203,11 @@ def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
 def test_a_live_java_writer_is_fenced_by_bk_recovery(mixed, tmp_path):
     """bk's client recovers a ledger a live Java writer is still adding to: the writer's later adds
     fail (fenced), and what bk closed is what every reader sees."""
-    cluster, _ = mixed
+    cluster, _, release = mixed
     uri = cluster.metadata_uri
     known = run_async(ledgers_of(uri))
     log_path = tmp_path / "java-writer.log"
-    writer = start_java_writer(uri, log_path, 300_000)
+    writer = start_java_writer(uri, log_path, 300_000, release)
 
     async def go() -> tuple[int, int]:
         async with BookKeeper(uri) as bkc:
@@ -220,7 +226,7 @@ def test_a_live_java_writer_is_fenced_by_bk_recovery(mixed, tmp_path):
 
 
 def test_a_live_bk_writer_is_fenced_by_the_java_clients_recovery(mixed):
-    cluster, _ = mixed
+    cluster, _, release = mixed
     n = 100
 
     async def go():
@@ -230,7 +236,7 @@ def test_a_live_bk_writer_is_fenced_by_the_java_clients_recovery(mixed):
             # the writer is alive; a Java reader recovers the ledger (fences every bookie, closes it)
             answer = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: java_client("read", cluster.metadata_uri, "--ledger-id", str(lh.ledger_id),
-                                          "--size", str(SIZE)))
+                                          "--size", str(SIZE), release=release))
             assert answer["closed"] and answer["lac"] == n - 1 and answer["entries_read"] == n
             with pytest.raises((LedgerFencedError, LedgerClosedError)):
                 await lh.add_entry(java_payload(n, SIZE))
