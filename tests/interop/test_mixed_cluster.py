@@ -173,29 +173,40 @@ async def recover_and_check(bkc, ledger_id: int, lac_at_least: int) -> int:
     return rh.last_add_confirmed
 
 
-def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
-    """A Java writer killed (SIGKILL) mid-stream: bk's client fences and closes its ledger, and reads
-    back every entry up to the recovered LAC, which covers every entry the writer saw confirmed."""
+def recover_java_writer(mixed, tmp_path, entries: int, *, kill: bool):
+    """Start a Java writer (bench --no-close), wait until bk sees its LAC past 300, SIGKILL it when
+    `kill` (else leave it running), then recover its still-open ledger with bk's client and check
+    it (recover_and_check). Returns (ledger_id, recovered LAC, the writer process, its log path)."""
     cluster, _, release = mixed
     uri = cluster.metadata_uri
     known = run_async(ledgers_of(uri))
     log_path = tmp_path / "java-writer.log"
-    writer = start_java_writer(uri, log_path, 2_000_000, release)
+    writer = start_java_writer(uri, log_path, entries, release)
 
     async def go() -> tuple[int, int]:
         async with BookKeeper(uri) as bkc:
             ledger_id, seen = await java_writer_past(bkc, writer, log_path, known, 300)
-            end(writer)  # SIGKILL: the writer dies with adds in flight
+            if kill:
+                end(writer)  # SIGKILL: the writer dies with adds in flight
             assert (await bkc.get_ledger_metadata(ledger_id)).state == LedgerState.OPEN  # nobody closed it
             return ledger_id, await recover_and_check(bkc, ledger_id, seen)
 
     try:
         ledger_id, lac = run_async(go())
+        writer.wait(JVM_TIMEOUT_S)  # a live writer runs on (its adds failing) and exits
     finally:
         end(writer)
+    return ledger_id, lac, writer, log_path
+
+
+def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
+    """A Java writer killed (SIGKILL) mid-stream: bk's client fences and closes its ledger, and reads
+    back every entry up to the recovered LAC, which covers every entry the writer saw confirmed."""
+    ledger_id, lac, _, _ = recover_java_writer(mixed, tmp_path, 2_000_000, kill=True)
+    cluster, _, release = mixed
     # the Java client sees the same closed ledger (and every payload) after bk's recovery
-    answer = java_client("read", uri, "--ledger-id", str(ledger_id), "--size", str(SIZE), "--no-recovery",
-                         release=release)
+    answer = java_client("read", cluster.metadata_uri, "--ledger-id", str(ledger_id), "--size", str(SIZE),
+                         "--no-recovery", release=release)
     assert answer["closed"] and answer["lac"] == lac and answer["entries_read"] == lac + 1
     assert answer.get("bad_payloads", 0) == 0
 
@@ -203,22 +214,7 @@ def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
 def test_a_live_java_writer_is_fenced_by_bk_recovery(mixed, tmp_path):
     """bk's client recovers a ledger a live Java writer is still adding to: the writer's later adds
     fail (fenced), and what bk closed is what every reader sees."""
-    cluster, _, release = mixed
-    uri = cluster.metadata_uri
-    known = run_async(ledgers_of(uri))
-    log_path = tmp_path / "java-writer.log"
-    writer = start_java_writer(uri, log_path, 300_000, release)
-
-    async def go() -> tuple[int, int]:
-        async with BookKeeper(uri) as bkc:
-            ledger_id, seen = await java_writer_past(bkc, writer, log_path, known, 300)
-            return ledger_id, await recover_and_check(bkc, ledger_id, seen)
-
-    try:
-        ledger_id, lac = run_async(go())
-        writer.wait(JVM_TIMEOUT_S)
-    finally:
-        end(writer)
+    _, _, writer, log_path = recover_java_writer(mixed, tmp_path, 300_000, kill=False)
     lines = [line for line in log_path.read_text().splitlines() if line.startswith("{")]
     answer = json.loads(lines[-1])
     assert writer.returncode != 0 and answer["adds_failed"] > 0, answer
