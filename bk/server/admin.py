@@ -24,11 +24,15 @@ Ops (each calls the bookie's Python API, which a later HTTP endpoint can call to
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import socket
 import stat
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +44,80 @@ class AdminError(Exception):
     """The admin channel could not be reached or answered with an error."""
 
 
+class GcCalls:
+    """GC and compaction asked for from the admin surface (HTTP, the admin socket) wait on
+    ONE thread of their own, never on the default executor: a caller of trigger() or
+    compact_logs() is held for a whole pass, and the default executor serves the read path.
+    One thread is enough: the collector runs one pass at a time and requests made during a
+    pass share the next one (bk.bookie.gc)."""
+
+    def __init__(self, gc):
+        self.gc = gc
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="bk-gc-admin")
+        self._lock = threading.Lock()
+        self._pending: set[Future] = set()  # background triggers whose pass has not ended
+
+    async def call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on the GC executor, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(fn, *args, **kwargs))
+
+    def trigger_in_background(self, force_major: bool = False, force_minor: bool = False) -> None:
+        """Ask for a pass and return at once (BookKeeper's HTTP GC trigger); the pass's
+        figures go to the log and to the collector's status (gc_details)."""
+        fut = self.executor.submit(self.gc.trigger, force_major=force_major, force_minor=force_minor)
+        with self._lock:
+            self._pending.add(fut)
+        fut.add_done_callback(self._ended)
+
+    def _ended(self, fut: Future) -> None:
+        with self._lock:
+            self._pending.discard(fut)
+        try:
+            result = fut.result()
+        except Exception:
+            log.exception("GC pass triggered over HTTP failed")
+            return
+        if isinstance(result, dict) and not result.get("ok", True):
+            log.warning("GC pass triggered over HTTP: %s", result.get("error", result))
+
+    def in_force(self) -> bool:
+        """A pass is running, or one asked for here has not ended yet (it may still wait
+        for the collector's thread to pick it up)."""
+        with self._lock:
+            if any(not f.done() for f in self._pending):
+                return True
+        return bool(self.gc.status().get("running"))
+
+
+_GC_CALLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_GC_CALLS_LOCK = threading.Lock()
+
+
+def gc_calls(gc) -> GcCalls:
+    """The one GcCalls of a GarbageCollector (shared by the HTTP server and the admin socket)."""
+    with _GC_CALLS_LOCK:
+        calls = _GC_CALLS.get(gc)
+        if calls is None:
+            calls = _GC_CALLS[gc] = GcCalls(gc)
+        return calls
+
+
 def gc_ops(gc) -> dict:
-    """op name -> blocking handler(args) for a GarbageCollector (run off the loop)."""
+    """op name -> blocking handler(args) for a GarbageCollector (run off the loop). Handlers
+    that wait for a pass carry `executor`: the GC's own (GcCalls), where _serve runs them."""
+    def trigger(a):
+        return gc.trigger(force_major=bool(a.get("force_major")), force_minor=bool(a.get("force_minor")))
+
+    def compact(a):
+        return gc.compact_logs(_log_ids(a.get("log_ids")))
+
+    trigger.executor = compact.executor = gc_calls(gc).executor
     return {
-        "gc_trigger": lambda a: gc.trigger(force_major=bool(a.get("force_major")),
-                                           force_minor=bool(a.get("force_minor"))),
+        "gc_trigger": trigger,
         "gc_status": lambda a: gc.status(),
         "entry_logs": lambda a: {"entry_logs": gc.entry_log_usage()},
-        "gc_compact_logs": lambda a: gc.compact_logs(_log_ids(a.get("log_ids"))),
+        "gc_compact_logs": compact,
     }
 
 
@@ -112,7 +182,9 @@ class AdminServer:
                 op = self.ops.get(req.get("op"))
                 if op is None:
                     raise ValueError(f"unknown op {req.get('op')!r}; known: {sorted(self.ops)}")
-                result = await asyncio.to_thread(op, req)
+                # None: the default executor; a GC pass waits on the GC's own (gc_ops)
+                result = await asyncio.get_running_loop().run_in_executor(
+                    getattr(op, "executor", None), op, req)
                 reply = {"ok": True, "result": result}
             except (ValueError, asyncio.LimitOverrunError) as e:
                 reply = {"ok": False, "error": f"bad request: {e}"}

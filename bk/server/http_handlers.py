@@ -19,6 +19,7 @@ from bk.errors import NoSuchLedgerMetadataError
 from bk.meta.ledger_metadata import metadata_dict
 from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
+from .admin import gc_calls
 from .http_admin import HttpError, json_body, json_response, param_bool, param_int, route
 
 FREE_AND_TOTAL = BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY  # GetBookieInfo's requested bits
@@ -169,13 +170,16 @@ async def list_disk_file(admin, request):
 # ---------------------------------------------------------------- GC (docs/GC.md)
 @route("/api/v1/bookie/gc", "GET", "PUT")
 async def gc(admin, request):
-    """GET: BookKeeper's {"is_in_force_gc": "true"|"false"}. PUT (a mutation): run a pass now,
-    body {"forceMajor": bool, "forceMinor": bool}; answers with the pass's figures."""
+    """GET: BookKeeper's {"is_in_force_gc": "true"|"false"} ("true" from the PUT until its pass
+    ends). PUT (a mutation), body {"forceMajor": bool, "forceMinor": bool}: asks for a pass and
+    answers at once, as BookKeeper's does, with its JSON string "Triggered GC on BookieServer: id";
+    the pass runs on the GC's own executor (bk.server.admin.GcCalls), its figures land in gc_details."""
     collector = admin.server.bookie.gc
     if collector is None:
         raise HttpError(503, "garbage collection is not running on this bookie")
+    calls = gc_calls(collector)
     if request.method == "GET":
-        return json_response({"is_in_force_gc": str(bool(collector.status().get("running"))).lower()})
+        return json_response({"is_in_force_gc": str(calls.in_force()).lower()})
     body = await json_body(request)
     flags = {}
     for key, name in (("forceMajor", "force_major"), ("forceMinor", "force_minor")):
@@ -183,7 +187,8 @@ async def gc(admin, request):
         if not isinstance(value, bool):
             raise HttpError(400, f"{key} must be true or false")
         flags[name] = value
-    return json_response(await asyncio.to_thread(collector.trigger, **flags))
+    calls.trigger_in_background(**flags)
+    return json_response(f"Triggered GC on BookieServer: {admin.server.bookie_id}")
 
 
 @route("/api/v1/bookie/gc_details", "GET")
@@ -207,7 +212,7 @@ async def gc_compact(admin, request):
     ids = (await json_body(request)).get("logIds")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
         raise HttpError(400, 'give {"logIds": [non-negative integers]} as the body')
-    return json_response(await asyncio.to_thread(collector.compact_logs, ids))
+    return json_response(await gc_calls(collector).call(collector.compact_logs, ids))
 
 
 def _entry_log_usage(config) -> dict:
