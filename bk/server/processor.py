@@ -241,13 +241,16 @@ class RequestProcessor:
         max_size = req.max_size or self.config.max_frame_size_bytes
         max_size = min(max_size, self.config.max_frame_size_bytes)
         eid = req.start_entry_id
+        max_count = max(1, req.max_count)
         if spans and eid >= 0:
             # Entries only in the entry logs go out as the log's bytes (os.sendfile), unread.
-            span = await bookie.read_span(req.ledger_id, eid, max(1, req.max_count), max_size - size)
+            span = await bookie.read_span(req.ledger_id, eid, max_count, max_size - size)
             if span is not None:
-                _READ_BYTES.inc(len(span) - BATCH_READ_ENTRY_LENGTH_BYTES * span.count)
-                return BatchReadResponse(0, req.ledger_id, eid, req.request_id, span)
-        while len(entries) < max(1, req.max_count):
+                if await self._span_is_whole(req, span, size, max_size):
+                    _READ_BYTES.inc(len(span) - BATCH_READ_ENTRY_LENGTH_BYTES * span.count)
+                    return BatchReadResponse(0, req.ledger_id, eid, req.request_id, span)
+                span.release()  # short: the entry-by-entry loop below answers all of them
+        while len(entries) < max_count:
             try:
                 entry = await bookie.read_entry(req.ledger_id, eid)
             except (NoSuchEntryError, LedgerLimboError, StorageError):
@@ -263,6 +266,23 @@ class RequestProcessor:
             eid += 1
         _READ_BYTES.inc(size - BATCH_READ_RESPONSE_HEADER_BYTES - BATCH_READ_ENTRY_LENGTH_BYTES * len(entries))
         return BatchReadResponse(0, req.ledger_id, req.start_entry_id, req.request_id, entries)
+
+    async def _span_is_whole(self, req: BatchReadRequest, span, size: int, max_size: int) -> bool:
+        """Whether `span` is the whole answer a Java bookie gives: max_count entries, or the
+        next entry is missing, unreadable (a later error ends a batch) or would not fit
+        max_size. A span covers one stretch of one entry log, so a batch running into the
+        next log or the write cache has more to answer (a 4.17 Java client hands a short
+        answer to its caller as it is). Releases the span before raising (a cancelled await)."""
+        if span.count >= max(1, req.max_count):
+            return True
+        try:
+            nxt = await self.bookie.read_entry(req.ledger_id, req.start_entry_id + span.count)
+        except (NoSuchEntryError, LedgerLimboError, StorageError):
+            return True
+        except BaseException:
+            span.release()
+            raise
+        return size + len(span) + BATCH_READ_ENTRY_LENGTH_BYTES + len(nxt) > max_size
 
     async def _read_lac(self, req: ReadLacRequest, conn=None):
         bookie = self.bookie
