@@ -8,7 +8,6 @@ defaults (v3) and with useV2WireProtocol=true, every digest type the driver take
 from __future__ import annotations
 
 import pathlib
-import re
 import sys
 
 import pytest
@@ -29,12 +28,6 @@ JAVA_V2_LACKS = {
     "getListOfEntriesOfLedger (GET_LIST_OF_ENTRIES_OF_LEDGER)",
     "DEFERRED_SYNC writes + force",
 }
-
-
-def short_batch(check: dict) -> bool:
-    """The driver's batchReadAsync check failed only because fewer than its 10 entries came back."""
-    m = re.search(r"unexpected: (\d+) entries", check.get("error", ""))
-    return m is not None and 0 < int(m.group(1)) < 10
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +68,9 @@ def test_java_client_features(bk_cluster, protocol):
     assert len(checks) == 12, sorted(checks)
     lacking = JAVA_V2_LACKS if protocol == "v2" else set()
     failed = {name for name, c in checks.items() if not c.get("ok")}
-    short = {name for name in failed if name.startswith("batchReadAsync") and short_batch(checks[name])}
-    # Known defect (docs/INTEROP.md): a bk bookie may answer a BATCH_READ with the entries of one
-    # entry-log span only (fewer than asked when the rest is still in the write cache); bk's client
-    # reads the rest, the Java client hands the short list to its caller and the driver's check
-    # fails with "unexpected: N entries". Only that exact form is let through.
-    assert failed - short == lacking, [checks[name] for name in failed ^ lacking]
+    # batchReadAsync included: a 4.17 Java client hands a short BATCH_READ answer to its caller as
+    # it is, so its check fails ("unexpected: N entries") unless the bookie answers all 10
+    assert failed == lacking, [checks[name] for name in failed ^ lacking]
     skipped = {name for name, c in checks.items() if str(c.get("detail", "")).startswith("skipped")}
     # BATCH_READ from a 4.17 Java client goes over v2 only: it must have run there
     assert {name for name in skipped if name.startswith("batchReadAsync")} == (
