@@ -111,6 +111,9 @@ class BookieConfig:
     open_ledger_rereplication_grace_period_ms: int = 30_000
     rereplication_entry_batch_size: int = 100
     replication_rate_bytes_per_s: int = 0
+    # `bk autorecovery`'s own /metrics (the bookie serves its on http_server_port): -1 off,
+    # 0 any free port (printed at start), else that port, on http_server_address (empty: 127.0.0.1)
+    autorecovery_metrics_port: int = -1
 
     # --- BP-46: running without the journal (REPLICATION.md, "Running without the journal")
     # None = auto: on exactly when journal_write_data is false (then a crash can lose acknowledged
@@ -373,6 +376,8 @@ def _check(cfg: BookieConfig) -> None:
         bad("test_break", f"must be one of {TEST_BREAKS} (a test-only broken bookie)")
     if cfg.http_server_port > 65535:
         bad("http_server_port", "must be 0 (ephemeral) or 1..65535")
+    if not -1 <= cfg.autorecovery_metrics_port <= 65535:
+        bad("autorecovery_metrics_port", "must be -1 (off), 0 (ephemeral) or 1..65535")
     if cfg.http_server_enabled and cfg.http_server_port == cfg.bookie_port:
         bad("http_server_port", "the HTTP admin server and the bookie listen on the same address: "
                                 "they need different ports")

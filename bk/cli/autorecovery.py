@@ -9,12 +9,20 @@ rereplication_entry_batch_size, replication_rate_bytes_per_s). Runs until
 SIGTERM or Ctrl-C, then releases its lock and vote within shutdown_timeout_ms: exit 0
 when it did, 3 when it had to abandon that (ZooKeeper down or paused: the lock and vote
 end with the session; the log says what was abandoned), 4 on a second signal (at once).
+
+Logs as `bk bookie` does (log_level unless --log-level is given, log_format, rotation), to
+log_file with "-autorecovery" before its extension (bookie.log -> bookie-autorecovery.log):
+two processes must not rotate one file. With autorecovery_metrics_port (-1 = off, the
+default; 0 = any free port) it serves GET /metrics (the auditor_* and replication_worker_*
+metrics, in prometheus_latency_shape) on http_server_address (empty: 127.0.0.1); the ready
+line then ends with "metrics http://HOST:PORT/metrics".
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 
 from bk import eventloop
 from bk.config import BookieConfig, load_config
@@ -32,20 +40,95 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from .logs import setup_logging
+
     cfg = load_config(args.conf, overrides=args.overrides)
+    setup_logging(getattr(args, "log_level", None) or cfg.log_level, log_file=own_log_file(cfg.log_file),
+                  log_format=cfg.log_format, max_bytes=cfg.log_file_max_size_bytes, backups=cfg.log_file_backups,
+                  bookie_id=cfg.bookie_id)
     return eventloop.run(serve(cfg))
 
 
-async def serve(cfg: BookieConfig) -> int:
-    from bk.replication import AutoRecovery
-    from bk.server.server import bounded_wait
+def own_log_file(log_file: str) -> str:
+    """The bookie's log_file with "-autorecovery" before its extension ("" stays stderr)."""
+    if not log_file:
+        return ""
+    stem, ext = os.path.splitext(log_file)
+    return f"{stem}-autorecovery{ext}"
 
-    from .stopping import EXIT_CLEAN, EXIT_UNCLEAN, StopControl
+
+class MetricsServer:
+    """GET /metrics only (bk.metrics' page), for a process without the bookie's HTTP server."""
+
+    def __init__(self, cfg: BookieConfig):
+        self.cfg = cfg
+        self.address = cfg.http_server_address or "127.0.0.1"
+        self.port: int | None = None
+        self._runner = None
+
+    async def start(self) -> "MetricsServer":
+        from aiohttp import web
+
+        from bk import metrics
+        from bk.errors import BKError
+
+        async def page(request):
+            body, content_type = metrics.exposition()
+            resp = web.Response(body=body)
+            resp.headers["Content-Type"] = content_type
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/metrics", page)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.address, self.cfg.autorecovery_metrics_port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as e:
+            await self._runner.cleanup()
+            self._runner = None
+            raise BKError(f"autorecovery metrics cannot listen on {self.address}:{self.cfg.autorecovery_metrics_port}"
+                          f" ({e.strerror or e}); set autorecovery_metrics_port (0 = any free port, -1 = off)") from None
+        self.port = site._server.sockets[0].getsockname()[1]
+        log.info("autorecovery metrics on %s", self.url)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}/metrics"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+async def serve(cfg: BookieConfig) -> int:
+    from bk import metrics
+
+    from .stopping import EXIT_UNCLEAN, StopControl
 
     abandoned: list[str] = []
     step = ["starting"]
     control = StopControl(f"autorecovery of {cfg.bookie_id}", cfg.shutdown_timeout_ms,
                           lambda: EXIT_UNCLEAN, doing=lambda: step[0]).install()
+    metrics.set_enabled(cfg.metrics_enabled)
+    metrics.set_latency_shape(cfg.prometheus_latency_shape)
+    metrics_server = await MetricsServer(cfg).start() if cfg.autorecovery_metrics_port >= 0 else None
+    try:
+        return await _serve(cfg, control, abandoned, step, metrics_server)
+    finally:
+        if metrics_server is not None:
+            await metrics_server.stop()
+
+
+async def _serve(cfg, control, abandoned, step, metrics_server) -> int:
+    from bk.replication import AutoRecovery
+    from bk.server.server import bounded_wait
+
+    from .stopping import EXIT_CLEAN, EXIT_UNCLEAN
+
     autorecovery = AutoRecovery(cfg)
     starting = asyncio.ensure_future(autorecovery.start())
     stopping = asyncio.ensure_future(control.requested.wait())
@@ -53,8 +136,8 @@ async def serve(cfg: BookieConfig) -> int:
     if starting.done():
         stopping.cancel()
         starting.result()  # a failed start raises here
-        print(f"autorecovery for bookie {autorecovery.bookie_id} ready (metadata {cfg.metadata_service_uri})",
-              flush=True)
+        print(f"autorecovery for bookie {autorecovery.bookie_id} ready (metadata {cfg.metadata_service_uri})"
+              + (f" metrics {metrics_server.url}" if metrics_server is not None else ""), flush=True)
         await control.requested.wait()
     else:
         starting.cancel()  # a start waiting on ZooKeeper: given up at once

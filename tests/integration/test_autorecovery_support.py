@@ -9,9 +9,11 @@ lastEntryId and length, no under-replication marker or lock is left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -84,3 +86,23 @@ async def wait_fully_replicated(bkc, ledger_ids, lost, wait_s: float = WAIT_S) -
         await until(done, f"every ledger off {sorted(lost)}, no marker and no lock left", wait_s)
     finally:
         await urm.close()
+
+
+@contextlib.contextmanager
+def autorecovery_process(bookie, *args: str):
+    """A real `bk autorecovery --conf <bookie's file> ARGS...` process, once ready: yields it
+    and its ready line (it fails the test with what it printed if it exits before it is
+    ready); killed on the way out if still running."""
+    proc = subprocess.Popen([sys.executable, "-m", "bk.cli.main", "autorecovery", "--conf", bookie.conf_path, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        while f"autorecovery for bookie {bookie.bookie_id} ready" not in (line := proc.stdout.readline()):
+            assert line, "".join(seen)  # exited before it was ready
+            seen.append(line)
+        yield proc, line
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()

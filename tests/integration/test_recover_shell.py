@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from test_autorecovery_support import check_recovered, index_of, make_cluster, shell, wipe, write_ledger
+from test_autorecovery_support import (autorecovery_process, check_recovered, index_of, make_cluster, shell, wipe,
+                                       write_ledger)
 
 from bk import eventloop
 from bk.client import BookKeeper
@@ -105,13 +104,7 @@ def standalone_autorecovery(cluster) -> None:
     """`bk autorecovery --conf FILE` next to a bookie without its own AutoRecovery: it is elected
     auditor (nobody else votes), and SIGTERM stops it cleanly, withdrawing its vote."""
     bookie = cluster.bookies[1]
-    proc = subprocess.Popen([sys.executable, "-m", "bk.cli.main", "autorecovery", "--conf", bookie.conf_path],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        seen = []
-        while f"autorecovery for bookie {bookie.bookie_id} ready" not in (line := proc.stdout.readline()):
-            assert line, "".join(seen)  # exited before it was ready
-            seen.append(line)
+    with autorecovery_process(bookie) as (proc, _ready):
         deadline = time.monotonic() + 30
         while json.loads(run_shell(cluster.metadata_uri, "--json", "whoisauditor").stdout)["auditor"] is None:
             assert time.monotonic() < deadline, "no auditor elected"
@@ -120,9 +113,5 @@ def standalone_autorecovery(cluster) -> None:
         assert f"auditor: {bookie.bookie_id}" in out.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     out = run_shell(cluster.metadata_uri, "whoisauditor")
     assert "no auditor is elected" in out.stdout
