@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--log-level", default=None,
                    help="DEBUG, INFO, WARNING or ERROR, optionally per logger: INFO,bk.journal=DEBUG"
-                        " (default INFO; `bk bookie` takes log_level from its settings unless given)")
+                        " (default INFO; `bk bookie` and `bk autorecovery` take log_level from their settings unless given)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     bookie_cmd.add_parser(sub)
