@@ -4,7 +4,8 @@
 scan_v3_add_requests(buf, start, max_frame, record=tuple) -> (items, end, err, deferred)
     As _codec.scan_add_requests for v3 frames: a plain v3 ADD Request comes back as a `record` of
     `(flags, master_key, ledger_id, entry_id, body, 3, txn_id, priority)` (V3AddRequest's
-    layout; flags FLAG_RECOVERY_ADD for AddRequest.flag RECOVERY_ADD), any other frame as
+    layout; flags FLAG_RECOVERY_ADD for AddRequest.flag RECOVERY_ADD, | FLAG_DEFERRED_SYNC for
+    writeFlags DEFERRED_SYNC), any other frame as
     `(body_offset, body_len)` listed in `deferred`.
 scan_v3_add_responses(buf, start, max_frame, status_map, record=tuple) -> (items, end, err, deferred)
     A plain v3 ADD Response comes back as `(rc, ledger_id, entry_id)` with rc =
@@ -14,6 +15,7 @@ encode_v3_add_responses(reqs, status) -> bytes
     with the v3 `status` in Response.status and AddResponse.status.
 v3_add_request_from_v2(frame, txn_id) -> bytes | None
     The v3 ADD Request frame of a v2 ADD request frame (length prefix included), or None.
+    FLAG_RECOVERY_ADD becomes AddRequest.flag RECOVERY_ADD, FLAG_DEFERRED_SYNC writeFlags DEFERRED_SYNC.
 """
 include "codec_base.pxi"
 
@@ -109,7 +111,7 @@ cdef inline unsigned char *_put_v3_header(unsigned char *p, Py_ssize_t header_le
 
 
 cdef struct _V3Add:
-    uint64_t version, operation, txn, priority, ledger, entry, flag
+    uint64_t version, operation, txn, priority, ledger, entry, flag, write_flags
     const unsigned char *key
     const unsigned char *body
     Py_ssize_t key_len, body_len
@@ -185,7 +187,7 @@ cdef bint _parse_add(const unsigned char *p, Py_ssize_t n, _V3Add *a) noexcept n
         elif tag == _TAG_A_ENTRY and _once(a, _S_ENTRY):
             a.entry = v
         elif tag == _TAG_A_WRITE_FLAGS and _once(a, _S_WRITE_FLAGS):
-            pass  # int32: DEFERRED_SYNC and the like; bk makes every add durable
+            a.write_flags = v  # int32: DEFERRED_SYNC becomes FLAG_DEFERRED_SYNC in the record
         elif tag == _TAG_A_FLAG and _once(a, _S_FLAG):
             a.flag = v
         else:
@@ -202,6 +204,7 @@ cdef bint _parse_v3_add_request(const unsigned char *f, Py_ssize_t n, _V3Add *a)
     a.seen = 0
     a.priority = 0
     a.flag = 0
+    a.write_flags = 0
     while pos < n:
         if not _get_pair(f, n, &pos, &tag, &ln) or (tag != _TAG_HEADER and tag != _TAG_ADD):
             return False
@@ -340,7 +343,8 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
                     if key is None or memcmp(PyBytes_AS_STRING(key), a.key, WL_MASTER_KEY_LENGTH) != 0:
                         key = PyBytes_FromStringAndSize(<const char *>a.key, WL_MASTER_KEY_LENGTH)
                     rec = bk_codec_new_record(record, 8)
-                    _put(rec, 0, WL_FLAG_RECOVERY_ADD if a.seen & _S_FLAG else 0)
+                    _put(rec, 0, (WL_FLAG_RECOVERY_ADD if a.seen & _S_FLAG else 0)
+                         | (WL_FLAG_DEFERRED_SYNC if a.write_flags & WL_V3_WRITE_FLAG_DEFERRED_SYNC else 0))
                     _put(rec, 1, key)
                     _put(rec, 2, <int64_t>a.ledger)
                     _put(rec, 3, <int64_t>a.entry)
@@ -385,7 +389,7 @@ def v3_add_request_from_v2(frame, uint64_t txn_id):
     cdef Py_ssize_t n, body_len, hl, al, size
     cdef uint32_t h
     cdef int64_t ledger_id, entry_id
-    cdef bint recovery
+    cdef bint recovery, deferred_sync
     cdef bytes out
     cdef unsigned char *p
     PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE)
@@ -404,10 +408,12 @@ def v3_add_request_from_v2(frame, uint64_t txn_id):
         if ledger_id < 0 or entry_id < 0:
             return None
         recovery = (h & 0xffff & WL_FLAG_RECOVERY_ADD) != 0
+        deferred_sync = (h & 0xffff & WL_FLAG_DEFERRED_SYNC) != 0
         body_len = n - WL_ADD_ENTRY_OFFSET
         hl = 2 + 2 + 1 + _varint_size(txn_id)
         al = (1 + _varint_size(<uint64_t>ledger_id) + 1 + _varint_size(<uint64_t>entry_id)
-              + 2 + WL_MASTER_KEY_LENGTH + 1 + _varint_size(body_len) + body_len + (3 if recovery else 0))
+              + 2 + WL_MASTER_KEY_LENGTH + 1 + _varint_size(body_len) + body_len + (3 if recovery else 0)
+              + (2 if deferred_sync else 0))
         size = 1 + _varint_size(hl) + hl + 2 + _varint_size(al) + al
         out = PyBytes_FromStringAndSize(NULL, 4 + size)
         p = <unsigned char *>PyBytes_AS_STRING(out)
@@ -427,6 +433,9 @@ def v3_add_request_from_v2(frame, uint64_t txn_id):
         p = _put_varint(p, body_len)
         memcpy(p, f + WL_ADD_ENTRY_OFFSET, body_len)
         p += body_len
+        if deferred_sync:  # AddRequest.writeFlags (field 5, one-byte tag and value)
+            p = _put_varint(p, _TAG_A_WRITE_FLAGS)
+            p = _put_varint(p, WL_V3_WRITE_FLAG_DEFERRED_SYNC)
         if recovery:
             p = _put_varint(p, _TAG_A_FLAG)
             p = _put_varint(p, WL_V3_ADD_FLAG_RECOVERY_ADD)

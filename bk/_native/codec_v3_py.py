@@ -7,8 +7,8 @@ from __future__ import annotations
 
 # The one layout module (a leaf: importing it loads nothing else of bk.proto).
 import bk.proto.layout as _L
-from bk.proto.layout import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, FLAG_RECOVERY_ADD,
-                             FRAME_LENGTH, MASTER_KEY_LENGTH)
+from bk.proto.layout import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, FLAG_DEFERRED_SYNC,
+                             FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH)
 
 from .codec_py import (_I64_MAX, _I64_MIN, _MAX_VERSION, _OP_ADD, _add_ids, _check_record, _length, _new,
                        _view, split_frames)
@@ -105,7 +105,9 @@ def _v3_add_request(d, off: int, end: int):
     if ("flag" in a and a["flag"] != _L.V3_ADD_FLAG_RECOVERY_ADD) or ledger < 0 or entry < 0 \
             or key[1] - key[0] != MASTER_KEY_LENGTH:
         raise _Defer
-    return (FLAG_RECOVERY_ADD if "flag" in a else 0), key, ledger, entry, a["body"], h["txn"], h.get("priority", 0)
+    flags = (FLAG_RECOVERY_ADD if "flag" in a else 0) | (
+        FLAG_DEFERRED_SYNC if a.get("write_flags", 0) & _L.V3_WRITE_FLAG_DEFERRED_SYNC else 0)
+    return flags, key, ledger, entry, a["body"], h["txn"], h.get("priority", 0)
 
 
 def _walk_frames(buf, start: int, max_frame: int):
@@ -226,6 +228,7 @@ def v3_add_request_from_v2(frame, txn_id: int):
            + v((_L.V3_ADD_MASTER_KEY << 3) | _L.V3_WIRE_LEN) + v(MASTER_KEY_LENGTH)
            + data[f + ADD_KEY_OFFSET:f + ADD_ENTRY_OFFSET]
            + v((_L.V3_ADD_BODY << 3) | _L.V3_WIRE_LEN) + v(len(body)) + body
+           + (v(_L.V3_ADD_WRITE_FLAGS << 3) + v(_L.V3_WRITE_FLAG_DEFERRED_SYNC) if h & FLAG_DEFERRED_SYNC else b"")
            + (v(_L.V3_ADD_FLAG << 3) + v(_L.V3_ADD_FLAG_RECOVERY_ADD) if h & FLAG_RECOVERY_ADD else b""))
     out = v(_TAG_HEADER) + v(len(header)) + header + v(_TAG_ADD) + v(len(add)) + add
     return FRAME_LENGTH.pack(len(out)) + out

@@ -29,8 +29,8 @@ from bk.errors import BookieConnectionError, UnauthorizedAccessError
 from bk.proto import AuthRequest, decode_request, encode_request
 from bk.proto import v3
 from bk.proto.auth import AUTH_DISABLED_PLUGIN_NAME, TokenClientAuthProvider
-from bk.proto.layout import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, FLAG_DO_FENCING, FLAG_RECOVERY_ADD, HEADER, IDS,
-                             OP_ADD_ENTRY, OP_AUTH, split_header)
+from bk.proto.layout import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, FLAG_DEFERRED_SYNC, FLAG_DO_FENCING, FLAG_RECOVERY_ADD,
+                             HEADER, IDS, OP_ADD_ENTRY, OP_AUTH, split_header)
 from bk.proto.messages import GetBookieInfoRequest, ReadLacRequest, ReadRequest, WriteLacRequest
 
 Op = v3.OperationType
@@ -89,6 +89,8 @@ def request_to_v3(frame, txn_id: int) -> bytes:
         add.body = bytes(body[ADD_ENTRY_OFFSET:])
         if flags & FLAG_RECOVERY_ADD:
             add.flag = v3.ADD_FLAG_RECOVERY_ADD
+        if flags & FLAG_DEFERRED_SYNC:
+            add.writeFlags = v3.WRITE_FLAG_DEFERRED_SYNC
         return v3.frame(req)
     msg = decode_request(body)
     t = type(msg)

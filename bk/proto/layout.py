@@ -35,6 +35,10 @@ FLAG_NONE = 0x0000
 FLAG_DO_FENCING = 0x0001  # READ / BATCH_READ: fence the ledger (carries the master key)
 FLAG_RECOVERY_ADD = 0x0002  # ADD: written by recovery, accepted on a fenced ledger
 FLAG_HIGH_PRIORITY = 0x0004
+# bk's own, never in a v2 frame on the wire: a v2-shaped ADD (the client's frame, the bookie's
+# V3AddRequest record) whose v3 form carries AddRequest.writeFlags DEFERRED_SYNC (BookKeeper's
+# v2 protocol has no write flags). The v3 ADD kernels translate it both ways.
+FLAG_DEFERRED_SYNC = 0x0008
 
 # GetBookieInfoRequest.Flags of BookkeeperProtocol.proto (the `requested` bit mask)
 BOOKIE_INFO_TOTAL_DISK_CAPACITY = 0x01
@@ -131,6 +135,7 @@ READ_REQUEST_FRAME = struct.Struct(">iIqq")  # length header ledger_id entry_id
 # protobuf library (bk/proto/v3.py declares the same fields with these names).
 V3_OP_ADD_ENTRY = 2  # OperationType.ADD_ENTRY
 V3_ADD_FLAG_RECOVERY_ADD = 1  # AddRequest.Flag.RECOVERY_ADD
+V3_WRITE_FLAG_DEFERRED_SYNC = 1  # AddRequest.writeFlags bit (BookKeeper's WriteFlag.DEFERRED_SYNC)
 V3_FIELD_HEADER = 1  # Request.header, Response.header (BKPacketHeader)
 V3_FIELD_STATUS = 2  # Response.status
 V3_FIELD_ADD = 101  # Request.addRequest, Response.addResponse
@@ -154,14 +159,15 @@ V3_WIRE_LEN = 2
 # ---------------------------------------------------------------- the Cython view of this module
 # Names the kernels use as C constants (bk/_native/wire_layout.pxi).
 CYTHON_NAMES = (
-    "MAX_ACCEPTED_VERSION", "OP_ADD_ENTRY", "FLAG_RECOVERY_ADD", "HEADER_BYTES", "MASTER_KEY_LENGTH",
+    "MAX_ACCEPTED_VERSION", "OP_ADD_ENTRY", "FLAG_RECOVERY_ADD", "FLAG_DEFERRED_SYNC", "HEADER_BYTES",
+    "MASTER_KEY_LENGTH",
     "ENTRY_HEADER_LENGTH", "ENTRY_LAC_OFFSET", "ADD_KEY_OFFSET", "ADD_ENTRY_OFFSET", "ADD_REQUEST_MIN_BYTES",
     "ADD_RESPONSE_BYTES", "RESPONSE_RC_OFFSET", "RESPONSE_IDS_OFFSET", "FRAME_LENGTH_BYTES", "ID_BYTES",
     "CRC32C_DIGEST_LENGTH", "PROTOCOL_VERSION_V3", "V3_OP_ADD_ENTRY", "V3_ADD_FLAG_RECOVERY_ADD", "V3_FIELD_HEADER",
     "V3_FIELD_STATUS", "V3_FIELD_ADD", "V3_HEADER_VERSION", "V3_HEADER_OPERATION", "V3_HEADER_TXN_ID",
     "V3_HEADER_PRIORITY", "V3_ADD_LEDGER_ID", "V3_ADD_ENTRY_ID", "V3_ADD_MASTER_KEY", "V3_ADD_BODY",
     "V3_ADD_WRITE_FLAGS", "V3_ADD_FLAG", "V3_ADD_RESPONSE_STATUS", "V3_ADD_RESPONSE_LEDGER_ID",
-    "V3_ADD_RESPONSE_ENTRY_ID", "V3_WIRE_VARINT", "V3_WIRE_LEN",
+    "V3_ADD_RESPONSE_ENTRY_ID", "V3_WIRE_VARINT", "V3_WIRE_LEN", "V3_WRITE_FLAG_DEFERRED_SYNC",
 )
 
 

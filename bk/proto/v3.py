@@ -27,7 +27,7 @@ from bk import _native
 from bk.errors import BadRequestError, ProtocolError
 from bk.proto.constants import V2_STATUS_BY_V3, V3_STATUS, StatusCode
 from bk.proto import layout as L
-from bk.proto.layout import FLAG_RECOVERY_ADD, FRAME_LENGTH, IDS as LAC_IDS, MASTER_KEY_LENGTH  # noqa: F401
+from bk.proto.layout import FLAG_DEFERRED_SYNC, FLAG_RECOVERY_ADD, FRAME_LENGTH, IDS as LAC_IDS, MASTER_KEY_LENGTH  # noqa: F401
 from bk.proto.messages import (AddResponse, GetBookieInfoResponse, ReadLacResponse, ReadResponse,
                                ResponseDecodeError, WriteLacResponse, _safe_repr)
 
@@ -61,7 +61,7 @@ class OperationType(IntEnum):
 READ_FLAG_FENCE_LEDGER = 1
 READ_FLAG_ENTRY_PIGGYBACK = 2
 ADD_FLAG_RECOVERY_ADD = L.V3_ADD_FLAG_RECOVERY_ADD
-WRITE_FLAG_DEFERRED_SYNC = 1  # AddRequest.writeFlags bit (WriteFlag.DEFERRED_SYNC)
+WRITE_FLAG_DEFERRED_SYNC = L.V3_WRITE_FLAG_DEFERRED_SYNC  # AddRequest.writeFlags bit (WriteFlag.DEFERRED_SYNC)
 
 _ENUMS = {
     "ProtocolVersion": {"VERSION_ONE": 1, "VERSION_TWO": 2, "VERSION_THREE": 3},
@@ -250,7 +250,7 @@ class V3AddRequest(NamedTuple):
     """A v3 ADD in the shape of messages.AddRequest (same first six fields, so the bookie's
     batch path and the processor take it as they take a v2 add), plus what its answer echoes."""
 
-    flags: int  # v2 header flags: FLAG_RECOVERY_ADD when AddRequest.flag is RECOVERY_ADD
+    flags: int  # v2 header flags: FLAG_RECOVERY_ADD (AddRequest.flag RECOVERY_ADD), FLAG_DEFERRED_SYNC (writeFlags)
     master_key: bytes
     ledger_id: int
     entry_id: int
@@ -276,7 +276,9 @@ def add_record(req, key_cache: list) -> "V3AddRequest | bytes":
     header = req.header
     # proto2 enum fields read as their first value when unset: presence decides (as Java's hasFlag)
     recovery = add.HasField("flag") and add.flag == ADD_FLAG_RECOVERY_ADD
-    return V3AddRequest(FLAG_RECOVERY_ADD if recovery else 0, key_cache[0], add.ledgerId,
+    flags = (FLAG_RECOVERY_ADD if recovery else 0) | (
+        FLAG_DEFERRED_SYNC if add.writeFlags & WRITE_FLAG_DEFERRED_SYNC else 0)
+    return V3AddRequest(flags, key_cache[0], add.ledgerId,
                         add.entryId, add.body, PROTOCOL_VERSION_V3, header.txnId, header.priority)
 
 

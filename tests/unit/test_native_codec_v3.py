@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bk._native import load_native, load_pure
 from bk.proto import AddRequest, FrameDecoder, encode_request, v3
+from bk.client.wire_v3 import request_to_v3
 from bk.proto.constants import V2_STATUS_BY_V3
+from bk.proto.layout import FLAG_DEFERRED_SYNC
 
 PURE = load_pure("codec_v3")
 NATIVE = load_native("codec_v3")
@@ -136,7 +138,7 @@ def test_scan_v3_add_responses_agrees_with_the_library_on_mutations(junk, edits)
 
 @SETTINGS
 @given(st.integers(0, (1 << 63) - 1), st.integers(0, (1 << 63) - 1), st.integers(0, (1 << 64) - 1),
-       st.binary(min_size=32, max_size=80), st.sampled_from([0, 2, 4, 6]))
+       st.binary(min_size=32, max_size=80), st.sampled_from([0, 2, 4, 6, 8, 10, 14]))
 def test_v2_add_frames_become_the_librarys_v3_requests(ledger_id, entry_id, txn, tail, flags):
     body = struct.pack(">qq", ledger_id, entry_id) + tail
     v2 = encode_request(AddRequest(flags, KEY, ledger_id, entry_id, body))
@@ -146,8 +148,13 @@ def test_v2_add_frames_become_the_librarys_v3_requests(ledger_id, entry_id, txn,
     a.ledgerId, a.entryId, a.masterKey, a.body = ledger_id, entry_id, KEY, body
     if flags & 2:
         a.flag = 1
+    if flags & FLAG_DEFERRED_SYNC:  # bk's internal v2 flag: writeFlags DEFERRED_SYNC in v3
+        a.writeFlags = v3.WRITE_FLAG_DEFERRED_SYNC
     for k in KERNELS:
         assert k.v3_add_request_from_v2(v2, txn) == v3.frame(req)
+    assert request_to_v3(v2, txn) == v3.frame(req)  # the slow path says the same
+    back = k.scan_v3_add_requests(v3.frame(req), 0, 1 << 24, v3.V3AddRequest)[0][0]
+    assert back.flags == flags & (2 | FLAG_DEFERRED_SYNC)  # and the bookie reads the flags back
 
 
 @pytest.mark.parametrize("k", KERNELS)
