@@ -114,6 +114,16 @@ class BookieConfig:
     # `bk autorecovery`'s own /metrics (the bookie serves its on http_server_port): -1 off,
     # 0 any free port (printed at start), else that port, on http_server_address (empty: 127.0.0.1)
     autorecovery_metrics_port: int = -1
+    # The bookie's own client (AutoRecovery, BP-46 repair): BookKeeper's client read settings, as the
+    # keyword arguments of BookKeeper(...) (bk/client/speculative.py); -1 = speculative_read_timeout_ms.
+    speculative_read_timeout_ms: int = 2000  # speculativeReadTimeout; 0 = no speculative reads
+    first_speculative_read_timeout_ms: int = -1  # firstSpeculativeReadTimeout
+    max_speculative_read_timeout_ms: int = -1  # maxSpeculativeReadTimeout
+    speculative_read_timeout_backoff_multiplier: float = 2.0  # speculativeReadTimeoutBackoffMultiplier
+    first_speculative_read_lac_timeout_ms: int = 1500  # firstSpeculativeReadLACTimeout; 0 = off
+    max_speculative_read_lac_timeout_ms: int = 5000  # maxSpeculativeReadLACTimeout
+    speculative_read_lac_timeout_backoff_multiplier: float = 2.0  # speculativeReadLACTimeoutBackoffMultiplier
+    sticky_reads_enabled: bool = False  # stickyReadsEnabled
 
     # --- BP-46: running without the journal (REPLICATION.md, "Running without the journal")
     # None = auto: on exactly when journal_write_data is false (then a crash can lose acknowledged

@@ -38,6 +38,11 @@ from .placement import EnsemblePlacementPolicy
 from .quorum import check_quorum_sizes
 from .read_handle import ReadHandle
 from .recovery import recover_ledger
+from .speculative import (
+    DEFAULT_FIRST_SPECULATIVE_READ_LAC_TIMEOUT_MS, DEFAULT_MAX_SPECULATIVE_READ_LAC_TIMEOUT_MS,
+    DEFAULT_SPECULATIVE_READ_LAC_TIMEOUT_BACKOFF_MULTIPLIER, DEFAULT_SPECULATIVE_READ_TIMEOUT_BACKOFF_MULTIPLIER,
+    DEFAULT_SPECULATIVE_READ_TIMEOUT_MS, SpeculativePolicy, read_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,16 @@ class BookKeeper:
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
                  read_window_entries: int = DEFAULT_READ_WINDOW_ENTRIES,
                  batch_read_entries: int = DEFAULT_BATCH_READ_ENTRIES,
+                 speculative_read_timeout_ms: int = DEFAULT_SPECULATIVE_READ_TIMEOUT_MS,
+                 first_speculative_read_timeout_ms: int | None = None,
+                 max_speculative_read_timeout_ms: int | None = None,
+                 speculative_read_timeout_backoff_multiplier: float =
+                 DEFAULT_SPECULATIVE_READ_TIMEOUT_BACKOFF_MULTIPLIER,
+                 first_speculative_read_lac_timeout_ms: int = DEFAULT_FIRST_SPECULATIVE_READ_LAC_TIMEOUT_MS,
+                 max_speculative_read_lac_timeout_ms: int = DEFAULT_MAX_SPECULATIVE_READ_LAC_TIMEOUT_MS,
+                 speculative_read_lac_timeout_backoff_multiplier: float =
+                 DEFAULT_SPECULATIVE_READ_LAC_TIMEOUT_BACKOFF_MULTIPLIER,
+                 sticky_reads_enabled: bool = False,
                  max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
                  placement: EnsemblePlacementPolicy | None = None, store_options: Mapping | None = None,
                  delay_ensemble_change: bool = False, protocol: str = "v2", tls_trust_store: str | None = None,
@@ -95,6 +110,16 @@ class BookKeeper:
         self.connect_timeout_s = float(connect_timeout_s)
         self.read_window_entries = int(read_window_entries)
         self.batch_read_entries = int(batch_read_entries)  # 0 or 1: never BATCH_READ
+        # Speculative reads (bk/client/speculative.py; None = off) and sticky reads (read_handle.py),
+        # BookKeeper's settings and defaults: first/max entry-read timeouts default to speculative_read_timeout_ms.
+        first, most = first_speculative_read_timeout_ms, max_speculative_read_timeout_ms
+        self.speculative_read_policy = SpeculativePolicy.build(
+            "speculative read", speculative_read_timeout_ms if first is None else first,
+            speculative_read_timeout_ms if most is None else most, speculative_read_timeout_backoff_multiplier)
+        self.speculative_read_lac_policy = SpeculativePolicy.build(
+            "speculative read LAC", first_speculative_read_lac_timeout_ms, max_speculative_read_lac_timeout_ms,
+            speculative_read_lac_timeout_backoff_multiplier)
+        self.sticky_reads_enabled = bool(sticky_reads_enabled)
         self.max_frame_size_bytes = int(max_frame_size_bytes)
         self.placement = placement or EnsemblePlacementPolicy()
         # BookKeeper's delayEnsembleChange (off by default, as there): a writer keeps a failed bookie
@@ -129,6 +154,7 @@ class BookKeeper:
         from bk.proto.auth import sign_token
 
         kwargs: dict = {"max_frame_size_bytes": config.max_frame_size_bytes, "store_options": store_options(config)}
+        kwargs.update(read_settings(config))
         if config.bookie_auth_provider == "token":
             if config.auth_token_shared_secret_path:
                 kwargs["auth_token"] = _read_file(config.auth_token_shared_secret_path).decode()

@@ -11,10 +11,18 @@ into the metadata store before it acknowledges any entry of that segment, and
 an entry's piggybacked LAC names only acknowledged entries. So metadata read
 after the LAC answers arrived describes every entry up to that LAC. A new
 segment also bounds the LAC from below: the writer starts it at its LAC + 1.
+
+Sticky reads (`sticky_reads_enabled`, BookKeeper's stickyReadsEnabled, off by default): where
+every bookie holds every entry (E == WQ), all reads of the handle go first to one bookie of
+the ensemble, picked at random per handle, so that its read-ahead and caches serve them; a
+failed answer from it (error, timeout, explicit negative, bad digest) moves the handle on to
+the next bookie of the ensemble. Other replicas are still asked when it fails or is slow
+(speculative reads). Elsewhere (E > WQ) entries are striped and reads follow write sets.
 """
 from __future__ import annotations
 
 import logging
+import random
 from bisect import bisect_right
 
 from bk.errors import BookieIOError, IncorrectParameterError
@@ -43,6 +51,10 @@ class ReadHandle:
         self._digest = digest
         self._master_key = master_key
         self._lac = metadata.last_entry_id if metadata.is_closed else -1
+        # Sticky reads: the ensemble index every read asks first (None: follow write sets).
+        self._sticky_index = (random.randrange(metadata.ensemble_size)
+                              if bk.sticky_reads_enabled and metadata.ensemble_size == metadata.write_quorum_size
+                              else None)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(ledger_id={self.ledger_id}, state={self.metadata.state.name},"
@@ -94,7 +106,25 @@ class ReadHandle:
         md = self.metadata
         ensemble = md.segments[bisect_right(self._segment_firsts, entry_id) - 1][1]
         size = md.ensemble_size
-        return [ensemble[(entry_id + i) % size] for i in range(md.write_quorum_size)]
+        first = entry_id if self._sticky_index is None else self._sticky_index  # E == WQ: any order is a write set
+        return [ensemble[(first + i) % size] for i in range(md.write_quorum_size)]
+
+    def _read_failed_on(self, bookie: str) -> None:
+        """Sticky reads: the sticky bookie failed an answer, so move to the next one (once per
+        failure of the current sticky bookie: failures of requests in flight do not move it twice)."""
+        index = self._sticky_index
+        if index is not None and any(ensemble[index] == bookie for _, ensemble in self.metadata.segments):
+            self._sticky_index = (index + 1) % self.metadata.ensemble_size
+            log.debug("ledger %d: sticky reads move from %s to ensemble index %d", self.ledger_id, bookie,
+                      self._sticky_index)
+
+    def _range_op(self, first: int, last: int) -> ReadRangeOp:
+        """The read of `first..last` with this client's read settings (read_entries, read_iter)."""
+        bk = self._bk
+        return ReadRangeOp(bk.pool, self._digest, first, last, self.replicas, bk.read_window_entries,
+                           batch_end=self._batch_end, batch_entries=bk.batch_read_entries,
+                           max_frame_size_bytes=bk.max_frame_size_bytes, speculative=bk.speculative_read_policy,
+                           on_error=None if self._sticky_index is None else self._read_failed_on)
 
     # ------------------------------------------------------------ reads
     async def read_entries(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
@@ -113,11 +143,7 @@ class ReadHandle:
             raise IncorrectParameterError(
                 f"ledger {self.ledger_id}: cannot read entries {first}..{last}: its {what} is {bound}"
                 + ("" if self.metadata.is_closed else " (read_last_add_confirmed() learns a newer one)"))
-        bk = self._bk
-        op = ReadRangeOp(bk.pool, self._digest, first, last, self.replicas, bk.read_window_entries,
-                         batch_end=self._batch_end, batch_entries=bk.batch_read_entries,
-                         max_frame_size_bytes=bk.max_frame_size_bytes)
-        return await op.start()
+        return await self._range_op(first, last).start()
 
     def read_entries_iter(self, first_entry_id: int = 0, last_entry_id: int | None = None, *,
                           chunk_entries: int | None = None, read_ahead: int = DEFAULT_READ_AHEAD_CHUNKS,

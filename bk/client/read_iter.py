@@ -30,8 +30,6 @@ from collections import deque
 from bk import _native
 from bk.errors import IncorrectParameterError
 
-from .read_ops import ReadRangeOp
-
 Ready = _native.load("core", "bk.client").Ready
 
 DEFAULT_READ_AHEAD_CHUNKS = 4
@@ -89,14 +87,10 @@ class EntryIterator:
         """Ask for chunks up to the read-ahead, within what is readable now."""
         rh = self._rh
         bound = min(self._last, rh._last_readable())
-        bk = rh._bk
         while len(self._chunks) < self._ahead and self._next_read <= bound:
             first = self._next_read
             last = min(first + self._chunk - 1, bound)
-            op = ReadRangeOp(bk.pool, rh._digest, first, last, rh.replicas, bk.read_window_entries,
-                             batch_end=rh._batch_end, batch_entries=bk.batch_read_entries,
-                             max_frame_size_bytes=bk.max_frame_size_bytes)
-            future = op.start()
+            future = rh._range_op(first, last).start()
             future.add_done_callback(_retrieve)
             self._chunks.append(future)
             self._next_read = last + 1

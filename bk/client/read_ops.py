@@ -14,6 +14,17 @@ A replica whose connection was dropped over a BATCH_READ (an older bookie refusi
 the op, bookie_client.BatchReadDropError) is asked once more before moving on: the
 drop says nothing about this entry, and each replica may be dropping a batch of its own.
 
+Speculative reads (bk/client/speculative.py has the policy and the settings): a read
+(or a batch) that has had no answer within the speculative timeout is also sent to the
+next replica, while the earlier ones stay outstanding; the first valid answer wins and
+every later answer is dropped. A failed answer moves on to the next replica only when
+nothing else is outstanding, and the outcome above is decided only once every replica
+has answered, so speculation never turns "no answer yet" into a negative. `heard` (one
+set per read operation) holds the bookies that returned entries in it: a read whose
+asked bookies include one of them is not speculated (that bookie is alive, only slow).
+`on_error(bookie)` hears of every failed answer, late ones included: sticky reads
+(ReadHandle) move to another bookie on it.
+
 Range read (ReadRangeOp): at most `window` entry reads in flight; results are
 placed by entry id, so the list comes back in order; the first failure fails
 the range (reads still in flight finish and are ignored).
@@ -25,6 +36,7 @@ count as answers with nothing to add. The caller takes the maximum.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Callable, NamedTuple, Sequence
 
 from bk.errors import (
@@ -33,6 +45,7 @@ from bk.errors import (
 from bk.proto import DigestManager, StatusCode
 
 from .bookie_client import BatchReadDropError
+from .speculative import SPECULATIVE_READ_COUNT, SpeculativePolicy
 
 EOK = int(StatusCode.EOK)
 EBADREQ = int(StatusCode.EBADREQ)
@@ -53,13 +66,18 @@ def order_replicas(bookies: Sequence[str], pool) -> list[str]:
 
 
 class ReadEntryOp:
-    """Reads one entry from its replicas; `callback(entry_id, LedgerEntry | None, error)` once."""
+    """Reads one entry from its replicas; `callback(entry_id, LedgerEntry | None, error)` once.
+
+    `speculative`, `heard`, `on_error`: the module docstring (all optional)."""
 
     __slots__ = ("pool", "digest", "ledger_id", "entry_id", "replicas", "callback", "flags", "master_key",
-                 "_next", "_retried", "_answers", "_negatives", "_digest_errors", "_last_error", "lac", "length")
+                 "speculative", "heard", "on_error", "_next", "_outstanding", "_done", "_timer", "_retried",
+                 "_answers", "_negatives", "_digest_errors", "_last_error", "lac", "length")
 
     def __init__(self, pool, digest: DigestManager, entry_id: int, replicas: Sequence[str],
-                 callback: Callable, *, flags: int = 0, master_key: bytes | None = None):
+                 callback: Callable, *, flags: int = 0, master_key: bytes | None = None,
+                 speculative: SpeculativePolicy | None = None, heard: set | None = None,
+                 on_error: Callable[[str], None] | None = None):
         self.pool = pool
         self.digest = digest
         self.ledger_id = digest.ledger_id
@@ -68,7 +86,13 @@ class ReadEntryOp:
         self.callback = callback
         self.flags = flags
         self.master_key = master_key
-        self._next = 0
+        self.speculative = speculative
+        self.heard = heard
+        self.on_error = on_error
+        self._next = 0  # replicas[:_next] have been asked
+        self._outstanding = 0  # requests sent and not answered yet
+        self._done = False  # the callback has run: every later answer is dropped
+        self._timer = None  # the pending speculative timer
         self._retried: set[str] | None = None  # replicas asked again after a BATCH_READ drop
         self._answers: list[str] = []
         self._negatives = 0
@@ -78,51 +102,97 @@ class ReadEntryOp:
         self.length = 0
 
     def start(self) -> "ReadEntryOp":
-        self._try_next()
+        if not self.replicas:
+            self._finish_failed()
+            return self
+        self._send_next()
+        if self.speculative is not None and not self._done and self._next < len(self.replicas):
+            self._arm(self.speculative.first_s)
         return self
 
-    def _try_next(self) -> None:
-        if self._next >= len(self.replicas):
-            self._finish_failed()
+    def _arm(self, delay_s: float) -> None:
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._speculate, delay_s)
+
+    def _speculate(self, delay_s: float) -> None:
+        self._timer = None
+        if self._done or self._next >= len(self.replicas):
             return
+        heard = self.heard
+        if heard and not heard.isdisjoint(self.replicas[:self._next]):
+            return  # a bookie asked for this entry answers this operation: slow here, not gone
+        SPECULATIVE_READ_COUNT.inc()
+        self._send_next()
+        if not self._done and self._next < len(self.replicas):
+            self._arm(self.speculative.next_s(delay_s))
+
+    def _send_next(self) -> None:
         bookie = self.replicas[self._next]
         self._next += 1
+        self._send(bookie)
+
+    def _send(self, bookie: str) -> None:
+        self._outstanding += 1
         try:
             client = self.pool.get(bookie)
-            client.send_read(self.ledger_id, self.entry_id, self._on_response, flags=self.flags,
+            client.send_read(self.ledger_id, self.entry_id, partial(self._on_response, bookie), flags=self.flags,
                              master_key=self.master_key)
         except BKError as e:
-            self._on_response(None, e)
+            self._on_response(bookie, None, e)
 
-    def _on_response(self, response, err) -> None:
-        bookie = self.replicas[self._next - 1]
+    def _on_response(self, bookie: str, response, err) -> None:
+        if self._done:  # an answer after the outcome (a speculative race): only a failure is news
+            if self.on_error is not None and (err is not None and not isinstance(err, BatchReadDropError)
+                                              or err is None and response.rc != EOK):
+                self.on_error(bookie)
+            return
+        self._outstanding -= 1
         if err is not None:
-            if isinstance(err, BatchReadDropError) and (self._retried is None or bookie not in self._retried):
-                self._retried = (self._retried or set()) | {bookie}
-                self._next -= 1  # the same replica once more, on a new connection
-                self._try_next()
-                return
+            if isinstance(err, BatchReadDropError):
+                if self._retried is None or bookie not in self._retried:
+                    self._retried = (self._retried or set()) | {bookie}
+                    self._send(bookie)  # the same replica once more, on a new connection
+                    return
+            elif self.on_error is not None:
+                self.on_error(bookie)
             self._last_error = err
             self._answers.append(f"{bookie}: {err}")
-        elif response.rc == EOK:
-            try:
-                self.lac, self.length, payload = self.digest.verify_entry(self.entry_id, response.body)
-            except DigestMismatchError as e:
-                self._digest_errors += 1
-                self._answers.append(f"{bookie}: {e}")
-            else:
-                self.callback(self.entry_id, LedgerEntry(self.entry_id, bytes(payload)), None)
-                return
-        elif response.rc in NEGATIVE:
-            self._negatives += 1
-            self._answers.append(f"{bookie}: {StatusCode(response.rc).name}")
         else:
-            err = error_for_code(response.rc, ledger_id=self.ledger_id, entry_id=self.entry_id)
-            self._last_error = err
-            self._answers.append(f"{bookie}: {err.name}")
-        self._try_next()
+            if response.rc == EOK:
+                try:
+                    self.lac, self.length, payload = self.digest.verify_entry(self.entry_id, response.body)
+                except DigestMismatchError as e:
+                    self._digest_errors += 1
+                    self._answers.append(f"{bookie}: {e}")
+                else:
+                    self._done = True
+                    if self._timer is not None:
+                        self._timer.cancel()
+                        self._timer = None
+                    if self.heard is not None:
+                        self.heard.add(bookie)
+                    self.callback(self.entry_id, LedgerEntry(self.entry_id, bytes(payload)), None)
+                    return
+            elif response.rc in NEGATIVE:
+                self._negatives += 1
+                self._answers.append(f"{bookie}: {StatusCode(response.rc).name}")
+            else:
+                err = error_for_code(response.rc, ledger_id=self.ledger_id, entry_id=self.entry_id)
+                self._last_error = err
+                self._answers.append(f"{bookie}: {err.name}")
+            if self.on_error is not None:
+                self.on_error(bookie)
+        if self._outstanding:
+            return  # a speculative request is still out: wait for it before asking further
+        if self._next < len(self.replicas):
+            self._send_next()
+        else:
+            self._finish_failed()
 
     def _finish_failed(self) -> None:
+        self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         where = f"ledger {self.ledger_id} entry {self.entry_id}"
         detail = "; ".join(self._answers) or "no replicas"
         if self._digest_errors:
@@ -146,13 +216,19 @@ class ReadRangeOp:
     replica; entries the answer lacks or that fail verification, and every
     entry of a failed batch, are read one by one (replica by replica). A bookie that
     refuses BATCH_READ (it predates 4.17: bookie_client's docstring) is read entry by
-    entry from then on; the batch that met the refusal is read entry by entry too."""
+    entry from then on; the batch that met the refusal is read entry by entry too.
+    With speculative reads, a batch unanswered in time also goes to the next replica
+    (BatchReadOp); entry reads speculate on their own (ReadEntryOp)."""
 
     def __init__(self, pool, digest: DigestManager, first: int, last: int,
                  replicas_for: Callable[[int], Sequence[str]], window: int, *,
                  batch_end: Callable[[int], int | None] | None = None, batch_entries: int = 0,
-                 max_frame_size_bytes: int = 0):
+                 max_frame_size_bytes: int = 0, speculative: SpeculativePolicy | None = None,
+                 on_error: Callable[[str], None] | None = None):
         self.pool = pool
+        self.speculative = speculative
+        self.on_error = on_error
+        self.heard: set[str] = set()  # bookies that returned entries to this operation
         self.digest = digest
         self.first = first
         self.last = last
@@ -194,35 +270,11 @@ class ReadRangeOp:
 
     def _single(self, entry_id: int) -> None:
         replicas = order_replicas(self.replicas_for(entry_id), self.pool)
-        ReadEntryOp(self.pool, self.digest, entry_id, replicas, self._entry_done).start()
+        ReadEntryOp(self.pool, self.digest, entry_id, replicas, self._entry_done, speculative=self.speculative,
+                    heard=self.heard, on_error=self.on_error).start()
 
     def _batch(self, start: int, count: int) -> None:
-        bookie = order_replicas(self.replicas_for(start), self.pool)[0]
-
-        def answered(response, err) -> None:
-            if err is None and response.rc == EBADREQ:  # a well-formed batch: the op is unknown there
-                client.refuse_batch_reads("answered BATCH_READ with EBADREQ")
-            got = response.entries if err is None and response.rc == EOK else []
-            verify = self.digest.verify_entry
-            for i, body in enumerate(got[:count]):
-                try:
-                    _, _, payload = verify(start + i, body)
-                except DigestMismatchError:
-                    self._single(start + i)  # another replica may have a valid copy
-                else:
-                    self._entry_done(start + i, LedgerEntry(start + i, bytes(payload)), None)
-            for entry_id in range(start + min(len(got), count), start + count):
-                self._single(entry_id)
-
-        try:
-            client = self.pool.get(bookie)
-            if client.batch_reads_refused:
-                for entry_id in range(start, start + count):
-                    self._single(entry_id)
-                return
-            client.send_batch_read(self.digest.ledger_id, start, count, self.max_frame_size_bytes, answered)
-        except BKError as e:
-            answered(None, e)
+        BatchReadOp(self, start, count, order_replicas(self.replicas_for(start), self.pool)).start()
 
     def _entry_done(self, entry_id: int, entry, err) -> None:
         self._in_flight -= 1
@@ -237,6 +289,91 @@ class ReadRangeOp:
             self.future.set_result(self.results)
         else:
             self._fill()
+
+
+class BatchReadOp:
+    """One BATCH_READ of `count` entries from `start` for a ReadRangeOp.
+
+    Asks the first replica; with speculative reads, a batch unanswered in time also goes to
+    the next one (ReadEntryOp's rules: not while an asked bookie answers this operation).
+    The first EOK answer wins: its entries are verified one by one, and each entry it lacks
+    or that fails verification is read singly. If every batch sent fails, all `count`
+    entries are read singly (replica by replica, each with its own speculation)."""
+
+    __slots__ = ("op", "first", "count", "replicas", "_next", "_outstanding", "_done", "_timer")
+
+    def __init__(self, op: ReadRangeOp, start: int, count: int, replicas: Sequence[str]):
+        self.op = op
+        self.first = start
+        self.count = count
+        self.replicas = replicas
+        self._next = 0
+        self._outstanding = 0
+        self._done = False
+        self._timer = None
+
+    def start(self) -> None:
+        self._send_next()
+        spec = self.op.speculative
+        if spec is not None and not self._done and self._next < len(self.replicas):
+            self._timer = asyncio.get_running_loop().call_later(spec.first_s, self._speculate, spec.first_s)
+
+    def _speculate(self, delay_s: float) -> None:
+        self._timer = None
+        if self._done or self._next >= len(self.replicas):
+            return
+        if not self.op.heard.isdisjoint(self.replicas[:self._next]):
+            return
+        SPECULATIVE_READ_COUNT.inc()
+        self._send_next()
+        if not self._done and self._next < len(self.replicas):
+            delay_s = self.op.speculative.next_s(delay_s)
+            self._timer = asyncio.get_running_loop().call_later(delay_s, self._speculate, delay_s)
+
+    def _send_next(self) -> None:
+        bookie = self.replicas[self._next]
+        self._next += 1
+        self._outstanding += 1
+        op = self.op
+        client = None
+        try:
+            client = op.pool.get(bookie)
+            client.send_batch_read(op.digest.ledger_id, self.first, self.count, op.max_frame_size_bytes,
+                                   partial(self._answered, bookie, client))
+        except BKError as e:  # BatchReadDropError at once when the bookie is known to refuse batches
+            self._answered(bookie, client, None, e)
+
+    def _answered(self, bookie: str, client, response, err) -> None:
+        refused = isinstance(err, BatchReadDropError) or err is None and response.rc == EBADREQ
+        if err is None and response.rc == EBADREQ:  # a well-formed batch: the op is unknown there
+            client.refuse_batch_reads("answered BATCH_READ with EBADREQ")
+        failed = err is not None or response.rc != EOK
+        if failed and not refused and self.op.on_error is not None:
+            self.op.on_error(bookie)
+        if self._done:
+            return  # a speculative race's loser
+        self._outstanding -= 1
+        if failed and self._outstanding:
+            return  # another batch is still out
+        self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        op = self.op
+        got = [] if failed else response.entries
+        if got:
+            op.heard.add(bookie)
+        start, count = self.first, self.count
+        verify = op.digest.verify_entry
+        for i, body in enumerate(got[:count]):
+            try:
+                _, _, payload = verify(start + i, body)
+            except DigestMismatchError:
+                op._single(start + i)  # another replica may have a valid copy
+            else:
+                op._entry_done(start + i, LedgerEntry(start + i, bytes(payload)), None)
+        for entry_id in range(start + min(len(got), count), start + count):
+            op._single(entry_id)
 
 
 class LacAnswers(NamedTuple):
