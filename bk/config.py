@@ -125,6 +125,24 @@ class BookieConfig:
     speculative_read_lac_timeout_backoff_multiplier: float = 2.0  # speculativeReadLACTimeoutBackoffMultiplier
     sticky_reads_enabled: bool = False  # stickyReadsEnabled
 
+    # The bookie's own client's placement policy (bk/client/placement, docs/CLIENT.md): BookKeeper's
+    # ClientConfiguration keys and defaults, the keyword arguments of BookKeeper(...) of the same names.
+    ensemble_placement_policy: str = "rackaware"  # ensemblePlacementPolicy: rackaware, regionaware, default
+    min_num_racks_per_write_quorum: int = 2  # minNumRacksPerWriteQuorum
+    enforce_min_num_racks_per_write_quorum: bool = False  # enforceMinNumRacksPerWriteQuorum
+    network_topology_script_file_name: str = ""  # networkTopologyScriptFileName (ScriptBasedMapping)
+    network_topology_script_number_args: int = 100  # networkTopologyScriptNumberArgs
+    network_topology_mapping: str = ""  # bk: file of a static bookie -> /region/rack mapping
+    disk_weight_based_placement_enabled: bool = False  # diskWeightBasedPlacementEnabled
+    bookie_max_weight_multiple_for_weight_based_placement: int = 3  # bookieMaxWeightMultipleForWeightBasedPlacement
+    get_bookie_info_interval_seconds: int = 86400  # getBookieInfoIntervalSeconds
+    reorder_read_sequence_enabled: bool = False  # reorderReadSequenceEnabled
+    repp_regions_to_write: str = ""  # reppRegionsToWrite: "region1;region2;..."
+    repp_minimum_regions_for_durability: int = 2  # reppMinimumRegionsForDurability
+    repp_enable_durability_enforcement_in_replace: bool = True  # reppEnableDurabilityEnforcementInReplace
+    isolation_bookie_groups: str = ""  # Pulsar's isolationBookieGroups: "group1,group2"
+    secondary_isolation_bookie_groups: str = ""  # Pulsar's secondaryIsolationBookieGroups
+
     # --- BP-46: running without the journal (REPLICATION.md, "Running without the journal")
     # None = auto: on exactly when journal_write_data is false (then a crash can lose acknowledged
     # entries and fences, and the boot-time check and self-repair are what keep the cluster safe).

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from bk.client.placement import EnsemblePlacementPolicy
 from bk.errors import BKError, IncorrectParameterError
 from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
@@ -127,13 +128,14 @@ async def cmd_whatisinstanceid(uri, args):
     return {"instance_id": instance, "text": f"instance id: {instance}"}
 
 
-class _OneBookie:
+class _OneBookie(EnsemblePlacementPolicy):
     """A placement that always picks one bookie (bookiesanity)."""
 
     def __init__(self, bookie_id: str):
+        super().__init__()
         self.bookie_id = bookie_id
 
-    def new_ensemble(self, ensemble_size, writable, exclude=()) -> list[str]:
+    def new_ensemble(self, ensemble_size, writable, exclude=(), **_) -> list[str]:
         if self.bookie_id not in set(writable):
             raise BKError(f"bookie {self.bookie_id} is not registered as writable")
         return [self.bookie_id]

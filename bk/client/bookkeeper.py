@@ -34,7 +34,7 @@ from bk.proto import DEFAULT_MAX_FRAME_SIZE_BYTES, DigestManager, DigestType, ma
 from .bookie_client import BookieClientPool
 from .wire_v3 import ClientWireOptions
 from .ledger_handle import LedgerHandle
-from .placement import EnsemblePlacementPolicy
+from .placement import EnsemblePlacementPolicy, PlacementSettings
 from .quorum import check_quorum_sizes
 from .read_handle import ReadHandle
 from .recovery import recover_ledger
@@ -88,6 +88,16 @@ class BookKeeper:
                  sticky_reads_enabled: bool = False,
                  max_frame_size_bytes: int = DEFAULT_MAX_FRAME_SIZE_BYTES,
                  placement: EnsemblePlacementPolicy | None = None, store_options: Mapping | None = None,
+                 # placement (bk/client/placement: PlacementSettings has what each means); BookKeeper's defaults
+                 ensemble_placement_policy: str = "rackaware", min_num_racks_per_write_quorum: int = 2,
+                 enforce_min_num_racks_per_write_quorum: bool = False, network_topology_script_file_name: str = "",
+                 network_topology_script_number_args: int = 100, network_topology_mapping=None,
+                 disk_weight_based_placement_enabled: bool = False,
+                 bookie_max_weight_multiple_for_weight_based_placement: int = 3,
+                 get_bookie_info_interval_seconds: int = 86400, reorder_read_sequence_enabled: bool = False,
+                 repp_regions_to_write: str = "", repp_minimum_regions_for_durability: int = 2,
+                 repp_enable_durability_enforcement_in_replace: bool = True, isolation_bookie_groups: str = "",
+                 secondary_isolation_bookie_groups: str = "",
                  delay_ensemble_change: bool = False, protocol: str = "v2", tls_trust_store: str | None = None,
                  tls_certificate_path: str | None = None, tls_key_store: str | None = None,
                  tls_hostname_verification: bool = True, auth_token: str | None = None, auth_plugin=None):
@@ -121,7 +131,11 @@ class BookKeeper:
             speculative_read_lac_timeout_backoff_multiplier)
         self.sticky_reads_enabled = bool(sticky_reads_enabled)
         self.max_frame_size_bytes = int(max_frame_size_bytes)
-        self.placement = placement or EnsemblePlacementPolicy()
+        if placement is None:
+            values = locals()
+            placement = EnsemblePlacementPolicy.from_settings(
+                PlacementSettings(**{name: values[name] for name in PlacementSettings.names()}))
+        self.placement = placement
         # BookKeeper's delayEnsembleChange (off by default, as there): a writer keeps a failed bookie
         # in the ensemble while every write set still has AQ bookies up (LedgerHandle's docstring).
         # Ledger recovery's write-back always does this.
@@ -154,6 +168,7 @@ class BookKeeper:
         from bk.proto.auth import sign_token
 
         kwargs: dict = {"max_frame_size_bytes": config.max_frame_size_bytes, "store_options": store_options(config)}
+        kwargs.update(PlacementSettings.from_config(config).kwargs())
         kwargs.update(read_settings(config))
         if config.bookie_auth_provider == "token":
             if config.auth_token_shared_secret_path:
@@ -178,6 +193,9 @@ class BookKeeper:
         self.pool = BookieClientPool(add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
                                      connect_timeout_s=self.connect_timeout_s,
                                      max_frame_size_bytes=self.max_frame_size_bytes, wire=self.wire)
+        self.placement.bind(store=self.store, pool=self.pool, registration=self.registration)
+        if self.placement.settings.reorder_read_sequence_enabled:  # read_ops.order_replicas asks it
+            self.pool.read_order = self.placement.reorder_read_sequence
         return self
 
     async def close(self) -> None:
@@ -212,13 +230,15 @@ class BookKeeper:
     async def create_ledger(self, ensemble_size: int = 3, write_quorum_size: int = 2, ack_quorum_size: int = 2,
                             digest_type="CRC32C", password: bytes = b"",
                             custom_metadata: Mapping[str, bytes] | None = None) -> LedgerHandle:
-        """A new OPEN ledger on `ensemble_size` random writable bookies, ready for adds."""
+        """A new OPEN ledger on `ensemble_size` writable bookies the placement policy chose, ready for adds."""
         self._check_started()
         check_quorum_sizes(ensemble_size, write_quorum_size, ack_quorum_size)
         dtype = parse_digest_type(digest_type)
         password = _password(password)
         writable = await self.registration.writable_bookies()
-        ensemble = self.placement.new_ensemble(ensemble_size, writable)
+        await self.placement.on_cluster_changed(writable)  # racks (and free space) of new bookies
+        ensemble = self.placement.new_ensemble(ensemble_size, writable, write_quorum_size=write_quorum_size,
+                                               ack_quorum_size=ack_quorum_size, custom_metadata=custom_metadata)
         metadata = LedgerMetadata.new(ensemble, write_quorum_size, ack_quorum_size,
                                       digest_type=MetadataDigestType(int(dtype)), password=password,
                                       custom_metadata=dict(custom_metadata or {}))

@@ -303,7 +303,9 @@ class LedgerHandle(ReadHandle):
                 old = self._ensemble
                 try:
                     writable = await self._bk.registration.writable_bookies()
-                    new = tuple(self._bk.placement.replace_bookies(old, failed, writable, avoid=self._avoid))
+                    await self._bk.placement.on_cluster_changed(writable)
+                    new = tuple(self._bk.placement.replace_bookies(
+                        old, failed, writable, avoid=self._avoid, write_quorum_size=self._WQ, ack_quorum_size=self._AQ))
                     metadata, version = await self._store_ensemble_change(start, old, new)
                 except (NotEnoughBookiesError, LedgerFencedError, NoSuchLedgerMetadataError,
                         MetadataFormatError) as e:

@@ -58,7 +58,12 @@ class LedgerEntry(NamedTuple):
 
 
 def order_replicas(bookies: Sequence[str], pool) -> list[str]:
-    """Write-set order, with bookies that failed recently moved to the end."""
+    """Write-set order, with bookies that failed recently moved to the end. With the client's
+    reorder_read_sequence_enabled, `pool.read_order` (the placement policy's reorder_read_sequence:
+    local rack, then local region, then the rest) orders the write set first."""
+    read_order = getattr(pool, "read_order", None)
+    if read_order is not None:
+        bookies = read_order(bookies)
     healthy = [b for b in bookies if not pool.suspect(b)]
     if len(healthy) == len(bookies):
         return list(bookies)

@@ -41,7 +41,7 @@ async def fill(uri: str, ensemble: list[str], total_bytes: int) -> list[int]:
     per_ledger = total_bytes // ENTRY_BYTES // LEDGERS
     ids = []
     async with BookKeeper(uri) as bkc:
-        bkc.placement.new_ensemble = lambda size, writable, exclude=(): list(ensemble)
+        bkc.placement.new_ensemble = lambda size, writable, exclude=(), **_: list(ensemble)
         started = time.monotonic()
         for _ in range(LEDGERS):
             lh = await bkc.create_ledger(3, 3, 2, password=b"bench")

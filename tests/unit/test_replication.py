@@ -66,7 +66,7 @@ def payloads(n: int, seed: int) -> list[bytes]:
 async def write_ledger(bkc, n, e=3, wq=2, aq=2, close=True, seed=1, password=b"pw", ensemble=None):
     data = payloads(n, seed)
     if ensemble is not None:
-        bkc.placement.new_ensemble = lambda size, writable, exclude=(): list(ensemble)
+        bkc.placement.new_ensemble = lambda size, writable, exclude=(), **_: list(ensemble)
     try:
         lh = await bkc.create_ledger(e, wq, aq, password=password)
     finally:
