@@ -4,6 +4,7 @@
     python -m bench.compare --sizes 1024 --runs 5 --duration-s 10 --in-flight 500
     python -m bench.compare --systems raw-disk,bk-1 --runs 1 --duration-s 2
     python -m bench.compare --systems bk-1 --sizes 1024 --half-peak     # + latency at half the peak
+    python -m bench.compare --systems bk-1,java-bookie,bk-3,java-bookie-3 --sizes 1024,100   # against Java
 
 Systems (SYSTEMS; `--systems` picks a subset):
   raw-disk         sequential write + fdatasync of the payload bytes in groups of
@@ -15,6 +16,17 @@ Systems (SYSTEMS; `--systems` picks a subset):
   bk-1             one bookie, journal on (acks after the journal group's fsync), E=WQ=AQ=1
   bk-1-nojournal   one bookie, journal_write_data = false (BP-46), E=WQ=AQ=1
   bk-3             three bookies, journal on, E=3 WQ=2 AQ=2
+  java-bookie      Apache BookKeeper's own bookie (../shared/java-bookkeeper, --java-release), E=WQ=AQ=1
+  java-bookie-3    three Java bookies, E=3 WQ=2 AQ=2 (bench/java_bookie.py: JVM flags, layout)
+
+With a Java system the run pairs it with its bk system (java-bookie with bk-1,
+java-bookie-3 with bk-3, added if not asked for): every cluster of the run is
+started once, before the first measurement, and stays up to the end (both
+kinds up at once, the JVMs warm); each measurement writes a new ledger. The
+table gets a bk÷Java column; then come the read rows (bk's client, single
+READs v2/v3 at 8 and 100 in flight, and BATCH_READ where both sides have it;
+write cache, read cache, cold; bench/compare_reads.py; `--no-reads`) and the
+Java client's figures against both kinds (its driver; `--no-java-client`).
 
 Everything writes under BK_BENCH_DIR or <repo>/.bench-tmp. Every (system, size,
 run) gets a fresh server (a new LocalCluster on one shared ZooKeeper, each under
@@ -33,6 +45,7 @@ Results: <out-dir>/compare-<time>.json and .png (the PNG needs matplotlib).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -47,6 +60,9 @@ from .diskstats import BlockDevice
 from .procmem import RssSampler
 from .rawdisk import run_raw_disk
 from .redisbench import REDIS_BENCHMARK_MISSING, REDIS_MISSING, RedisServer, run_redis_benchmark, run_resp_load
+from .java_bookie import DEFAULT_RELEASE, JAVA_SYSTEMS, RELEASES, Fleet, render_java_client, \
+    run_java_client_phase, summarize_java_client
+from . import compare_reads
 from .stats import fmt_num, human_size, median_or_none, positive_float, positive_int, ratio, render_table, size_list, \
     spread_pct
 
@@ -56,10 +72,11 @@ BK_SYSTEMS = {
     "bk-1-nojournal": ("bk, 1 bookie, journal off", 1, 1, 1, 1, {"journal_write_data": False}),
     "bk-3": ("bk, 3 bookies E3 WQ2 AQ2, journal on", 3, 3, 2, 2, {}),
 }
-SYSTEMS = ("raw-disk", "redis-resp", "redis-benchmark", *BK_SYSTEMS)
+SYSTEMS = ("raw-disk", "redis-resp", "redis-benchmark", *BK_SYSTEMS)  # the default set
+ALL_SYSTEMS = (*SYSTEMS, *JAVA_SYSTEMS)  # the Java ones when asked for
 LABELS = {"raw-disk": "raw disk, write+fdatasync groups", "redis-resp": "Redis AOF always, XADD, Python RESP client",
           "redis-benchmark": "Redis AOF always, SET, redis-benchmark -P",
-          **{k: v[0] for k, v in BK_SYSTEMS.items()}}
+          **{k: v[0] for k, v in BK_SYSTEMS.items()}, **{k: v[0] for k, v in JAVA_SYSTEMS.items()}}
 SLOW_PHASE_S = 5.0  # a set-up/tear-down phase of bench.load slower than this is logged
 HALF_PEAK_WINDOW_S = 0.5  # --half-peak: adds in flight allowed = rate x this (at least --in-flight)
 REDIS_REFERENCE = "redis-resp"  # the Redis figure bk is divided by: a Python client like bk's
@@ -68,10 +85,11 @@ MATPLOTLIB_MISSING = "matplotlib not installed (pip install matplotlib): no PNG 
 
 def system_list(text: str) -> list[str]:
     names = [s.strip() for s in str(text).split(",") if s.strip()]
-    unknown = [s for s in names if s not in SYSTEMS]
+    unknown = [s for s in names if s not in ALL_SYSTEMS]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown system(s) {unknown or text!r}; choose from {', '.join(SYSTEMS)}")
-    return [s for s in SYSTEMS if s in names]  # canonical order, no duplicates
+        raise argparse.ArgumentTypeError(f"unknown system(s) {unknown or text!r};"
+                                         f" choose from {', '.join(ALL_SYSTEMS)}")
+    return [s for s in ALL_SYSTEMS if s in names]  # canonical order, no duplicates
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,13 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=positive_float, default=5.0, help="seconds of load per measurement")
     p.add_argument("--in-flight", type=positive_int, default=1000, help="outstanding writes, every system")
     p.add_argument("--out-dir", default=os.path.join(REPO_DIR, "bench", "results"))
-    p.add_argument("--systems", type=system_list, default=list(SYSTEMS), help="comma list: " + ",".join(SYSTEMS))
+    p.add_argument("--systems", type=system_list, default=list(SYSTEMS),
+                   help="comma list (default all but the Java ones): " + ",".join(ALL_SYSTEMS))
     p.add_argument("--redis-connections", type=positive_int, default=1,
                    help="connections the depth is split over, both Redis clients (bk: one per bookie)")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG")
     p.add_argument("--half-peak", action="store_true",
                    help="afterwards, run every bk system again paced at half its median peak (open loop, as"
                         " bench.load --rate) and report its add latency there: issue 6's 'p99 at half the peak'")
+    p.add_argument("--java-release", choices=RELEASES, default=DEFAULT_RELEASE, help="the Java bookies' release")
+    p.add_argument("--read-entries", type=positive_int, default=20_000,
+                   help="reads per read row (with a Java system; 1 KiB entries: --read-size)")
+    p.add_argument("--read-size", type=positive_int, default=1024, help="entry size of the read rows")
+    p.add_argument("--no-reads", action="store_true", help="with a Java system: skip the read rows")
+    p.add_argument("--no-java-client", action="store_true", help="with a Java system: skip the Java client rows")
+    p.add_argument("--java-client-entries", type=positive_int, default=100_000,
+                   help="adds per Java client run (it reads them back, recovers, reads again)")
     return p
 
 
@@ -97,6 +124,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.redis_connections > args.in_flight:
         parser.error("--redis-connections cannot exceed --in-flight")
+    for java, spec in JAVA_SYSTEMS.items():  # a Java system is measured beside its bk system
+        if java in args.systems and spec[5] not in args.systems:
+            args.systems = [s for s in ALL_SYSTEMS if s in args.systems or s == spec[5]]
+    if args.half_peak and any(s in JAVA_SYSTEMS for s in args.systems):
+        parser.error("--half-peak is for bk systems on their own (not with a Java system)")
     return args
 
 
@@ -143,16 +175,23 @@ def redis_benchmark_requests(duration_s: float, rate_hint: float | None) -> int:
     return int(min(max(per_s * duration_s, 1_000), 2_000_000))
 
 
-def measure_bk(system: str, size: int, args, run: int, zk_connect: str, rate: float | None = None) -> dict:
-    """One bk measurement; with `rate`, paced (open loop) with a window wide enough that
-    a stall shorter than HALF_PEAK_WINDOW_S never holds the generator back."""
-    _, bookies, e, wq, aq, settings = BK_SYSTEMS[system]
+def measure_bk(system: str, size: int, args, run: int, zk_connect: str, rate: float | None = None,
+               fleet: Fleet | None = None) -> dict:
+    """One bk (or, with `fleet`, bk or Java) measurement; with `rate`, paced (open loop) with a window
+    wide enough that a stall shorter than HALF_PEAK_WINDOW_S never holds the generator back."""
+    _, bookies, e, wq, aq, settings = BK_SYSTEMS[system] if system in BK_SYSTEMS else JAVA_SYSTEMS[system]
     in_flight = max(args.in_flight, int(rate * HALF_PEAK_WINDOW_S)) if rate else args.in_flight
     spec = LoadSpec(duration_s=args.duration_s, entry_size=size, in_flight=in_flight, ensemble=e,
                     write_quorum=wq, ack_quorum=aq, rate=rate)
-    with local_cluster(bookies, zk_connect=zk_connect, prefix=f"cmp-{system}", **settings) as cluster:
-        with RssSampler(bookie_pids(cluster), disk=BlockDevice.of(bench_base_dir())) as rss:
-            s = run_load(cluster.metadata_uri, spec, on_mark=rss.mark)
+    with contextlib.ExitStack() as stack:
+        if fleet is not None:
+            uri, pids = fleet.clusters[system].metadata_uri, fleet.pids(system)
+        else:
+            cluster = stack.enter_context(local_cluster(bookies, zk_connect=zk_connect, prefix=f"cmp-{system}",
+                                                        **settings))
+            uri, pids = cluster.metadata_uri, bookie_pids(cluster)
+        with RssSampler(pids, disk=BlockDevice.of(bench_base_dir())) as rss:
+            s = run_load(uri, spec, on_mark=rss.mark)
     return _measurement(system, size, run, {**s["adds"], "spec": s["spec"], "phases_s": s["phases_s"]},
                         rss.peak_mib(), rss.cpu_pct(between=ADD_WINDOW), rss.disk_mb_per_s(ADD_WINDOW))
 
@@ -194,6 +233,8 @@ def summarize(measurements: list[dict], systems, sizes) -> list[dict]:
             rows.append(row)
         for row in rows:
             if row["entry_size"] == size and row["system"] in BK_SYSTEMS:
+                java = next((j for j, v in JAVA_SYSTEMS.items() if v[5] == row["system"]), None)
+                row["x_java"] = ratio(row["entries_per_s"], med.get(java))
                 row["x_raw"] = ratio(row["entries_per_s"], med.get("raw-disk"))
                 row["x_redis"] = ratio(row["entries_per_s"], med.get(REDIS_REFERENCE))
                 row["x_redis_benchmark"] = ratio(row["entries_per_s"], med.get("redis-benchmark"))
@@ -202,7 +243,7 @@ def summarize(measurements: list[dict], systems, sizes) -> list[dict]:
 
 def render_summary(rows: list[dict]) -> str:
     headers = ["system", "size", "entries/s", "±%", "MB/s", "disk MB/s", "p99 ms", "peak RSS MiB", "srv CPU%",
-               "cli CPU%", "bk/raw", "bk/Redis"]
+               "cli CPU%", "bk/raw", "bk/Redis", "bk÷Java"]
     body = []
     for r in rows:
         x = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
@@ -211,7 +252,8 @@ def render_summary(rows: list[dict]) -> str:
                      fmt_num(r.get("disk_mb_per_s"), 1), fmt_num(r["p99_ms"], 1), fmt_num(r["peak_rss_mib"]), fmt_num(r.get("server_cpu_pct")),
                      fmt_num(r.get("client_cpu_pct")),
                      x(r.get("x_raw")) if r["system"] in BK_SYSTEMS else "",
-                     x(r.get("x_redis")) if r["system"] in BK_SYSTEMS else ""])
+                     x(r.get("x_redis")) if r["system"] in BK_SYSTEMS else "",
+                     x(r.get("x_java")) if r["system"] in BK_SYSTEMS else ""])
     return render_table(headers, body)
 
 
@@ -258,7 +300,7 @@ def write_chart(rows: list[dict], path: str) -> str | None:
     except ImportError:
         return None
     sizes = sorted({r["entry_size"] for r in rows})
-    systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
+    systems = [s for s in ALL_SYSTEMS if any(r["system"] == s for r in rows)]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     width = 0.8 / max(1, len(systems))
     for ax, key, title in ((axes[0], "entries_per_s", "entries/s (log)"), (axes[1], "mb_per_s", "MB/s")):
@@ -316,8 +358,8 @@ def run_compare(args, log=print) -> dict:
         log(REDIS_BENCHMARK_MISSING)
         notes.append(REDIS_BENCHMARK_MISSING)
         systems.remove("redis-benchmark")
-    zk = None
-    if any(s in BK_SYSTEMS for s in systems):
+    zk = fleet = None
+    if any(s in BK_SYSTEMS or s in JAVA_SYSTEMS for s in systems):
         from bk.testing.zookeeper import LocalZooKeeper, ZooKeeperLaunchError
         zk_dir = scratch_dir("cmp-zk")
         try:
@@ -326,14 +368,29 @@ def run_compare(args, log=print) -> dict:
             msg = f"no local ZooKeeper ({e}): skipping the bk systems"
             log(msg)
             notes.append(msg)
-            systems = [s for s in systems if s not in BK_SYSTEMS]
+            systems = [s for s in systems if s not in BK_SYSTEMS and s not in JAVA_SYSTEMS]
             shutil.rmtree(zk_dir, ignore_errors=True)
             zk = None
     out = {"config": {"sizes": args.sizes, "runs": args.runs, "duration_s": args.duration_s,
                       "in_flight": args.in_flight, "systems": systems, "redis_connections": args.redis_connections},
-           "environment": environment(), "notes": notes, "measurements": [], "failures": [], "half_peak": []}
+           "environment": environment(), "notes": notes, "measurements": [], "failures": [], "half_peak": [],
+           "reads": [], "java_client": []}
     cluster_no = 0
     try:
+        if any(s in JAVA_SYSTEMS for s in systems):
+            out["config"].update(java_release=args.java_release, read_entries=args.read_entries,
+                                 read_size=args.read_size, java_client_entries=args.java_client_entries)
+            paired = [s for s in systems if s in BK_SYSTEMS or s in JAVA_SYSTEMS]
+            try:
+                fleet = Fleet(zk.connect_string, paired, args.java_release,
+                              {k: (v[1], v[5]) for k, v in BK_SYSTEMS.items()}).start(log)
+            except Exception as e:  # noqa: BLE001 - e.g. JavaMissing: said, the run goes on without Java
+                why = f"{type(e).__name__}: {e}"
+                out["failures"].append({"system": ",".join(paired), "entry_size": 0, "run": 0, "phase": "start",
+                                        "error": why})
+                log(f"the paired clusters could not start, the Java systems are left out: {why}")
+                systems = [s for s in systems if s not in JAVA_SYSTEMS]
+                out["config"]["systems"] = systems
         for run in range(args.runs):
             for size in args.sizes:
                 order = systems[run % len(systems):] + systems[:run % len(systems)] if systems else []
@@ -353,7 +410,8 @@ def run_compare(args, log=print) -> dict:
                                 resp_rate = m["entries_per_s"]
                             return m
                         cluster_no += 1
-                        return measure_bk(system, size, args, run, f"{zk.connect_string}/bench-{cluster_no}")
+                        kw = {"fleet": fleet} if fleet is not None and system in fleet.clusters else {}
+                        return measure_bk(system, size, args, run, f"{zk.connect_string}/bench-{cluster_no}", **kw)
                     m = _attempt(out, log, args, system, size, run, measure)
                     if m is None:
                         continue
@@ -392,14 +450,55 @@ def run_compare(args, log=print) -> dict:
                             f" adds/s: from due p50 {fmt_num(lat.get('p50'), 2)} p99 {fmt_num(lat.get('p99'), 2)} ms,"
                             f" from sent p50 {fmt_num(svc.get('p50'), 2)} p99 {fmt_num(svc.get('p99'), 2)} ms"
                             + (f" ERRORS {m['errors']}: {m['error']}" if m["errors"] else ""))
+        if fleet is not None and not args.no_reads:
+            run_read_phase(fleet, args, out, log)
+        if fleet is not None and not args.no_java_client:
+            ms, fails = run_java_client_phase(fleet, args.sizes, args.runs, args.java_client_entries,
+                                              args.in_flight, args.java_release, log)
+            out["java_client"] += ms
+            out["failures"] += fails
     finally:
+        if fleet is not None:
+            fleet.stop()
         if zk is not None:
             zk.stop()
             shutil.rmtree(zk.data_dir, ignore_errors=True)
     out["environment"]["loadavg_end"] = os.getloadavg()
     out["summary"] = summarize(out["measurements"], systems, args.sizes)
     out["half_peak_summary"] = summarize_half_peak(out["half_peak"], args.sizes)
+    out["reads_summary"] = compare_reads.summarize_reads(out["reads"])
+    out["java_client_summary"] = summarize_java_client(out["java_client"])
     return out
+
+
+def run_read_phase(fleet: Fleet, args, out: dict, log) -> None:
+    """compare_reads' rows on every paired cluster: each prepared once, then the runs, the clusters
+    in an order rotated every run."""
+    from bk.eventloop import loop_factory
+    import asyncio
+    targets = []
+    for system, c in fleet.clusters.items():
+        # BATCH_READ rows on one-bookie clusters (E == WQ), where the bookie has the op (bk; Java from 4.17)
+        batch = system == "bk-1" or (system == "java-bookie" and args.java_release != "4.15.5")
+        target = compare_reads.ReadTarget(system, c.metadata_uri, c.data_dir, batch)
+        try:
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:
+                runner.run(compare_reads.prepare(target, args.runs, args.read_entries, args.read_size))
+            targets.append(target)
+        except Exception as e:  # noqa: BLE001 - that cluster's rows are missing, the failure says why
+            out["failures"].append({"system": system, "phase": "reads", "run": 0, "entry_size": args.read_size,
+                                    "error": f"{type(e).__name__}: {e}"})
+            log(f"reads: preparing {system} FAILED: {e}")
+    for run in range(args.runs):
+        for target in targets[run % len(targets):] + targets[:run % len(targets)] if targets else []:
+            try:
+                with asyncio.Runner(loop_factory=loop_factory()) as runner:
+                    out["reads"] += runner.run(compare_reads.measure_run(target, run, args.read_entries,
+                                                                         args.read_size, log))
+            except Exception as e:  # noqa: BLE001
+                out["failures"].append({"system": target.system, "phase": "reads", "run": run,
+                                        "entry_size": args.read_size, "error": f"{type(e).__name__}: {e}"})
+                log(f"reads run {run + 1} {target.system} FAILED: {e}")
 
 
 def _attempt(out: dict, log, args, system: str, size: int, run: int, measure, tag: str = "") -> dict | None:
@@ -434,10 +533,19 @@ def main(argv=None) -> int:
         print("\nadd latency at half the median peak (paced, open loop; p50/p99 from when each add was due,"
               " 'sent' from when it left):")
         print(render_half_peak(result["half_peak_summary"]))
+    if result["reads_summary"]:
+        print(f"\nreads, bk's client, {human_size(args.read_size)} entries, medians of {args.runs}"
+              f" (Java {args.java_release}):")
+        print(compare_reads.render_reads(result["reads_summary"]))
+    if result["java_client_summary"]:
+        print(f"\nthe Java client ({args.java_release}, its driver: {args.in_flight} adds in flight; reads of"
+              " 100-entry readEntries, 8 in flight, one READ per entry):")
+        print(render_java_client(result["java_client_summary"]))
     for note in result["notes"]:
         print(f"note: {note}")
     for f in result["failures"]:
-        print(f"FAILED: {f['system']} {human_size(f['entry_size'])} run {f['run'] + 1}: {f['error']}")
+        print(f"FAILED: {f['system']} {human_size(f['entry_size'])} run {f['run'] + 1}"
+              f" ({f.get('phase', 'peak')}): {f['error']}")
     os.makedirs(args.out_dir, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     json_path = os.path.join(args.out_dir, f"compare-{stamp}.json")
@@ -447,7 +555,8 @@ def main(argv=None) -> int:
     if not args.no_chart:
         png = write_chart(result["summary"], os.path.join(args.out_dir, f"compare-{stamp}.png"))
         print(f"chart: {png}" if png else MATPLOTLIB_MISSING)
-    return 1 if result["failures"] or any(r["errors"] for r in result["summary"]) else 0
+    return 1 if result["failures"] or any(r["errors"] for r in result["summary"]) or any(
+        r.get("bk_errors") or r.get("java_errors") for r in result["reads_summary"]) else 0
 
 
 if __name__ == "__main__":
