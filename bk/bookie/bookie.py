@@ -42,7 +42,7 @@ from bk.fileio import ensure_dir
 from bk.index import NEEDS_INTEGRITY_CHECK, UNCLEAN_SHUTDOWN
 from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
 from bk.proto.constants import FLAG_RECOVERY_ADD
-from bk.proto.layout import ENTRY_IDS_LAC
+from bk.proto.layout import ENTRY_IDS_LAC, IDS, LAC_HEADER_LENGTH
 
 from .gc import GarbageCollector
 from .ledger_storage import LedgerStorage
@@ -76,6 +76,15 @@ def _one_done(one, err) -> None:
     """add_entry_cb completion of one request of an add_entries_cb run."""
     cb, ctx, req = one
     cb(ctx, [req], err)
+
+
+def _learn_explicit_lac(desc, lac_buf) -> None:
+    """An explicit LAC (`ledger_id(8) lac(8) digest`, key-checked: it is the writer's) raises the LAC
+    the bookie knows, as a piggybacked one does: long polls and READ -1 answers' maxLAC see it."""
+    if len(lac_buf) >= LAC_HEADER_LENGTH:
+        ledger_id, lac = IDS.unpack_from(lac_buf)
+        if ledger_id == desc.ledger_id and lac > desc.lac:  # the decoders check both ids; callers may not
+            desc.lac = lac
 
 
 def _ignore(ctx, err) -> None:
@@ -214,6 +223,7 @@ class Bookie:
             storage.update_ledger(desc, fenced=True)
         elif entry_id == EXPLICIT_LAC:
             storage.update_ledger(desc, explicit_lac=bytes(body[16:]))
+            _learn_explicit_lac(desc, body[16:])
         else:
             log.warning("skipping unknown journal meta-record %d for ledger %d", entry_id, ledger_id)
 
@@ -505,6 +515,7 @@ class Bookie:
             raise BookieReadOnlyError(ledger_id=ledger_id)
         desc = self._key_checked(ledger_id, master_key, create=True)
         self.storage.update_ledger(desc, explicit_lac=bytes(lac_buf))
+        _learn_explicit_lac(desc, lac_buf)  # wakes the long polls waiting on it (BookKeeper's setExplicitLac)
         fut = self._loop.create_future()
         self._journal(ledger_id).log(meta_body(ledger_id, EXPLICIT_LAC, lac_buf), _complete_future, fut)
         await fut
