@@ -1,0 +1,110 @@
+"""Where bookie locations come from (bk.client.topology): the topology script, a static mapping,
+Pulsar's /bookies znode, registration properties, and the default rack; and the BookKeeper client
+wiring (its keyword arguments, create_ledger placing by rack on fake bookies)."""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import uuid
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from test_client_support import run_async  # noqa: E402
+
+from bk.client import BookKeeper  # noqa: E402
+from bk.client.placement import EnsemblePlacementPolicy, PlacementSettings  # noqa: E402
+from bk.client.topology import NetworkTopology, RackLayout  # noqa: E402
+from bk.errors import IncorrectParameterError  # noqa: E402
+from bk.meta import open_store  # noqa: E402
+from bk.meta.registration import BookieServiceInfo, RegistrationManager  # noqa: E402
+
+
+def script(tmp_path, body: str) -> str:
+    path = tmp_path / "topology.sh"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+@run_async
+async def test_script_is_called_in_batches_and_cached(tmp_path):
+    calls = tmp_path / "calls"
+    path = script(tmp_path, f'echo "$@" >> {calls}\nfor a in "$@"; do p=${{a##*:}}; echo "/rack$((p % 3))"; done\n')
+    topo = NetworkTopology(script=path, script_number_args=2)
+    bookies = [f"127.0.0.1:{3180 + i}" for i in range(5)]
+    got = await topo.resolve(bookies)
+    assert got == {b: f"/rack{(3180 + i) % 3}" for i, b in enumerate(bookies)}
+    assert [len(line.split()) for line in calls.read_text().splitlines()] == [2, 2, 1]
+    await topo.resolve(bookies)  # cached, as ScriptBasedMapping's answers
+    assert len(calls.read_text().splitlines()) == 3
+
+
+@run_async
+async def test_a_failing_script_leaves_the_default_rack_and_is_retried(tmp_path):
+    flag = tmp_path / "ok"
+    path = script(tmp_path, f'[ -e {flag} ] || exit 3\nfor a in "$@"; do echo /r1; done\n')
+    topo = NetworkTopology(script=path)
+    assert await topo.resolve(["h:1"]) == {"h:1": "/default-rack"}
+    flag.write_text("")
+    assert await topo.resolve(["h:1"]) == {"h:1": "/r1"}
+    wrong = NetworkTopology(script=script(tmp_path, "echo /a /b\n"))
+    assert await wrong.resolve(["h:1"]) == {"h:1": "/default-rack"}  # two answers for one bookie
+    with pytest.raises(IncorrectParameterError, match="not an executable"):
+        NetworkTopology(script=str(tmp_path / "missing.sh"))
+
+
+def test_static_mapping_forms(tmp_path):
+    assert RackLayout.load({"h:1": "r1", "h2": "/r2", "x:1": "/"}).locations == {"h:1": "/r1", "h2": "/r2"}
+    (tmp_path / "m.json").write_text(json.dumps({"g": {"h:1": {"rack": "/east/r1", "hostname": "h"}}}))
+    layout = RackLayout.load(str(tmp_path / "m.json"))
+    assert layout.location("h:1") == "/east/r1" and layout.groups_of("h:1") == {"g"}
+    (tmp_path / "bad.txt").write_text("h:1\n")
+    with pytest.raises(IncorrectParameterError, match="bad.txt:1"):
+        RackLayout.load(str(tmp_path / "bad.txt"))
+    (tmp_path / "hosts.txt").write_text("10.0.0.5 /r5\n")
+    assert RackLayout.load(str(tmp_path / "hosts.txt")).location("10.0.0.5:3181") == "/r5"  # a host: all its bookies
+
+
+@run_async
+async def test_znode_layout_registration_properties_and_precedence(tmp_path):
+    store = await open_store(f"mem://{uuid.uuid4().hex}/ledgers")
+    reg = RegistrationManager(store, reregister_on_expiry=False)
+    try:
+        await store.create("/bookies", json.dumps(
+            {"default": {"a:1": {"rack": "east/r1"}, "b:1": {"rack": "/east/r2"}}}).encode())
+        await reg.register("c:1", service_info=BookieServiceInfo.for_bookie("c:1", {"rack": "/west/r3", "group": "g2"}))
+        await reg.register("d:1")
+        topo = NetworkTopology(mapping={"b:1": "/static/r"})
+        topo.bind(store=store, registration=reg)
+        got = await topo.resolve(["a:1", "b:1", "c:1", "d:1"])
+        assert got == {"a:1": "/east/r1", "b:1": "/static/r", "c:1": "/west/r3", "d:1": "/default-rack"}
+        assert topo.groups_of("a:1") == {"default"} and topo.groups_of("c:1") == {"g2"}
+        await store.set("/bookies", b"not json")
+        topo._znode_read_at = float("-inf")
+        assert (await topo.resolve(["e:1"]))["e:1"] == "/default-rack"  # a broken layout is ignored, logged
+    finally:
+        await reg.close()
+        await store.close()
+
+
+@run_async
+async def test_client_takes_the_settings_and_places_by_rack(tmp_path):
+    from test_client_support import FakeCluster
+
+    async with FakeCluster(6) as cluster:
+        ids = [b.bookie_id for b in cluster.bookies]
+        mapping = {b: f"/rack{i % 3}" for i, b in enumerate(ids)}
+        with pytest.raises(IncorrectParameterError):
+            BookKeeper(cluster.metadata_uri, ensemble_placement_policy="nearest")
+        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=mapping,
+                              enforce_min_num_racks_per_write_quorum=True) as bkc:
+            assert bkc.placement.name == "rackaware"
+            for _ in range(10):
+                lh = await bkc.create_ledger(3, 3, 2)
+                assert len({mapping[b] for b in lh.ensemble}) == 3
+                assert bkc.placement.is_ensemble_adhering(lh.ensemble, 3, 2) == "MEETS_STRICT"
+                await lh.close()
+    assert EnsemblePlacementPolicy.from_settings(PlacementSettings(ensemble_placement_policy="default")).name == "default"
