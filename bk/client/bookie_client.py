@@ -55,7 +55,9 @@ from bk.proto import (
 )
 from bk.proto.layout import MASTER_KEY_LENGTH, READ_HEADER, READ_REQUEST_BYTES, READ_REQUEST_FRAME
 
-from .wire_v3 import ClientWireOptions, V3Transport, handshake
+from bk.proto.v3 import LongPollReadResponse, long_poll_request
+
+from .wire_v3 import ClientWireOptions, V3Frame, V3Transport, handshake
 
 log = logging.getLogger(__name__)
 _core = _native.load("core", "bk.client")
@@ -166,6 +168,7 @@ class BookieClient:
         self.bookie_id = bookie_id
         self.wire = wire or ClientWireOptions()
         self._side_client: "BookieClient | None" = None  # the other protocol's connection (wire_v3 docstring)
+        self._long_poll_client: "BookieClient | None" = None  # v3 long polls only (send_long_poll)
         self.host, self.port = address or split_bookie_id(bookie_id)
         self.connect_timeout_s = float(connect_timeout_s)
         self.max_frame_size_bytes = max_frame_size_bytes
@@ -283,6 +286,22 @@ class BookieClient:
         frame = encode_request(WriteLacRequest(0, master_key, ledger_id, lac, lac_buf))
         self._send((WRITE_LAC, ledger_id), frame, callback, self.add_timeout_s if timeout_s is None else timeout_s)
 
+    def send_long_poll(self, ledger_id: int, previous_lac: int, timeout_ms: int, callback: Callback) -> None:
+        """v3 long-poll READ (v3.long_poll_request): answered with a LongPollReadResponse once the
+        bookie's LAC passes previous_lac or after timeout_ms. Long polls go on a v3 connection of
+        their own: v3 answers are turned into v2 ones matched by (READ, ledger, entry), and a long
+        poll's answer (entry -1 or previous_lac + 1) must never be taken for a plain read's."""
+        if self.wire.protocol != "v3":
+            raise BookieConnectionError(f"bookie {self.bookie_id}: long polls need the v3 protocol")
+        client = self._long_poll_client
+        if client is None:
+            client = self._long_poll_client = BookieClient(
+                self.bookie_id, add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
+                connect_timeout_s=self.connect_timeout_s, max_frame_size_bytes=self.max_frame_size_bytes,
+                address=(self.host, self.port), wire=self.wire)
+        frame = V3Frame.of(long_poll_request(ledger_id, previous_lac, timeout_ms))
+        client._send((READ, ledger_id, -1), frame, callback, timeout_ms / 1000.0 + self.read_timeout_s)
+
     def send_bookie_info(self, requested_info: int, callback: Callback, timeout_s: float | None = None) -> None:
         if self._v3_only():
             return self._side().send_bookie_info(requested_info, callback, timeout_s)
@@ -399,8 +418,9 @@ class BookieClient:
             core.sweep_handle.cancel()
             core.sweep_handle = None
         protocol, core.protocol = core.protocol, None
-        if self._side_client is not None:
-            self._side_client.close()
+        for other in (self._side_client, self._long_poll_client):
+            if other is not None:
+                other.close()
         self._fail_all(BookieConnectionError(f"bookie {self.bookie_id}: client closed"))
         if protocol is not None:
             protocol.transport.close()
@@ -410,7 +430,7 @@ class BookieClient:
     def _key_for(self, protocol: _BookieProtocol, msg):
         """The pending-table key `msg` answers; None to skip it, False after a protocol error."""
         t = type(msg)
-        if t is ReadResponse:
+        if t is ReadResponse or t is LongPollReadResponse:
             key = (READ, msg.ledger_id, msg.entry_id)
             return key if key in self._core.pending else (READ, msg.ledger_id, -1)
         if t is BatchReadResponse:

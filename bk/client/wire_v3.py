@@ -115,6 +115,18 @@ def request_to_v3(frame, txn_id: int) -> bytes:
     return v3.frame(req)
 
 
+class V3Frame(bytes):
+    """A request with no v2 form (a long-poll READ): its v3 frame (txnId 0) as bytes, so the request
+    core queues and counts it like any frame, and the Request itself, which V3Transport stamps
+    with the connection's next txnId when it leaves."""
+
+    @classmethod
+    def of(cls, req) -> "V3Frame":
+        f = cls(v3.frame(req))
+        f.request = req
+        return f
+
+
 class V3Transport:
     """The transport the request core writes v2 frames to, on a v3 connection."""
 
@@ -129,6 +141,10 @@ class V3Transport:
         fast = v3.v3_add_request_from_v2
         for frame in frames:
             self._txn += 1
+            if type(frame) is V3Frame:
+                frame.request.header.txnId = self._txn
+                out.append(v3.frame(frame.request))
+                continue
             out.append(fast(frame, self._txn) or request_to_v3(frame, self._txn))
         self.transport.writelines(out)
 

@@ -301,6 +301,31 @@ def v3_add_request_from_v2(frame, txn_id: int) -> bytes:
     return _codec.v3_add_request_from_v2(frame, txn_id)
 
 
+class LongPollReadResponse(NamedTuple):
+    """A v3 READ answer carrying `maxLAC` (a long poll's: ReadRequest with previousLAC). `body` is
+    the entry previousLAC + 1 when the bookie piggybacked it (`entry_id` names it), else b""."""
+
+    rc: int
+    ledger_id: int
+    entry_id: int
+    body: bytes | None
+    max_lac: int
+    __repr__ = _safe_repr
+
+
+def long_poll_request(ledger_id: int, previous_lac: int, timeout_ms: int):
+    """BookKeeper's readEntryWaitForLACUpdate with the entry piggybacked: READ of entry -1 with
+    previousLAC and timeOut; the bookie answers once its LAC passes previousLAC or the time is up
+    (txnId is stamped when the frame leaves: bk.client.wire_v3.V3Frame)."""
+    req = Request()
+    h = req.header
+    h.version, h.operation, h.txnId = PROTOCOL_VERSION_V3, OperationType.READ_ENTRY, 0
+    r = req.readRequest
+    r.ledgerId, r.entryId, r.previousLAC, r.timeOut = ledger_id, -1, previous_lac, timeout_ms
+    r.flag = READ_FLAG_ENTRY_PIGGYBACK
+    return req
+
+
 def response_to_v2(body):
     """The v2 answer message of a v3 Response frame body (what a client's request table matches:
     ADD/READ by ledger and entry, LAC and info by ledger); ResponseDecodeError when malformed."""
@@ -321,7 +346,10 @@ def response_to_v2(body):
     if op == OperationType.ADD_ENTRY:
         return AddResponse(rc, b.ledgerId, b.entryId)
     if op == OperationType.READ_ENTRY:
-        return ReadResponse(rc, b.ledgerId, b.entryId, (b.body if b.HasField("body") else b"") if rc == 0 else None)
+        body = (b.body if b.HasField("body") else b"") if rc == 0 else None
+        if b.HasField("maxLAC"):  # the answer to a long poll (only those carry the bookie's LAC)
+            return LongPollReadResponse(rc, b.ledgerId, b.entryId, body, b.maxLAC)
+        return ReadResponse(rc, b.ledgerId, b.entryId, body)
     if op == OperationType.READ_LAC:
         return ReadLacResponse(rc, b.ledgerId, b.lacBody or None, b.lastEntryBody or None)
     if op == OperationType.WRITE_LAC:
