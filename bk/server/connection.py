@@ -52,7 +52,7 @@ from collections import deque
 from bk.entrylog.spans import FileSpan
 from bk.errors import ProtocolError, StorageError
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
-                      RequestDecodeError, encode_add_acks, encode_add_responses, error_response_for)
+                      ReadRequest, RequestDecodeError, encode_add_acks, encode_add_responses, error_response_for)
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
 
@@ -62,6 +62,8 @@ from .socket_writes import _SPANS, _copy_buffer_spans, _plain_socket_fd, _read_s
 log = logging.getLogger(__name__)
 _ADDS_ONLY = {AddRequest}
 _V3_ADDS_ONLY = {V3AddRequest}
+_READS_ONLY = {ReadRequest}
+_V3_REQUESTS_ONLY = {v3.Request}  # READs mostly (a run of them: one client's readEntries)
 _ADD_TYPES = (AddRequest, V3AddRequest)
 DECODE_SLICE_BYTES = 16 * 1024
 _WHOLE_READ = 1 << 62
@@ -204,6 +206,13 @@ class BookieConnection(asyncio.Protocol):
         return (self.closed or self._out_bytes + self._held_bytes + self.transport.get_write_buffer_size()
                 <= self.max_response_bytes)
 
+    def room(self) -> int:
+        """Bytes the unwritten responses may still grow by before has_room() turns False (negative:
+        over the limit; always room once closed)."""
+        if self.closed:
+            return self.max_response_bytes
+        return self.max_response_bytes - (self._out_bytes + self._held_bytes + self.transport.get_write_buffer_size())
+
     @property
     def takes_spans(self) -> bool:
         """Whether answers may carry spans of entry logs: only a plain socket can be written
@@ -268,6 +277,9 @@ class BookieConnection(asyncio.Protocol):
             add_run(items, self)
             return
         self._slice_bytes = DECODE_SLICE_BYTES
+        if types == _READS_ONLY or types == _V3_REQUESTS_ONLY:  # bk.server.single_reads
+            self.processor.read_run(items, self)
+            return
         start = -1  # first add of the current run (a run is all v2 or all v3 adds)
         for i, item in enumerate(items):
             if self.transport.is_closing():  # one bad frame closed the connection: none after it runs

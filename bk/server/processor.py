@@ -5,8 +5,10 @@ consecutive ADDs of one socket read go to the bookie as one run
 (`add_run` -> `Bookie.add_entries_cb`): admitted in one accounting step,
 checked per ledger once, journaled with one call, and answered by one
 `_adds_done` per completion batch (all the run's accepted adds of one journal
-share one). A lone ADD takes `Bookie.add_entry_cb` and `_add_done`. Reads and
-the other ops run as tasks.
+share one). A lone ADD takes `Bookie.add_entry_cb` and `_add_done`. A plain READ
+(v2 or v3) of an entry a cache holds is answered at once, a run of them in one
+buffer (`read_run`, bk.server.single_reads); other reads and the other ops run as
+tasks.
 
 Every handler answers exactly once, with the request's ids and version, and
 turns a BookieError into its wire code; anything unexpected is logged and
@@ -34,6 +36,7 @@ from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthReques
                       WriteLacResponse, encode_response, encode_response_parts)
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
+from bk.server import single_reads
 from bk.server.limits import BookieLimits
 from bk.server.v3 import V3Processor
 from bk.proto.layout import (BATCH_READ_ENTRY_LENGTH_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES,
@@ -161,16 +164,19 @@ class RequestProcessor:
     def _spawn_read(self, req: ReadRequest, conn) -> None:
         # A plain read of a cached entry is answered without a task, while the client
         # reads its answers (else the read waits for room in a read slot).
-        if not req.flags & FLAG_DO_FENCING and req.entry_id >= 0 and conn.has_room():
-            start = monotonic()
-            entry = self.bookie.read_cached(req.ledger_id, req.entry_id)
-            if entry is not None:
-                conn.send(encode_response_parts(ReadResponse(0, req.ledger_id, req.entry_id, entry), req.version))
-                _READ_REQUEST.success((monotonic() - start) * 1000.0)
-                _READ_BYTES.inc(len(entry))
-                return
-        # A fencing read (recovery) is not held behind a slow client's output.
-        (self._spawn_fencing_read if req.flags & FLAG_DO_FENCING else self._spawn_gated_read)(req, conn)
+        single_reads.serve_run((req,), conn, self.bookie.read_cached, self._uncached)
+
+    def read_run(self, reqs: list, conn) -> None:
+        """The requests of one socket read, all v2 READs or all v3 requests (READs mostly: a
+        client's readEntries): the plain READs of cached entries answered at once, together
+        (bk.server.single_reads), every other one as dispatch would, in order."""
+        single_reads.serve_run(reqs, conn, self.bookie.read_cached, self._uncached)
+
+    def _uncached(self, req, conn) -> None:
+        if type(req) is not ReadRequest:
+            self.v3.dispatch_uncached(req, conn)
+        else:  # a fencing read (recovery) is not held behind a slow client's output
+            (self._spawn_fencing_read if req.flags & FLAG_DO_FENCING else self._spawn_gated_read)(req, conn)
 
     async def _run(self, handler, req, conn, gated: bool, read: bool) -> None:
         try:

@@ -124,6 +124,13 @@ class V3Processor:
         }
 
     def dispatch(self, req, conn) -> None:
+        if req.header.operation == Op.READ_ENTRY:  # a cached entry is answered at once (no task)
+            self.processor.read_run((req,), conn)
+        else:
+            self.dispatch_uncached(req, conn)
+
+    def dispatch_uncached(self, req, conn) -> None:
+        """Every request but the plain READs bk.server.single_reads answered from a cache."""
         op = req.header.operation
         if op == Op.AUTH:
             conn.auth_request_v3(req)

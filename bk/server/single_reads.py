@@ -1,0 +1,124 @@
+"""Single READs answered from the caches on the loop: no task, no future, one write per run.
+
+The Java client's `readEntries` (Pulsar's consumers, managed ledgers) sends one READ per entry,
+and bk's client does too when E != WQ, so the bookie sees runs of READs, often dozens in one
+socket read. A plain READ (no fencing, no long poll, an entry id >= 0; v2 or v3) whose entry a
+cache holds (Bookie.read_cached: write cache, read cache, what a read-ahead brought in) is
+answered here at once: the answers of a run are encoded by one kernel call into one buffer
+(bk/_native/_reads.pyx: v2 frames, or v3 Responses byte for byte as the protobuf library
+writes them) and queued as one part of the connection's next write. Everything else - a miss,
+a fencing read, a long poll, a v3 request of another operation, a read while the connection's
+unwritten answers exceed max_response_bytes_per_connection - goes to the processor's ordinary
+path (a task in one of the connection's read slots), in order: the answers gathered so far are
+queued first, so the answers queued at once keep the requests' order.
+
+What a client sees is unchanged: the same bytes, the same errors (a miss is answered by
+Bookie.read_entry, which decides between "no such entry", limbo and EIO), the same room check
+per read as one by one (each answer gathered counts against the room before the next).
+"""
+from __future__ import annotations
+
+from time import monotonic
+
+from bk import _native, metrics
+from bk.proto import ReadRequest, encode_header
+from bk.proto.constants import OpCode
+from bk.proto.layout import FLAG_DO_FENCING
+from bk.proto.v3 import OperationType
+
+_reads = _native.load("reads")
+read_answers, v3_read_answers, v3_read_head = _reads.read_answers, _reads.v3_read_answers, _reads.v3_read_head
+
+_READ_OP = int(OpCode.READ_ENTRY)
+_V3_READ = int(OperationType.READ_ENTRY)
+_V3 = -1  # a run's kind for v3 answers (v2 runs are keyed by their header version)
+# Entries at least this large go out as parts of their own, uncopied (codec._PART_MIN_ENTRY_BYTES)
+PART_MIN_ENTRY_BYTES = 16 * 1024
+_READ_REQUEST, _READ_BYTES = metrics.READ_ENTRY_REQUEST, metrics.READ_BYTES
+_v2_headers: dict[int, int] = {}
+_ANSWER_HEAD_MAX = 64  # bytes of an answer before its entry, at most (v3: besides the echoed header)
+
+
+def v2_header(version: int) -> int:
+    h = _v2_headers.get(version)
+    if h is None:
+        h = _v2_headers[version] = encode_header(version, _READ_OP)
+    return h
+
+
+def v3_plain_read(req):
+    """(ledgerId, entryId) of a v3 READ that only asks for an entry (no flag, no previousLAC, ids
+    >= 0), else None."""
+    if req.header.operation != _V3_READ or not req.HasField("readRequest"):
+        return None
+    r = req.readRequest
+    if r.HasField("flag") or r.HasField("previousLAC") or r.ledgerId < 0 or r.entryId < 0:
+        return None
+    return r.ledgerId, r.entryId
+
+
+def _queue(conn, kind: int, rows: list) -> None:
+    conn.send(v3_read_answers(rows) if kind == _V3 else read_answers(rows, v2_header(kind)))
+
+
+def serve_run(reqs, conn, read_cached, slow) -> None:
+    """Answer the plain READs of `reqs` (v2 ReadRequests, v3 Requests) that a cache holds; hand
+    every other request to `slow(req, conn)` in its turn."""
+    start = monotonic()
+    room = conn.room()
+    rows: list = []
+    kind = 0
+    served = nbytes = 0
+    for req in reqs:
+        if conn.transport.is_closing():  # closed earlier in this read (a bad frame): drop the rest
+            break
+        entry = None
+        if type(req) is ReadRequest:
+            k = req.version
+            if not req.flags & FLAG_DO_FENCING and req.entry_id >= 0 and room >= 0:
+                entry = read_cached(req.ledger_id, req.entry_id)
+        else:
+            k = _V3
+            ids = v3_plain_read(req) if room >= 0 else None
+            if ids is not None:
+                entry = read_cached(*ids)
+        if entry is None:
+            if rows:
+                _queue(conn, kind, rows)
+                rows = []
+            slow(req, conn)
+            room = conn.room()
+            continue
+        if rows and k != kind:
+            _queue(conn, kind, rows)
+            rows = []
+        kind = k
+        n = len(entry)
+        served += 1
+        nbytes += n
+        if k == _V3:
+            header = req.header.SerializeToString()  # echoed as it came (CopyFrom's bytes)
+            room -= n + len(header) + _ANSWER_HEAD_MAX  # never more room than one by one
+            row = (header, ids[0], ids[1], entry)
+        else:
+            room -= n + _ANSWER_HEAD_MAX
+            row = (req.ledger_id, req.entry_id, entry)
+        if n < PART_MIN_ENTRY_BYTES:
+            rows.append(row)
+            continue
+        # a large entry: its own parts, the head and then the entry as it is (no copy)
+        if rows:
+            _queue(conn, kind, rows)
+            rows = []
+        conn.send([v3_read_head(header, ids[0], ids[1], n) if k == _V3 else _v2_head(req, n), entry])
+    if rows:
+        _queue(conn, kind, rows)
+    if served:
+        _READ_REQUEST.record_many(served, (monotonic() - start) * 1000.0)
+        _READ_BYTES.inc(nbytes)
+
+
+def _v2_head(req, n: int) -> bytes:
+    """A v2 READ answer's frame up to its entry (of n bytes)."""
+    frame = read_answers(((req.ledger_id, req.entry_id, b""),), v2_header(req.version))
+    return (n + len(frame) - 4).to_bytes(4, "big") + frame[4:]
