@@ -196,6 +196,15 @@ class IncorrectParameterError(ClientError, ValueError):
     """A client call with bad arguments: quorum sizes, an entry range past the LAC, an entry too large."""
 
 
+class DuplicateEntryIdError(IncorrectParameterError):
+    """create_ledger_adv: an entry id already added on this handle (pending, or at or below its LAC):
+    BookKeeper's DuplicateEntryIdException. The add was not sent."""
+
+
+class LedgerExistsError(ClientError):
+    """create_ledger_adv with a ledger id that already has metadata (BookKeeper's LedgerExistException)."""
+
+
 class AddBatchError(ClientError):
     """A batch of adds (`LedgerHandle.add_entries`) that did not all succeed.
 

@@ -19,7 +19,7 @@ in rh.read_entries_iter(first, last)` reads ahead, and `lh.async_add_entry(x,
 callback)` is BookKeeper's callback form.
 
 Modules: bookkeeper (BookKeeper), ledger_handle (LedgerHandle: adds, ensemble
-change, close), writer (LedgerWriter), read_handle (ReadHandle: a tailing
+change, close, force), ledger_handle_adv (LedgerHandleAdv: chosen entry ids), writer (LedgerWriter), read_handle (ReadHandle: a tailing
 reader), read_iter (the read iterator), read_ops (entry, range and batch reads,
 LAC reads), recovery (fencing and ledger recovery), quorum (write sets,
 coverage, ADD framing), placement (EnsemblePlacementPolicy), bookie_client
@@ -35,10 +35,11 @@ or may not survive recovery), False if it certainly was not written.
 from bk.client.bookie_client import BookieClient, BookieClientPool
 from bk.client.bookkeeper import BookKeeper
 from bk.client.ledger_handle import LedgerHandle
+from bk.client.ledger_handle_adv import LedgerHandleAdv
 from bk.client.placement import EnsemblePlacementPolicy
 from bk.client.read_handle import ReadHandle
 from bk.client.read_ops import LedgerEntry
 from bk.client.writer import LedgerWriter
 
 __all__ = ["BookKeeper", "BookieClient", "BookieClientPool", "EnsemblePlacementPolicy", "LedgerEntry",
-           "LedgerHandle", "LedgerWriter", "ReadHandle"]
+           "LedgerHandle", "LedgerHandleAdv", "LedgerWriter", "ReadHandle"]

@@ -58,7 +58,10 @@ cdef class AddCore:
     # the add state, shared with LedgerHandle's rare paths
     cdef public object pending, failed_bookies, refuse, fixed_lac
     cdef public int64_t lac, last_add_pushed, length_pushed, length_confirmed
-    cdef public bint changing
+    # the acknowledged prefix (BookKeeper's pendingAddsSequenceHead) and its length: the LAC
+    # follows it except on a deferred-sync ledger, where only LedgerHandle.force() moves the LAC
+    cdef public int64_t last_add_acked, length_acked
+    cdef public bint changing, deferred_sync
     # hooks (LedgerHandle's): raise_refused(), raise_too_large(n), send_again(op, indexes),
     # add_failure(bookie, response, err), wake_drain()
     cdef public object raise_refused, raise_too_large, send_again, add_failure, wake_drain
@@ -67,6 +70,7 @@ cdef class AddCore:
     cdef _add(self, data, callback)
     cdef _add_response_c(self, bookie, response, err)
     cdef _deliver_c(self)
+    cdef _find(self, int64_t entry_id, Py_ssize_t start)
 
 
 cdef class RequestCore:

@@ -220,7 +220,7 @@ cdef class AddCore:
         self.send_again = send_again
         self.add_failure = add_failure
         self.wake_drain = wake_drain
-        self.lac = self.last_add_pushed = -1
+        self.lac = self.last_add_pushed = self.last_add_acked = -1
 
     def async_add_entry(self, data, callback=None):
         """Start an add without waiting (see core_py.AddCore.async_add_entry)."""
@@ -329,7 +329,7 @@ cdef class AddCore:
         self._add_response_c(bookie, response, err)
 
     cdef _add_response_c(self, bookie, response, err):
-        cdef PendingAdd op
+        cdef PendingAdd op, head
         cdef int64_t k, entry_id
         cdef Py_ssize_t n
         cdef int i
@@ -350,12 +350,18 @@ cdef class AddCore:
         n = len(pending)
         if n == 0:
             return  # already completed or failed
-        op = <PendingAdd>pending[0]
-        k = entry_id - op.entry_id
-        if k < 0 or k >= n:
+        head = <PendingAdd>pending[0]
+        k = entry_id - head.entry_id
+        if k < 0:
             return  # already completed or failed
+        op = head
         if k:
-            op = <PendingAdd>pending[k]
+            if k < n and (<PendingAdd>pending[k]).entry_id == entry_id:
+                op = <PendingAdd>pending[k]  # dense ids: every ledger but create_ledger_adv's
+            else:
+                op = self._find(entry_id, k if k < n else n - 1)
+                if op is None:
+                    return  # already failed, or never added
         index = (<dict>self.index).get(bookie)
         if index is None or bookie in self.failed_bookies:
             return  # an answer from a bookie that is (being) replaced
@@ -366,8 +372,21 @@ cdef class AddCore:
         if not op.acked & bit:
             op.acked |= bit
             op.ack_count += 1
-        if k == 0 and op.ack_count >= self.ack_quorum_size:
+        if op is head and op.ack_count >= self.ack_quorum_size:
             self._deliver_c()
+
+    cdef _find(self, int64_t entry_id, Py_ssize_t start):
+        """The pending add of `entry_id` when ids have gaps (chosen ids): pending is sorted by id with
+        no duplicates, so its index is at most `start` = entry_id - head id."""
+        cdef PendingAdd op
+        cdef Py_ssize_t i = start
+        pending = self.pending
+        while i >= 0:
+            op = <PendingAdd>pending[i]
+            if op.entry_id <= entry_id:
+                return op if op.entry_id == entry_id else None
+            i -= 1
+        return None
 
     def deliver(self):
         """Complete the acknowledged prefix of the pending adds, in entry-id order."""
@@ -382,11 +401,14 @@ cdef class AddCore:
         popleft = pending.popleft
         while pending:
             op = <PendingAdd>pending[0]
-            if op.ack_count < aq:
-                break
+            if op.ack_count < aq or op.entry_id != self.last_add_acked + 1:
+                break  # not acknowledged, or (chosen ids) an id before it was not added yet
             popleft()
-            self.lac = op.entry_id
-            self.length_confirmed = op.length
+            self.last_add_acked = op.entry_id
+            self.length_acked = op.length
+            if not self.deferred_sync:  # deferred sync: only LedgerHandle.force() moves the LAC
+                self.lac = op.entry_id
+                self.length_confirmed = op.length
             op.frame = None
             callback = op.callback
             if callback is None:

@@ -53,6 +53,7 @@ from bk.proto import (
     ReadLacResponse, ReadRequest, ReadResponse, ResponseDecodeError, WriteLacRequest, WriteLacResponse,
     encode_request,
 )
+from bk.proto import v3
 from bk.proto.layout import MASTER_KEY_LENGTH, READ_HEADER, READ_REQUEST_BYTES, READ_REQUEST_FRAME
 
 from bk.proto.v3 import LongPollReadResponse, long_poll_request
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 _core = _native.load("core", "bk.client")
 RequestCore = _core.RequestCore
 
+FORCE = "FORCE_LEDGER"  # v3 only: (FORCE, ledger) keys a FORCE_LEDGER (no v2 op code)
 ADD, READ, READ_LAC, WRITE_LAC, INFO, BATCH = (
     int(OpCode.ADD_ENTRY), int(OpCode.READ_ENTRY), int(OpCode.READ_LAC), int(OpCode.WRITE_LAC),
     int(OpCode.GET_BOOKIE_INFO), int(OpCode.BATCH_READ_ENTRY))
@@ -302,6 +304,20 @@ class BookieClient:
         frame = V3Frame.of(long_poll_request(ledger_id, previous_lac, timeout_ms))
         client._send((READ, ledger_id, -1), frame, callback, timeout_ms / 1000.0 + self.read_timeout_s)
 
+    def v3_client(self) -> "BookieClient":
+        """The connection for what only v3 carries (DEFERRED_SYNC adds, FORCE_LEDGER): this one when
+        it speaks v3, else its v3 side connection."""
+        return self if self.wire.protocol == "v3" else self._side()
+
+    def send_force_ledger(self, ledger_id: int, callback: Callback, timeout_s: float | None = None) -> None:
+        """FORCE_LEDGER (v3): answered with a ForceLedgerResponse once the bookie made every entry of
+        the ledger it acknowledged before durable (BookKeeper's ForceLedgerOp, one bookie)."""
+        if self.wire.protocol != "v3":
+            return self._side().send_force_ledger(ledger_id, callback, timeout_s)
+        from .wire_v3 import V3Frame
+        self._send((FORCE, ledger_id), V3Frame.of(v3.force_ledger_request(ledger_id)), callback,
+                   self.add_timeout_s if timeout_s is None else timeout_s)
+
     def send_bookie_info(self, requested_info: int, callback: Callback, timeout_s: float | None = None) -> None:
         if self._v3_only():
             return self._side().send_bookie_info(requested_info, callback, timeout_s)
@@ -439,6 +455,8 @@ class BookieClient:
             return (READ_LAC, msg.ledger_id)
         if t is WriteLacResponse:
             return (WRITE_LAC, msg.ledger_id)
+        if t is v3.ForceLedgerResponse:
+            return (FORCE, msg.ledger_id)
         if t is GetBookieInfoResponse:
             return (INFO,)
         if t is ResponseDecodeError:
@@ -492,7 +510,7 @@ def _call(callback: Callback, msg, err) -> None:
 
 
 def _describe(key: tuple) -> str:
-    op = OpCode(key[0]).name
+    op = key[0] if type(key[0]) is str else OpCode(key[0]).name
     if key[0] in (ADD, READ):
         return f"{op} of ledger {key[1]} entry {key[2]}"
     if key[0] == BATCH:

@@ -22,11 +22,11 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-from typing import Mapping
+from typing import Iterable, Mapping
 
-from bk.errors import IncorrectParameterError, MetadataExistsError, UnauthorizedAccessError
+from bk.errors import IncorrectParameterError, LedgerExistsError, MetadataExistsError, UnauthorizedAccessError
 from bk.meta import open_store
-from bk.meta.ledger_manager import LedgerManager
+from bk.meta.ledger_manager import MAX_LEDGER_ID, LedgerManager
 from bk.meta.ledger_metadata import DigestType as MetadataDigestType, LedgerMetadata
 from bk.meta.registration import RegistrationManager
 from bk.proto import DEFAULT_MAX_FRAME_SIZE_BYTES, DigestManager, DigestType, master_key, parse_digest_type
@@ -34,6 +34,7 @@ from bk.proto import DEFAULT_MAX_FRAME_SIZE_BYTES, DigestManager, DigestType, ma
 from .bookie_client import BookieClientPool
 from .wire_v3 import ClientWireOptions
 from .ledger_handle import LedgerHandle
+from .ledger_handle_adv import LedgerHandleAdv
 from .placement import EnsemblePlacementPolicy, PlacementSettings
 from .quorum import check_quorum_sizes
 from .read_handle import ReadHandle
@@ -60,6 +61,22 @@ def _read_file(path: str) -> bytes:
             return fh.read().strip()
     except OSError as e:
         raise IncorrectParameterError(f"cannot read {path}: {e}") from None
+
+
+WRITE_FLAGS = frozenset({"DEFERRED_SYNC"})  # BookKeeper's WriteFlag values
+
+
+def _write_flags(flags) -> frozenset:
+    if isinstance(flags, str):
+        flags = (flags,)
+    try:
+        names = frozenset(flags)
+    except TypeError:
+        raise IncorrectParameterError(f"write_flags must be a set of names, got {flags!r}") from None
+    unknown = names - WRITE_FLAGS
+    if unknown:
+        raise IncorrectParameterError(f"unknown write flag(s) {sorted(map(str, unknown))}; known: {sorted(WRITE_FLAGS)}")
+    return names
 
 
 def _password(password) -> bytes:
@@ -229,12 +246,36 @@ class BookKeeper:
     # ------------------------------------------------------------ ledgers
     async def create_ledger(self, ensemble_size: int = 3, write_quorum_size: int = 2, ack_quorum_size: int = 2,
                             digest_type="CRC32C", password: bytes = b"",
-                            custom_metadata: Mapping[str, bytes] | None = None) -> LedgerHandle:
-        """A new OPEN ledger on `ensemble_size` writable bookies the placement policy chose, ready for adds."""
+                            custom_metadata: Mapping[str, bytes] | None = None, *,
+                            write_flags: Iterable[str] = ()) -> LedgerHandle:
+        """A new OPEN ledger on `ensemble_size` writable bookies the placement policy chose, ready for adds.
+
+        `write_flags` are BookKeeper's WriteFlag names: {"DEFERRED_SYNC"} makes adds acknowledged
+        before the bookies' journal fsync, the LAC moving only on `await lh.force()`
+        (LedgerHandle's docstring). The ledger metadata does not record them (as BookKeeper's)."""
+        return await self._create(LedgerHandle, None, ensemble_size, write_quorum_size, ack_quorum_size,
+                                  digest_type, password, custom_metadata, write_flags)
+
+    async def create_ledger_adv(self, ensemble_size: int = 3, write_quorum_size: int = 2, ack_quorum_size: int = 2,
+                                digest_type="CRC32C", password: bytes = b"",
+                                custom_metadata: Mapping[str, bytes] | None = None, *, ledger_id: int | None = None,
+                                write_flags: Iterable[str] = ()) -> LedgerHandleAdv:
+        """Like create_ledger, but the caller gives each entry id: `await lh.add_entry(entry_id, data)`
+        (BookKeeper's createLedgerAdv; bk/client/ledger_handle_adv.py). With `ledger_id` the ledger
+        gets that id (LedgerExistsError if it is taken), else a generated one."""
+        if ledger_id is not None and (isinstance(ledger_id, bool) or not isinstance(ledger_id, int)
+                                      or not 0 <= ledger_id <= MAX_LEDGER_ID):
+            raise IncorrectParameterError(f"ledger_id must be an int in 0..{MAX_LEDGER_ID}, got {ledger_id!r}")
+        return await self._create(LedgerHandleAdv, ledger_id, ensemble_size, write_quorum_size, ack_quorum_size,
+                                  digest_type, password, custom_metadata, write_flags)
+
+    async def _create(self, handle_class, ledger_id, ensemble_size, write_quorum_size, ack_quorum_size,
+                      digest_type, password, custom_metadata, write_flags):
         self._check_started()
         check_quorum_sizes(ensemble_size, write_quorum_size, ack_quorum_size)
         dtype = parse_digest_type(digest_type)
         password = _password(password)
+        write_flags = _write_flags(write_flags)
         writable = await self.registration.writable_bookies()
         await self.placement.on_cluster_changed(writable)  # racks (and free space) of new bookies
         ensemble = self.placement.new_ensemble(ensemble_size, writable, write_quorum_size=write_quorum_size,
@@ -242,15 +283,20 @@ class BookKeeper:
         metadata = LedgerMetadata.new(ensemble, write_quorum_size, ack_quorum_size,
                                       digest_type=MetadataDigestType(int(dtype)), password=password,
                                       custom_metadata=dict(custom_metadata or {}))
-        while True:
+        if ledger_id is not None:  # chosen (create_ledger_adv)
+            try:
+                version = await self.ledger_manager.create_ledger_metadata(ledger_id, metadata)
+            except MetadataExistsError:
+                raise LedgerExistsError(f"ledger {ledger_id} exists already (it has metadata)") from None
+        while ledger_id is None:
             ledger_id = await self.ledger_manager.generate_ledger_id()
             try:
                 version = await self.ledger_manager.create_ledger_metadata(ledger_id, metadata)
-                break
             except MetadataExistsError:  # an id taken by a ledger created with an explicit id
                 log.warning("ledger id %d already has metadata; generating another", ledger_id)
+                ledger_id = None
         digest = DigestManager(ledger_id, dtype, password)
-        return LedgerHandle(self, ledger_id, metadata, version, digest, master_key(password))
+        return handle_class(self, ledger_id, metadata, version, digest, master_key(password), write_flags=write_flags)
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = True,
                           digest_type=None) -> ReadHandle:

@@ -239,6 +239,7 @@ class AddCore:
                  "ensemble_size", "write_quorum_size", "ack_quorum_size", "index", "write_sets", "write_set_indexes",
                  "pending", "failed_bookies", "refuse", "fixed_lac",
                  "lac", "last_add_pushed", "length_pushed", "length_confirmed", "changing",
+                 "last_add_acked", "length_acked", "deferred_sync",
                  "raise_refused", "raise_too_large", "send_again", "add_failure", "wake_drain")
 
     def __init__(self, ledger_id, bk, loop, *, raise_refused, raise_too_large, send_again, add_failure,
@@ -247,12 +248,14 @@ class AddCore:
             setattr(self, name, None)
         self.max_payload_bytes = self.frame_small_max = 0
         self.ensemble_size = self.write_quorum_size = self.ack_quorum_size = 0
-        self.length_pushed = self.length_confirmed = 0
-        self.changing = False
+        self.length_pushed = self.length_confirmed = self.length_acked = 0
+        self.changing = self.deferred_sync = False
         self.ledger_id, self.bk, self.loop = ledger_id, bk, loop
         self.raise_refused, self.raise_too_large, self.send_again = raise_refused, raise_too_large, send_again
         self.add_failure, self.wake_drain = add_failure, wake_drain
-        self.lac = self.last_add_pushed = -1
+        # the acknowledged prefix (BookKeeper's pendingAddsSequenceHead) and its length: the LAC
+        # follows it except on a deferred-sync ledger, where only LedgerHandle.force() moves the LAC
+        self.lac = self.last_add_pushed = self.last_add_acked = -1
 
     def async_add_entry(self, data, callback=None):
         """Start an add without waiting (pipelining).
@@ -367,10 +370,15 @@ class AddCore:
         pending = self.pending
         if not pending:
             return  # already completed or failed
-        k = response.entry_id - pending[0].entry_id
-        if k < 0 or k >= len(pending):
+        head = pending[0]
+        k = response.entry_id - head.entry_id
+        if k < 0:
             return  # already completed or failed
-        op = pending[k]
+        op = pending[k] if k < len(pending) else None
+        if op is None or op.entry_id != response.entry_id:  # ids with gaps: create_ledger_adv's
+            op = self._find(response.entry_id, min(k, len(pending) - 1))
+            if op is None:
+                return  # already failed, or never added
         i = self.index.get(bookie)
         if i is None or bookie in self.failed_bookies or (i - op.entry_id) % self.ensemble_size >= self.write_quorum_size:
             return  # an answer from a bookie that is (being) replaced
@@ -378,19 +386,33 @@ class AddCore:
         if not op.acked & bit:
             op.acked |= bit
             op.ack_count += 1
-        if k == 0 and op.ack_count >= self.ack_quorum_size:
+        if op is head and op.ack_count >= self.ack_quorum_size:
             self.deliver()
+
+    def _find(self, entry_id: int, start: int):
+        """The pending add of `entry_id` when ids have gaps (chosen ids): pending is sorted by id with
+        no duplicates, so its index is at most `start` = entry_id - head id."""
+        pending = self.pending
+        for i in range(start, -1, -1):
+            op = pending[i]
+            if op.entry_id <= entry_id:
+                return op if op.entry_id == entry_id else None
+        return None
 
     def deliver(self) -> None:
         """Complete the acknowledged prefix of the pending adds, in entry-id order."""
         if self.changing:
             return
         pending, aq = self.pending, self.ack_quorum_size
-        while pending and pending[0].ack_count >= aq:
+        # the head completes once acknowledged and (chosen ids) every id before it was added
+        while pending and pending[0].ack_count >= aq and pending[0].entry_id == self.last_add_acked + 1:
             op = pending.popleft()
             entry_id = op.entry_id
-            self.lac = entry_id
-            self.length_confirmed = op.length
+            self.last_add_acked = entry_id
+            self.length_acked = op.length
+            if not self.deferred_sync:  # deferred sync: only LedgerHandle.force() moves the LAC
+                self.lac = entry_id
+                self.length_confirmed = op.length
             op.frame = None
             callback = op.callback
             if callback is None:

@@ -40,6 +40,15 @@ every later add fails with that error class. Each such error carries
 may not be in the ledger after recovery - its message says so), False when it
 was never sent (it is certainly not in the ledger).
 
+Deferred sync (`write_flags={"DEFERRED_SYNC"}`, BookKeeper's WriteFlag). Adds carry the v3
+writeFlags DEFERRED_SYNC (over the v3 side connection when the client speaks v2): a bookie
+acknowledges them before its journal fsync. Completions still come in entry-id order, but the
+LAC stays where the last `force()` left it (BookKeeper's lastAddConfirmed vs
+pendingAddsSequenceHead, here `last_add_acked`); `force()` sends FORCE_LEDGER to every bookie of
+the ensemble and, once all answered EOK, moves the LAC to the prefix acknowledged when it
+started. As in BookKeeper, a bookie failure is fatal for such a writer (no ensemble change:
+acknowledged entries above the LAC exist only on that ensemble). close() forces first.
+
 Close. Waits for every pending add and any ensemble change, then CASes
 OPEN -> CLOSED with lastEntryId = LAC and its length. Closing a closed handle is
 a no-op; adds after close() started raise LedgerClosedError.
@@ -52,13 +61,14 @@ import logging
 from collections import deque
 
 from bk.errors import (
-    BKError, BookieError, IncorrectParameterError, LedgerClosedError, LedgerFencedError, MetadataFormatError,
+    BKError, BookieError, BookieIOError, IncorrectParameterError, LedgerClosedError, LedgerFencedError, MetadataFormatError,
     MetadataStoreError, MetadataVersionError, NoSuchLedgerMetadataError, NotEnoughBookiesError, UnauthorizedAccessError,
     error_for_code,
 )
 from bk import _native
 from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bk.proto import DigestManager, StatusCode
+from bk.proto.layout import FLAG_DEFERRED_SYNC
 
 from .quorum import AddFramer, in_write_set
 from .read_handle import ReadHandle
@@ -91,8 +101,13 @@ class LedgerHandle(ReadHandle):
     calls this class back only through the hooks given to it here."""
 
     def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
-                 master_key: bytes, *, add_flags: int = 0):
+                 master_key: bytes, *, add_flags: int = 0, write_flags=frozenset()):
         self._loop = asyncio.get_running_loop()
+        # BookKeeper's WriteFlag set (BookKeeper.create_ledger checks it; the metadata never records it)
+        self.write_flags = frozenset(write_flags)
+        self._deferred_sync = "DEFERRED_SYNC" in self.write_flags
+        if self._deferred_sync:
+            add_flags |= FLAG_DEFERRED_SYNC
         core = self._core = AddCore(ledger_id, bk, self._loop, raise_refused=self._raise_refused,
                                     raise_too_large=self._too_large, send_again=self._send,
                                     add_failure=self._add_failure, wake_drain=self._wake_drain)
@@ -108,6 +123,8 @@ class LedgerHandle(ReadHandle):
         self._set_ensemble(metadata.last_segment[1])
         core.lac = metadata.last_entry_id
         core.length_confirmed = metadata.length
+        core.last_add_acked, core.length_acked = core.lac, core.length_confirmed
+        core.deferred_sync = self._deferred_sync
         core.last_add_pushed = core.lac
         core.length_pushed = core.length_confirmed
         core.pending = deque()  # of PendingAdd, in entry-id order
@@ -164,6 +181,8 @@ class LedgerHandle(ReadHandle):
         core.index = self._index = {b: i for i, b in enumerate(self._ensemble)}
         pool = self._bk.pool
         self._clients = [pool.get(b) for b in self._ensemble]
+        if self._deferred_sync:  # only v3 carries DEFERRED_SYNC (BookKeeper's v2 client refuses it)
+            self._clients = [c.v3_client() for c in self._clients]
         # per ensemble index: (the client's request core, response callback bound to the bookie),
         # and per entry id mod E: the write set's indexes and those pairs (no per-add work)
         E, WQ = self._E, self._WQ
@@ -273,6 +292,11 @@ class LedgerHandle(ReadHandle):
             return  # replaced already, or already being replaced
         if self._bk.closed:
             self._fail(LedgerClosedError, f"ledger {self.ledger_id}: its BookKeeper client was closed")
+            return
+        if self._deferred_sync:  # as BookKeeper: a DEFERRED_SYNC ledger never changes its ensemble
+            self._fail(type(err) if isinstance(err, BookieError) else BookieIOError,
+                       f"ledger {self.ledger_id}: bookie {bookie} failed ({err}); a DEFERRED_SYNC ledger cannot"
+                       " change its ensemble, so this writer can add nothing more")
             return
         core.failed_bookies.add(bookie)
         self._avoid.add(bookie)
@@ -409,6 +433,11 @@ class LedgerHandle(ReadHandle):
 
     async def _close(self) -> None:
         await self._drain()
+        if self._deferred_sync and self._core.last_add_acked > self._core.lac:
+            # bk closes at what is durable and acknowledged: force first (BookKeeper closes at its LAC,
+            # leaving acknowledged adds since the last force() out of the ledger). If the force
+            # fails, close() raises and the ledger stays OPEN: recovery decides what it holds.
+            await self._force()
         update = functools.partial(self._close_metadata, self._core.lac, self._core.length_confirmed)
         try:
             metadata, version = await self._bk.ledger_manager.update_ledger_metadata(self.ledger_id, update)
@@ -429,3 +458,47 @@ class LedgerHandle(ReadHandle):
     async def read_last_add_confirmed(self) -> int:
         """The writer knows its LAC."""
         return self._core.lac
+
+    # ------------------------------------------------------------ force (deferred sync)
+    @property
+    def last_add_acked(self) -> int:
+        """The last id of the acknowledged prefix (BookKeeper's pendingAddsSequenceHead): the LAC on
+        every ledger but a DEFERRED_SYNC one, where the LAC stays at what force() made durable."""
+        return self._core.last_add_acked
+
+    async def force(self) -> None:
+        """Make every add acknowledged so far durable and move the LAC to it (BookKeeper's
+        LedgerHandle.force, ForceLedgerOp): FORCE_LEDGER goes to every bookie of the current
+        ensemble, and all of them must answer EOK (each then holds on disk every entry it had
+        acknowledged, so each entry acknowledged by AQ bookies is durable on AQ bookies). Any other
+        answer, or none in add_timeout_s, raises that bookie's error and the LAC stays; adds are not
+        failed by it. On a ledger written without DEFERRED_SYNC every acknowledged add is durable
+        already and force() only asks the bookies."""
+        if self._state is not OPEN:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed: force() needs an open ledger")
+        if self._fatal is not None:
+            cls, why = self._fatal
+            raise _error(cls, f"{why}; force() cannot run", self.ledger_id, None, True)
+        await self._force()
+
+    async def _force(self) -> None:
+        core = self._core
+        head, length = core.last_add_acked, core.length_acked  # captured first, as ForceLedgerOp does
+        ensemble, pool = self._ensemble, self._bk.pool
+        answers = await asyncio.gather(
+            *(pool.get(b).call(pool.get(b).send_force_ledger, self.ledger_id) for b in ensemble),
+            return_exceptions=True)
+        failures = []
+        for bookie, answer in zip(ensemble, answers):
+            if isinstance(answer, BaseException):
+                failures.append((bookie, answer))
+            elif answer.rc != EOK:
+                failures.append((bookie, error_for_code(answer.rc, ledger_id=self.ledger_id)))
+        if failures:
+            bookie, err = failures[-1]
+            cls = type(err) if isinstance(err, BKError) else BookieIOError
+            raise _error(cls, f"ledger {self.ledger_id}: force() failed: " + "; ".join(
+                f"bookie {b}: {e}" for b, e in failures) + f" (LAC stays {core.lac}; entries up to {head} are"
+                " acknowledged, not known to be durable)", self.ledger_id, None, True) from err
+        if head > core.lac:
+            core.lac, core.length_confirmed = head, length

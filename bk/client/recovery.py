@@ -78,7 +78,7 @@ class RecoveryWriter(LedgerHandle):
         # back to the others as long as AQ of every write set are up (LedgerHandle's docstring).
         self._delay_ensemble_change = True
         core = self._core
-        core.lac = core.last_add_pushed = core.fixed_lac = start - 1
+        core.lac = core.last_add_pushed = core.last_add_acked = core.fixed_lac = start - 1
         core.length_confirmed = core.length_pushed = length_before
         self._segments_kept = len(metadata.segments) - 1  # recovery owns the last segment and any after it
 

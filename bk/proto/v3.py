@@ -326,6 +326,24 @@ def long_poll_request(ledger_id: int, previous_lac: int, timeout_ms: int):
     return req
 
 
+class ForceLedgerResponse(NamedTuple):
+    """A v3 FORCE_LEDGER answer (no v2 form): EOK once the bookie's journal made durable every
+    entry of the ledger it had acknowledged before the request."""
+
+    rc: int
+    ledger_id: int
+
+
+def force_ledger_request(ledger_id: int):
+    """BookKeeper's FORCE_LEDGER (LedgerHandle.force): txnId is stamped when the frame leaves
+    (bk.client.wire_v3.V3Frame)."""
+    req = Request()
+    h = req.header
+    h.version, h.operation, h.txnId = PROTOCOL_VERSION_V3, OperationType.FORCE_LEDGER, 0
+    req.forceLedgerRequest.ledgerId = ledger_id
+    return req
+
+
 def response_to_v2(body):
     """The v2 answer message of a v3 Response frame body (what a client's request table matches:
     ADD/READ by ledger and entry, LAC and info by ledger); ResponseDecodeError when malformed."""
@@ -354,6 +372,8 @@ def response_to_v2(body):
         return ReadLacResponse(rc, b.ledgerId, b.lacBody or None, b.lastEntryBody or None)
     if op == OperationType.WRITE_LAC:
         return WriteLacResponse(rc, b.ledgerId)
+    if op == OperationType.FORCE_LEDGER:
+        return ForceLedgerResponse(rc, b.ledgerId)
     raise ResponseDecodeError(f"v3 answer to operation {op}: bk's client never asks it")
 
 
