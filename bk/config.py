@@ -142,6 +142,10 @@ class BookieConfig:
     repp_enable_durability_enforcement_in_replace: bool = True  # reppEnableDurabilityEnforcementInReplace
     isolation_bookie_groups: str = ""  # Pulsar's isolationBookieGroups: "group1,group2"
     secondary_isolation_bookie_groups: str = ""  # Pulsar's secondaryIsolationBookieGroups
+    # This bookie's own location and isolation group, published as its registration properties `rack`
+    # and `group` (clients read them when no mapping or script places the bookie; bk's, not BookKeeper's).
+    bookie_rack: str = ""  # e.g. "/region1/rack2"
+    bookie_isolation_group: str = ""
 
     # --- BP-46: running without the journal (REPLICATION.md, "Running without the journal")
     # None = auto: on exactly when journal_write_data is false (then a crash can lose acknowledged

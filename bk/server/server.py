@@ -110,7 +110,8 @@ class BookieServer:
         self.autorecovery = None  # bk.replication.AutoRecovery when autorecovery_enabled
         self.repair = None  # bk.replication.integrity.DataIntegrityCheck while BP-46 phase two runs
         self.phase_one: integrity.PhaseOneResult | None = None
-        self._properties: dict[str, str] = {}  # published in the registration (BookieServiceInfo)
+        self._properties: dict[str, str] = {  # published in the registration (BookieServiceInfo)
+            k: v for k, v in (("rack", config.bookie_rack), ("group", config.bookie_isolation_group)) if v}
         self.port: int | None = None
         self.http = None  # bk.server.http_admin.HttpAdminServer when http_server_enabled
         self.started = False

@@ -102,3 +102,32 @@ async def scenario(cluster: LocalCluster, rack_of: dict[str, str], script: str) 
             got = entries_to_map(await rh.read_entries(0, rh.last_add_confirmed))
             check_ledger(h, lh.ledger_id, rh.metadata, [got], check_length=True).assert_ok()
             assert rh.last_add_confirmed == 149
+
+
+def test_racks_published_in_the_bookies_registration(zk_server, tmp_path):
+    """No script or mapping: each bookie's TOML bookie_rack is published as its registration property
+    `rack` and the client places by it."""
+    cluster = LocalCluster(str(tmp_path / "cluster"), bookies=0,
+                           zk_connect=f"{zk_server}/regracks-{uuid.uuid4().hex[:8]}")
+    cluster.start()
+    try:
+        racks = ["/east/r1", "/east/r1", "/west/r2", "/west/r2"]
+        for i, rack in enumerate(racks):
+            cluster.add_bookie(i, wait=False, bookie_rack=rack, bookie_isolation_group="tenant")
+        for b in cluster.bookies.values():
+            b.wait_ready()
+        rack_of = dict(zip(cluster.bookie_ids, racks))
+        eventloop.run(registration_scenario(cluster, rack_of))
+    finally:
+        cluster.stop()
+
+
+async def registration_scenario(cluster: LocalCluster, rack_of: dict[str, str]) -> None:
+    async with BookKeeper(cluster.metadata_uri, enforce_min_num_racks_per_write_quorum=True,
+                          isolation_bookie_groups="tenant", **FAST) as bkc:
+        assert await bkc.placement.resolve_bookies(rack_of) == rack_of
+        for _ in range(5):
+            lh = await bkc.create_ledger(2, 2, 2, password=PW)
+            assert {rack_of[b] for b in lh.ensemble} == {"/east/r1", "/west/r2"}
+            await lh.add_entry(b"x")
+            await lh.close()
