@@ -182,10 +182,10 @@ class EnsemblePlacementPolicy:
     def location(self, bookie: str) -> str:
         return self.topology.location(bookie)
 
-    def log_once(self, key: str, message: str, *args) -> None:
+    def log_once(self, key: str, message: str, *args, level: int = logging.WARNING) -> None:
         if key not in self._logged:
             self._logged.add(key)
-            log.warning(message, *args)
+            log.log(level, message, *args)
 
     # ------------------------------------------------------------ choosing
     def new_ensemble(self, ensemble_size: int, writable: Iterable[str], exclude: Iterable[str] = (), *,

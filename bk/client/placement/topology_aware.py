@@ -31,6 +31,7 @@ times the median, as BookKeeper's WeightedRandomSelection does. The rules come f
 """
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Iterable, Mapping, Sequence
 
@@ -181,9 +182,13 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
                 f"{what}: no choice of the {len(order)} eligible bookies ({racks} rack(s)) gives every write quorum"
                 f" of {wq} the {self.name} policy's {min(wq, self.min_racks)} racks, and"
                 " enforce_min_num_racks_per_write_quorum is set")
+        # Without any rack information (every bookie in the default rack) this is the expected case of a
+        # cluster that does not use racks: said at INFO; with racks known it is a warning.
+        unplaced = all(self.location(b) == self.default_rack for b in order)
         self.log_once(f"fallback-{what}", "%s policy: no %s can give every write quorum of %d its %d racks with"
                       " the writable bookies (%d rack(s)); placing with the best spread instead (logged once)",
-                      self.name, what, wq, min(wq, self.min_racks), racks)
+                      self.name, what, wq, min(wq, self.min_racks), racks,
+                      level=logging.INFO if unplaced else logging.WARNING)
         chosen = fill(slots, order, self.location, wq, [], prefer)
         assert chosen is not None  # enough candidates were checked by the caller
         return chosen
