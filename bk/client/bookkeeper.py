@@ -115,6 +115,7 @@ class BookKeeper:
                  repp_regions_to_write: str = "", repp_minimum_regions_for_durability: int = 2,
                  repp_enable_durability_enforcement_in_replace: bool = True, isolation_bookie_groups: str = "",
                  secondary_isolation_bookie_groups: str = "",
+                 explicit_lac_interval_ms: int = 0,
                  delay_ensemble_change: bool = False, protocol: str = "v2", tls_trust_store: str | None = None,
                  tls_certificate_path: str | None = None, tls_key_store: str | None = None,
                  tls_hostname_verification: bool = True, auth_token: str | None = None, auth_plugin=None):
@@ -157,6 +158,12 @@ class BookKeeper:
         # in the ensemble while every write set still has AQ bookies up (LedgerHandle's docstring).
         # Ledger recovery's write-back always does this.
         self.delay_ensemble_change = bool(delay_ensemble_change)
+        # BookKeeper's explicitLacInterval (ms, 0 = off): an idle writer sends WRITE_LAC (explicit_lac.py)
+        if isinstance(explicit_lac_interval_ms, bool) or not isinstance(explicit_lac_interval_ms, int) \
+                or explicit_lac_interval_ms < 0:
+            raise IncorrectParameterError(
+                f"explicit_lac_interval_ms must be an int >= 0, got {explicit_lac_interval_ms!r}")
+        self.explicit_lac_interval_ms = explicit_lac_interval_ms
         # The bookie connections' protocol, TLS and AUTH (bk/client/wire_v3.py): v2 by default (faster
         # here, docs/BENCHMARKS.md); TLS when a trust store or a client certificate is given (PEM files,
         # hostname verification on); auth_token presents a token to bookies running the bk-token plugin.

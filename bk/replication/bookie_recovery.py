@@ -11,8 +11,9 @@ Per ledger: an open ledger whose last segment names the bookie is fenced and
 closed first (opened with recovery) - or left alone with `skip_open` (an open
 ledger that names the bookie only in earlier segments, which have an end, is
 re-replicated without fencing: its writer is not disturbed); then each
-segment naming the bookie is copied to the target (the given one, or a random
-writable bookie outside that segment, chosen per segment) and the metadata
+segment naming the bookie is copied to the target (the given one, or a writable
+bookie outside that segment that the client's placement policy chooses per segment, keeping
+its racks with the rack-aware policy) and the metadata
 CASed. A ledger fails - and is named in the summary - when a segment could not
 be copied or no target fits; the others go on. A few ledgers run at once.
 
@@ -24,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from bk.errors import BKError, IncorrectParameterError, MetadataNotFoundError, NoSuchLedgerMetadataError
+from bk.errors import (
+    BKError, IncorrectParameterError, MetadataNotFoundError, NoSuchLedgerMetadataError, NotEnoughBookiesError,
+)
 from bk.meta.cookie import CookieStore
 from bk.meta.ledger_metadata import LedgerMetadata
 
@@ -127,11 +129,10 @@ class RecoverySummary:
 
 class BookieRecovery:
     def __init__(self, bk, *, window_entries: int = 100, rate_bytes_per_s: int = 0,
-                 parallel_ledgers: int = PARALLEL_LEDGERS, rng: random.Random | None = None):
+                 parallel_ledgers: int = PARALLEL_LEDGERS):
         self.bk = bk
         self.replicator = LedgerReplicator(bk, window_entries=window_entries, rate_bytes_per_s=rate_bytes_per_s)
         self.parallel_ledgers = max(1, parallel_ledgers)
-        self.rng = rng or random.Random()
 
     async def affected_ledgers(self, bookie_id: str, ledger_id: int | None = None) -> list[LedgerPlan]:
         """Every ledger (or just `ledger_id`) with a segment on `bookie_id`, ascending."""
@@ -164,13 +165,21 @@ class BookieRecovery:
             plans = await self.affected_ledgers(bookie_id, ledger_id)
         progress = RecoveryProgress(len(plans))
         writable = set(await self.bk.registration.writable_bookies())
+        await self.bk.placement.on_cluster_changed(writable)
 
         def choose(md: LedgerMetadata, index: int, lost: str) -> str | None:
-            ensemble = set(md.segments[index][1])
+            ensemble = md.segments[index][1]
             if target is not None:
                 return None if target in ensemble else target
-            candidates = sorted(writable - ensemble - {lost})
-            return self.rng.choice(candidates) if candidates else None
+            # The client's placement policy picks the target, as BookKeeperAdmin's replaceBookie does:
+            # with the rack-aware policy the segment's write quorums keep their racks.
+            try:
+                new = self.bk.placement.replace_bookies(ensemble, {lost}, writable - {lost},
+                                                        write_quorum_size=md.write_quorum_size,
+                                                        ack_quorum_size=md.ack_quorum_size)
+            except NotEnoughBookiesError:
+                return None
+            return new[list(ensemble).index(lost)]
 
         def on_bytes(nbytes: int) -> None:
             progress.bytes_copied += nbytes

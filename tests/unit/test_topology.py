@@ -108,3 +108,35 @@ async def test_client_takes_the_settings_and_places_by_rack(tmp_path):
                 assert bkc.placement.is_ensemble_adhering(lh.ensemble, 3, 2) == "MEETS_STRICT"
                 await lh.close()
     assert EnsemblePlacementPolicy.from_settings(PlacementSettings(ensemble_placement_policy="default")).name == "default"
+
+
+@run_async
+async def test_manual_recovery_chooses_targets_that_keep_the_racks():
+    """The only target keeping both write quorums of [lost, b, c] (E=3, WQ=2) on two racks is the
+    bookie of the fourth rack; three same-rack spares would break the rule (a random choice takes
+    one of them 3 times in 4)."""
+    from test_client_support import FakeCluster
+
+    from bk.replication.bookie_recovery import BookieRecovery
+
+    async with FakeCluster(7) as cluster:
+        ids = [b.bookie_id for b in cluster.bookies]
+        mapping = dict(zip(ids, ["/r0", "/r1", "/r2", "/r2", "/r2", "/r2", "/r3"]))
+        lost, b, c, good = ids[0], ids[1], ids[2], ids[6]
+        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=mapping, add_timeout_s=2) as bkc:
+            ledgers = []
+            for _ in range(4):
+                bkc.placement.new_ensemble = lambda size, writable, exclude=(), **_: [lost, b, c]
+                lh = await bkc.create_ledger(3, 2, 2, password=b"pw")
+                del bkc.placement.new_ensemble
+                for i in range(10):
+                    await lh.add_entry(b"e%d" % i)
+                await lh.close()
+                ledgers.append(lh.ledger_id)
+            await cluster.kill(cluster.by_id(lost))
+            summary = await BookieRecovery(bkc).recover(lost)
+            assert summary.ok
+            for ledger_id in ledgers:
+                md = await bkc.get_ledger_metadata(ledger_id)
+                assert md.segments[-1][1] == (good, b, c)
+                assert bkc.placement.is_ensemble_adhering(md.segments[-1][1], 2, 2) == "MEETS_STRICT"
