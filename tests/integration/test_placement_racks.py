@@ -106,7 +106,7 @@ async def scenario(cluster: LocalCluster, rack_of: dict[str, str], script: str) 
 
 def test_racks_published_in_the_bookies_registration(zk_server, tmp_path):
     """No script or mapping: each bookie's TOML bookie_rack is published as its registration property
-    `rack` and the client places by it."""
+    `rack` and the client places by it (and weighs by the free space the bookies report)."""
     cluster = LocalCluster(str(tmp_path / "cluster"), bookies=0,
                            zk_connect=f"{zk_server}/regracks-{uuid.uuid4().hex[:8]}")
     cluster.start()
@@ -124,10 +124,12 @@ def test_racks_published_in_the_bookies_registration(zk_server, tmp_path):
 
 async def registration_scenario(cluster: LocalCluster, rack_of: dict[str, str]) -> None:
     async with BookKeeper(cluster.metadata_uri, enforce_min_num_racks_per_write_quorum=True,
-                          isolation_bookie_groups="tenant", **FAST) as bkc:
+                          isolation_bookie_groups="tenant", disk_weight_based_placement_enabled=True, **FAST) as bkc:
         assert await bkc.placement.resolve_bookies(rack_of) == rack_of
         for _ in range(5):
             lh = await bkc.create_ledger(2, 2, 2, password=PW)
             assert {rack_of[b] for b in lh.ensemble} == {"/east/r1", "/west/r2"}
             await lh.add_entry(b"x")
             await lh.close()
+        disk = bkc.placement.topology.disk  # GET_BOOKIE_INFO of every writable bookie, for the weights
+        assert set(disk) == set(rack_of) and all(0 < free <= total for free, total in disk.values())

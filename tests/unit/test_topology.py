@@ -140,3 +140,44 @@ async def test_manual_recovery_chooses_targets_that_keep_the_racks():
                 md = await bkc.get_ledger_metadata(ledger_id)
                 assert md.segments[-1][1] == (good, b, c)
                 assert bkc.placement.is_ensemble_adhering(md.segments[-1][1], 2, 2) == "MEETS_STRICT"
+
+
+@run_async
+async def test_free_space_is_asked_of_new_bookies_and_again_after_the_interval():
+    """GET_BOOKIE_INFO (the real round trip is in tests/integration/test_placement_racks.py): asked of
+    every writable bookie not asked within get_bookie_info_interval_seconds; a failure is asked again."""
+    import asyncio
+    from types import SimpleNamespace
+
+    asked = []
+
+    class Client:
+        def __init__(self, bookie):
+            self.bookie = bookie
+
+        def send_bookie_info(self, *a):
+            pass
+
+        def call(self, send, requested):
+            asked.append(self.bookie)
+            fut = asyncio.get_running_loop().create_future()
+            if self.bookie == "down:1" and asked.count("down:1") == 1:
+                fut.set_exception(OSError("connection refused"))
+            else:
+                fut.set_result(SimpleNamespace(free_disk_bytes=len(self.bookie), total_disk_bytes=100))
+            return fut
+
+    class Pool:
+        @staticmethod
+        def get(bookie):
+            return Client(bookie)
+
+    topo = NetworkTopology(bookie_info_interval_s=3600)
+    topo.bind(pool=Pool)
+    await topo.update(["a:1", "down:1"], disk_info=True)
+    assert topo.disk == {"a:1": (3, 100)} and sorted(asked) == ["a:1", "down:1"]
+    await topo.update(["a:1", "down:1", "bb:1"], disk_info=True)  # the failed one again, the new one
+    assert sorted(asked) == ["a:1", "bb:1", "down:1", "down:1"]
+    assert topo.disk == {"a:1": (3, 100), "down:1": (6, 100), "bb:1": (4, 100)}
+    await topo.update(["a:1", "down:1", "bb:1"])  # weighting off: nobody is asked
+    assert len(asked) == 4
