@@ -681,7 +681,13 @@ class Bookie:
             limbo_before = desc.limbo
             try:
                 if self._ring is not None:  # its steps look in the caches first, here on the loop
-                    entry = await self._ring.run(storage.read_steps(ledger_id, entry_id))
+                    ahead = self._ring.read_aheads.covering(ledger_id, entry_id)
+                    if ahead is not None:  # a read-ahead in flight brings it: wait, not read it twice
+                        await asyncio.wait((ahead,))
+                        entry = storage.get_cached(ledger_id, entry_id)
+                        if entry is not None:
+                            return entry
+                    entry = await self._ring.run(storage.read_steps(ledger_id, entry_id), storage.read_ahead_span)
                 else:
                     entry = storage.get_cached(ledger_id, entry_id)
                     if entry is None:

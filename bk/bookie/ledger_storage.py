@@ -438,6 +438,13 @@ class LedgerStorage:
                     raise
                 location = moved
 
+    def read_ahead_span(self, call: reads.Call) -> tuple[int, int, int] | None:
+        """(ledger_id, first, last planned) of a Call of read_steps that reads ahead, else None."""
+        if call.fn != self._read_ahead:
+            return None
+        ledger_id, entry_id, _location, count, _scanning = call.args
+        return ledger_id, entry_id, entry_id + count - 1
+
     def read_span(self, ledger_id: int, entry_id: int, max_count: int,
                   max_bytes: int) -> FileSpan | BufferSpan | None:
         """Entries entry_id.. (at most max_count, within max_bytes) as the entry log holds them back

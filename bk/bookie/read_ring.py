@@ -64,6 +64,42 @@ def make_ring(loop: asyncio.AbstractEventLoop, threads: ReadThreads, read_io: st
     return None
 
 
+class ReadAheadsInFlight:
+    """The read-ahead runs read threads are reading now: per ledger, (first, last, future) of
+    each (last: the last entry it planned to read; the future is done when it is).
+
+    Pipelined single READs of a scan arrive together: 100 in flight, the first miss starts a
+    read-ahead of the next 100 entries, and the 99 behind it used to miss too and each pread
+    its own entry (ReadRuns gives a miss inside a span in flight its one entry), so most of a
+    cold scan was read twice, once entry by entry. A miss that such a run covers waits for it
+    and is then served from the read cache (Bookie.read_entry)."""
+
+    __slots__ = ("_by_ledger",)
+
+    def __init__(self):
+        self._by_ledger: dict[int, list] = {}
+
+    def note(self, ledger_id: int, first: int, last: int, fut: asyncio.Future) -> None:
+        runs = self._by_ledger.setdefault(ledger_id, [])
+        run = (first, last, fut)
+        runs.append(run)
+        fut.add_done_callback(lambda _f: self._drop(ledger_id, run))
+
+    def _drop(self, ledger_id: int, run) -> None:
+        runs = self._by_ledger.get(ledger_id)
+        if runs is not None:
+            runs.remove(run)
+            if not runs:
+                del self._by_ledger[ledger_id]
+
+    def covering(self, ledger_id: int, entry_id: int) -> asyncio.Future | None:
+        """The future of a run in flight that will read entry_id, or None."""
+        for first, last, fut in self._by_ledger.get(ledger_id, ()):
+            if first <= entry_id <= last:
+                return fut
+        return None
+
+
 class RingReads:
     def __init__(self, loop: asyncio.AbstractEventLoop, threads: ReadThreads, entries: int = RING_ENTRIES):
         self._loop = loop
@@ -71,15 +107,18 @@ class RingReads:
         self._ring = ring_module().Ring(entries)
         self._submit_pending = False
         self._closed = False
+        self.read_aheads = ReadAheadsInFlight()
         loop.add_reader(self._ring.fileno(), self._ring.complete)
 
     @property
     def in_flight(self) -> int:
         return self._ring.in_flight
 
-    async def run(self, steps: Steps):
+    async def run(self, steps: Steps, span_of=None):
         """Drive a read's steps (bk.entrylog.reads): preads through the ring, a Call in a read
-        thread. Returns what the steps return; their StorageError is raised here."""
+        thread. Returns what the steps return; their StorageError is raised here. `span_of(call)`:
+        the (ledger_id, first, last) a Call reads ahead, or None; such a Call is noted in
+        `read_aheads` while it runs."""
         try:
             op = next(steps)
             while True:
@@ -87,6 +126,9 @@ class RingReads:
                     fut = self._pread(op, steps)
                 else:
                     fut = self._threads.submit(op.fn, *op.args)
+                    span = span_of(op) if span_of is not None else None
+                    if span is not None:
+                        self.read_aheads.note(*span, fut)
                 try:
                     out = await fut
                 except StorageError as e:

@@ -234,6 +234,11 @@ class BookieConnection(asyncio.Protocol):
         if self._reads_waiting:
             self._start_reads()
 
+    def read_answered(self) -> None:
+        """A started read answered at once (bk.server.single_reads.answer_cached): its slot is
+        free; the caller (run_read, _start_reads) starts the next one."""
+        self._reads_running -= 1
+
     def _start_reads(self) -> None:
         waiting = self._reads_waiting
         while waiting and self._reads_running < self._read_slots and self.has_room():

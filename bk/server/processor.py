@@ -95,7 +95,7 @@ class RequestProcessor:
             GetBookieInfoRequest: self._spawn(self._bookie_info),
             AuthRequest: self._auth,
         }
-        self._spawn_gated_read = self._spawn(self._read, read=True, gated=True)
+        self._spawn_gated_read = self._spawn(self._read, read=True, gated=True, cached=True)
         self._spawn_fencing_read = self._spawn(self._read, read=True)
 
     def dispatch(self, req, conn) -> None:
@@ -143,11 +143,14 @@ class RequestProcessor:
         _add_measured(len(reqs), nbytes, run[3], err)
 
     # ------------------------------------------------------------ everything else
-    def _spawn(self, handler, read: bool = False, gated: bool = False):
+    def _spawn(self, handler, read: bool = False, gated: bool = False, cached: bool = False):
         """`handler(req)` as a task answering on `conn`; `read`: counted as a read in progress
         (bookie-wide too); `gated`: it answers with entries, so it starts in one of the
-        connection's read slots (BookieConnection.run_read)."""
+        connection's read slots (BookieConnection.run_read); `cached`: a plain READ, answered
+        without a task if a cache holds its entry when its turn comes."""
         def start_task(req, conn) -> None:
+            if cached and single_reads.answer_cached(req, conn, self.bookie.read_cached):
+                return
             task = asyncio.ensure_future(self._run(handler, req, conn, gated, read))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -12,6 +12,10 @@ unwritten answers exceed max_response_bytes_per_connection - goes to the process
 path (a task in one of the connection's read slots), in order: the answers gathered so far are
 queued first, so the answers queued at once keep the requests' order.
 
+A read that waited (for a read slot, or for the read-ahead that brings its entry) looks in the
+caches again when its turn comes (`answer_cached`): a cold scan's READs behind the one that
+started a read-ahead are then answered from it, without a task each.
+
 What a client sees is unchanged: the same bytes, the same errors (a miss is answered by
 Bookie.read_entry, which decides between "no such entry", limbo and EIO), the same room check
 per read as one by one (each answer gathered counts against the room before the next).
@@ -116,6 +120,39 @@ def serve_run(reqs, conn, read_cached, slow) -> None:
     if served:
         _READ_REQUEST.record_many(served, (monotonic() - start) * 1000.0)
         _READ_BYTES.inc(nbytes)
+
+
+def answer_cached(req, conn, read_cached) -> bool:
+    """A READ that went the ordinary way (it missed the caches, or waited for room) gets its turn
+    in a read slot: if it is plain and a cache holds its entry by now (brought in by a read-ahead
+    of the reads before it), it is answered here without its task, True. Its accounting ends
+    and its slot is freed without starting the next read (the caller is the loop that does)."""
+    if type(req) is ReadRequest:
+        if req.flags & FLAG_DO_FENCING or req.entry_id < 0:
+            return False
+        ids = req.ledger_id, req.entry_id
+    else:
+        ids = v3_plain_read(req)
+        if ids is None:
+            return False
+    start = monotonic()
+    entry = read_cached(*ids)
+    if entry is None:
+        return False
+    n = len(entry)
+    if type(req) is ReadRequest:
+        answer = [_v2_head(req, n), entry] if n >= PART_MIN_ENTRY_BYTES else \
+            read_answers(((ids[0], ids[1], entry),), v2_header(req.version))
+    else:
+        header = req.header.SerializeToString()
+        answer = [v3_read_head(header, ids[0], ids[1], n), entry] if n >= PART_MIN_ENTRY_BYTES else \
+            v3_read_answers(((header, ids[0], ids[1], entry),))
+    conn.end_read()
+    conn.send(answer)
+    conn.read_answered()
+    _READ_REQUEST.success((monotonic() - start) * 1000.0)
+    _READ_BYTES.inc(n)
+    return True
 
 
 def _v2_head(req, n: int) -> bytes:

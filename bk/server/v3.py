@@ -38,6 +38,7 @@ from bk.proto import GetBookieInfoRequest
 from bk.proto import v3
 from bk.proto.layout import LAC_HEADER_LENGTH, MASTER_KEY_LENGTH
 from bk.proto.v3 import OperationType as Op
+from bk.server import single_reads
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,8 @@ class V3Processor:
             self._start(req, conn, handler, False, _READ if read else _OTHER)
 
     def _start_gated(self, req, conn) -> None:
-        self._start(req, conn, self._read, True, _READ)
+        if not single_reads.answer_cached(req, conn, self.bookie.read_cached):  # cached by now: no task
+            self._start(req, conn, self._read, True, _READ)
 
     def _start(self, req, conn, handler, gated: bool, kind: int) -> None:
         task = asyncio.ensure_future(self._run(handler, req, conn, gated, kind))

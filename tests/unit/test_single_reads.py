@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bk import _native
+from bk import _native, eventloop
 from bk.proto import (FLAG_DO_FENCING, FrameDecoder, ReadRequest, ReadResponse, StatusCode, encode_request,
                       encode_response, master_key)
 from bk.proto import v3
@@ -265,3 +265,58 @@ def test_a_closed_connection_answers_nothing_more(tmp_path):
         conn.data_received(b"".join(_v3_read(e + 1, e) for e in range(5)))
         assert await answers(1, _v2, tries=4) == [] and not proc._tasks
     _run(tmp_path, body)
+
+
+@pytest.mark.usefixtures("io_uring_reads")
+@pytest.mark.parametrize("proto", ["v2", "v3"])
+def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto):
+    """40 pipelined READs of entries only the entry logs hold (a client's readEntries): the
+    first miss reads ahead, the others wait for it and are answered from the read cache; on
+    2f38923 each of the 31 in the other read slots pread its own entry as well."""
+    from types import SimpleNamespace
+    from bk.bookie import Bookie
+    from bk.config import load_config
+    from bk.server.connection import BookieConnection
+    from bk.server.processor import RequestProcessor
+
+    cfg = load_config(env={}, overrides=dict(journal_dirs=[str(tmp_path / "j")], ledger_dirs=[str(tmp_path / "l")],
+                                             read_io="ring"))
+    entries = [_entry(e) for e in range(40)]
+
+    async def write():
+        b = Bookie(cfg)
+        await b.start()
+        try:
+            for e, entry in enumerate(entries):
+                await b.add_entry(LEDGER, e, entry, KEY)
+        finally:
+            await b.stop()
+
+    async def read():
+        b = Bookie(cfg)
+        await b.start()
+        try:
+            preads = []
+            pread = b._ring._pread
+            b._ring._pread = lambda op, steps: preads.append(op) or pread(op, steps)
+            proc = RequestProcessor(b, cfg)
+            conn = BookieConnection(SimpleNamespace(config=cfg, processor=proc, connections=set()))
+            conn.connection_made(transport := _Transport())
+            frames = [encode_request(ReadRequest(0, LEDGER, e)) if proto == "v2" else _v3_read(e + 1, e)
+                      for e in range(40)]
+            conn.data_received(b"".join(frames))
+            decoder, got = FrameDecoder(), []
+            for _ in range(400):
+                await asyncio.sleep(0.005)
+                got += [(_v2 if proto == "v2" else _v3)(f) for f in decoder.feed(b"".join(transport.out))]
+                transport.out.clear()
+                if len(got) == 40:
+                    break
+            assert sorted(g[-1] for g in got) == sorted(entries)
+            assert preads == []  # every entry came from the one read-ahead
+            assert (conn.pending, conn._reads_running, len(conn._reads_waiting)) == (0, 0, 0)
+            await proc.drain()
+        finally:
+            await b.stop()
+    eventloop.run(write())
+    eventloop.run(read())
