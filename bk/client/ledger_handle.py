@@ -72,6 +72,7 @@ from bk.proto.layout import FLAG_DEFERRED_SYNC
 
 from .quorum import AddFramer, in_write_set
 from .read_handle import ReadHandle
+from .explicit_lac import ExplicitLacFlusher
 from .writer import LedgerWriter
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ class LedgerHandle(ReadHandle):
     """The writer of one ledger. Its add path is a core object (`self._core`, an AddCore of
     bk/client/_core.pyx or its twin core_py.py) that holds the hot state in declared fields and
     calls this class back only through the hooks given to it here."""
+
+    sends_explicit_lac = True  # with explicit_lac_interval_ms set (bk/client/explicit_lac.py)
 
     def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
                  master_key: bytes, *, add_flags: int = 0, write_flags=frozenset()):
@@ -142,6 +145,8 @@ class LedgerHandle(ReadHandle):
         self.ensemble_changes = 0
         # the add path is the core's own methods (no Python frame in between)
         self.async_add_entry = core.async_add_entry
+        interval_ms = getattr(bk, "explicit_lac_interval_ms", 0)  # BookKeeper's explicitLacInterval (0: off)
+        self.explicit_lac = ExplicitLacFlusher(self, interval_ms) if interval_ms > 0 and self.sends_explicit_lac else None
         self.add_entry = core.add_entry
         self.add_entries = core.add_entries
 
@@ -502,3 +507,6 @@ class LedgerHandle(ReadHandle):
                 " acknowledged, not known to be durable)", self.ledger_id, None, True) from err
         if head > core.lac:
             core.lac, core.length_confirmed = head, length
+
+    def _learn_lac(self, lac: int) -> None:
+        """The writer's LAC is its own: what bookies report never sets it."""

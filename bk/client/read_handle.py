@@ -30,7 +30,9 @@ from bk.meta.ledger_metadata import LedgerMetadata
 from bk.proto import DigestManager
 
 from .read_iter import DEFAULT_POLL_INTERVAL_S, DEFAULT_READ_AHEAD_CHUNKS, EntryIterator
-from .read_ops import LedgerEntry, ReadRangeOp, read_lac_from
+from . import tailing
+from .lac_ops import read_lac_quorum
+from .read_ops import LedgerEntry, ReadRangeOp
 
 log = logging.getLogger(__name__)
 
@@ -162,14 +164,16 @@ class ReadHandle:
     async def read_last_add_confirmed(self) -> int:
         """Learn the LAC from the bookies of the last segment (closed ledger: lastEntryId).
 
-        The answer never goes backwards. Raises a BookieIOError-type error only
-        when no bookie of the last segment could be asked at all."""
+        BookKeeper's readLastAddConfirmed: READ of entry -1 to every bookie of the last segment,
+        done once the answers that know something cover the ensemble (E - AQ + 1; lac_ops), so
+        a dead or paused bookie does not hold it up. The answer never goes backwards. Raises a
+        BookieIOError-type error only when no bookie of the last segment could be asked at all."""
         if self.metadata.is_closed:
             return self.metadata.last_entry_id
         lm = self._bk.ledger_manager
         for _ in range(3):
             first, ensemble = self.metadata.last_segment
-            answers = await read_lac_from(self._bk.pool, self._digest, ensemble)
+            answers = await read_lac_quorum(self._bk.pool, self._digest, ensemble, self.metadata.ack_quorum_size)
             metadata, version = await lm.read_ledger_metadata(self.ledger_id)
             self._update_metadata(metadata, version)
             if self.metadata.is_closed:
@@ -187,6 +191,36 @@ class ReadHandle:
                                     ledger_id=self.ledger_id)
             # The writer moved to a new segment meanwhile: ask its bookies.
         return self._lac
+
+    # ------------------------------------------------------------ BookKeeper's tailing reads (tailing.py)
+    def _learn_lac(self, lac: int) -> None:
+        """A LAC a bookie reported (a lower bound of the writer's): the handle's LAC only grows."""
+        if lac > self._lac and not self.metadata.is_closed:
+            self._lac = lac
+
+    async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
+        return await self._range_op(first, last).start()
+
+    async def read_unconfirmed(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
+        """BookKeeper's readUnconfirmed: entries first..last without the LAC bound (see tailing.py)."""
+        return await tailing.read_unconfirmed(self, first_entry_id, last_entry_id)
+
+    async def try_read_last_add_confirmed(self) -> int:
+        """BookKeeper's tryReadLastAddConfirmed: the first bookie's LAC above this handle's, no quorum."""
+        return await tailing.try_read_last_add_confirmed(self)
+
+    async def read_explicit_lac(self) -> int:
+        """BookKeeper's readExplicitLastConfirmed: READ_LAC, explicit and piggybacked LACs, quorum."""
+        return await tailing.read_explicit_lac(self)
+
+    async def read_last_add_confirmed_and_entry(self, entry_id: int, timeout_ms: int, parallel: bool = False):
+        """BookKeeper's readLastAddConfirmedAndEntry: (LAC, entry or None), a v3 long poll (v2: polling)."""
+        return await tailing.read_last_add_confirmed_and_entry(self, entry_id, timeout_ms, parallel)
+
+    def tail(self, from_entry: int = 0, **options) -> "tailing.TailingReader":
+        """`async for entry in rh.tail(from_entry)`: every entry from `from_entry` on, once, in order, as
+        it is confirmed; ends after the ledger is closed and its last entry was handed out."""
+        return tailing.TailingReader(self, from_entry, **options)
 
     async def close(self) -> None:
         """A read handle holds nothing on the bookies: closing it only forgets it."""

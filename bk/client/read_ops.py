@@ -29,9 +29,7 @@ Range read (ReadRangeOp): at most `window` entry reads in flight; results are
 placed by entry id, so the list comes back in order; the first failure fails
 the range (reads still in flight finish and are ignored).
 
-LAC read: READ of entry -1 to every bookie of the last segment; each EOK is
-digest-checked and contributes the LAC piggybacked in it; explicit negatives
-count as answers with nothing to add. The caller takes the maximum.
+LAC reads are bk/client/lac_ops.py.
 """
 from __future__ import annotations
 
@@ -379,42 +377,3 @@ class BatchReadOp:
                 op._entry_done(start + i, LedgerEntry(start + i, bytes(payload)), None)
         for entry_id in range(start + min(len(got), count), start + count):
             op._single(entry_id)
-
-
-class LacAnswers(NamedTuple):
-    lac: int | None  # the highest valid LAC seen, None if no bookie returned a valid entry
-    valid: int  # EOK answers with a valid entry
-    negative: int  # explicit ENOENTRY / ENOLEDGER
-    errors: list  # (bookie, error) for everything else
-
-
-async def read_lac_from(pool, digest: DigestManager, bookies: Sequence[str], *, flags: int = 0,
-                        master_key: bytes | None = None) -> LacAnswers:
-    """READ entry -1 on every bookie (fencing when `flags` says so) and collect the LACs."""
-    futures = []
-    for bookie in bookies:
-        try:
-            client = pool.get(bookie)
-            futures.append(client.call(client.send_read, digest.ledger_id, -1, flags=flags, master_key=master_key))
-        except BKError as e:
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_exception(e)
-            futures.append(fut)
-    answers = await asyncio.gather(*futures, return_exceptions=True)
-    best, valid, negative, errors = None, 0, 0, []
-    for bookie, answer in zip(bookies, answers):
-        if isinstance(answer, BaseException):
-            errors.append((bookie, answer))
-        elif answer.rc == EOK:
-            try:
-                _, lac, _, _ = digest.unpack_entry(answer.body)
-            except DigestMismatchError as e:
-                errors.append((bookie, e))
-                continue
-            valid += 1
-            best = lac if best is None else max(best, lac)
-        elif answer.rc in NEGATIVE:
-            negative += 1
-        else:
-            errors.append((bookie, error_for_code(answer.rc, ledger_id=digest.ledger_id, entry_id=-1)))
-    return LacAnswers(best, valid, negative, errors)

@@ -71,6 +71,8 @@ RECOVERY_READ_WINDOW = 16
 class RecoveryWriter(LedgerHandle):
     """Writes recovered entries back (FLAG_RECOVERY_ADD); delayed ensemble changes, kept local."""
 
+    sends_explicit_lac = False  # the ledger is being closed: its readers learn the end from the metadata
+
     def __init__(self, bk, ledger_id: int, metadata: LedgerMetadata, version: int, digest: DigestManager,
                  master_key: bytes, start: int, length_before: int):
         super().__init__(bk, ledger_id, metadata, version, digest, master_key, add_flags=FLAG_RECOVERY_ADD)
