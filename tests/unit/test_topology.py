@@ -181,3 +181,35 @@ async def test_free_space_is_asked_of_new_bookies_and_again_after_the_interval()
     assert topo.disk == {"a:1": (3, 100), "down:1": (6, 100), "bb:1": (4, 100)}
     await topo.update(["a:1", "down:1", "bb:1"])  # weighting off: nobody is asked
     assert len(asked) == 4
+
+
+@run_async
+async def test_reads_go_to_the_local_rack_first_when_reordering_is_on():
+    from test_client_support import FakeCluster
+
+    async with FakeCluster(3) as cluster:
+        ids = [b.bookie_id for b in cluster.bookies]
+        mapping = dict(zip(ids, ["/dc1/r0", "/dc1/r1", "/dc2/r2"]))
+        for enabled in (True, False):
+            async with BookKeeper(cluster.metadata_uri, network_topology_mapping=mapping,
+                                  reorder_read_sequence_enabled=enabled) as bkc:
+                bkc.placement.new_ensemble = lambda size, writable, exclude=(), **_: list(ids)
+                lh = await bkc.create_ledger(3, 2, 2)
+                for i in range(30):
+                    await lh.add_entry(b"e%d" % i)
+                await lh.close()
+                bkc.placement.local_location = "/dc1/r1"  # the client sits in ids[1]'s rack
+                for b in cluster.bookies:
+                    b.requests.clear()
+                rh = await bkc.open_ledger(lh.ledger_id)
+                await rh.read_entries(0, 29)
+                reads = {b.bookie_id: {e for op, lid, e in b.requests if op == "read" and lid == lh.ledger_id
+                                       and e >= 0} for b in cluster.bookies}
+                # write set of e: ids[e % 3], ids[(e + 1) % 3]; ids[1] holds e % 3 in (0, 1)
+                local = {e for e in range(30) if e % 3 in (0, 1)}
+                if enabled:
+                    assert reads[ids[1]] == local
+                    assert reads[ids[0]] == {e for e in range(30) if e % 3 == 2}  # same region before dc2
+                    assert reads[ids[2]] == set()
+                else:  # write-set order: the first bookie of each write set
+                    assert reads[ids[0]] == {e for e in range(30) if e % 3 == 0}
