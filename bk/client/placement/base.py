@@ -171,9 +171,8 @@ class EnsemblePlacementPolicy:
 
     # ------------------------------------------------------------ what the policy knows
     async def on_cluster_changed(self, writable: Iterable[str], readonly: Iterable[str] = ()) -> None:
-        """Learn the racks (and, when weighting, the free disk space) of these bookies; cached."""
-        await self.topology.update(writable, readonly,
-                                   disk_info=self.settings.disk_weight_based_placement_enabled)
+        """Called with the writable (and read-only) bookies before each choice: topology-aware policies
+        learn their racks (and free space) here; the random policy needs nothing."""
 
     async def resolve_bookies(self, bookies: Iterable[str]) -> dict[str, str]:
         """The network location ("/region/rack" or "/rack") of each bookie (unknown: the default rack)."""

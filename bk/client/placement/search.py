@@ -14,12 +14,12 @@ become true (each rule gets the locations assigned so far and the number of
 window positions still free, and answers False only when no completion can
 satisfy it), and (2) symmetry: two candidates with the same location are
 interchangeable for every rule, so at one position each location is tried
-once. Neither prune discards a solution. A node budget bounds pathological
+once (its first candidate in the order below). Neither prune discards a solution. A node budget bounds pathological
 inputs; exhausting it is logged and treated as "not found".
 
 Which solution is found: at each position the candidates are tried in the
-caller's preference order (`prefer`, a sort key), ties broken by one random
-permutation drawn for the call - weighted by free disk space when the policy
+caller's preference order (`rank` per bookie, then `prefer` per location, sort
+keys), ties broken by one random permutation drawn for the call - weighted by free disk space when the policy
 weights (Efraimidis-Spirakis keys: P(first) is proportional to the weight).
 """
 from __future__ import annotations
@@ -101,23 +101,30 @@ class _Exhausted(Exception):
 
 def fill(slots: Sequence[str | None], candidates: Sequence[str], location_of: Callable[[str], str],
          write_quorum_size: int, rules: Sequence[Rule],
-         prefer: Callable[[int, str, list], tuple] | None = None,
+         prefer: Callable[[int, str, list], tuple] | None = None, rank: Callable[[str], int] | None = None,
          budget: int = SEARCH_BUDGET_NODES) -> list[str] | None:
     """`slots` with every None replaced by a distinct candidate so that every write quorum that contains
-    a replaced position satisfies `rules`; None when impossible (see the module docstring)."""
+    a replaced position satisfies `rules`; None when impossible (see the module docstring).
+
+    Order of trial at position i: by `rank(candidate)` (a per-bookie preference, e.g. "failed recently"),
+    then `prefer(i, location, slots so far)`, then the order of `candidates`. Only the first candidate of
+    each location in that order is tried (the symmetry prune)."""
     size = len(slots)
     current = list(slots)
     free_positions = [i for i, b in enumerate(current) if b is None]
-    windows_of: dict[int, list[list[int]]] = {}
     windows = write_quorum_windows(size, write_quorum_size)
-    for i in free_positions:
-        windows_of[i] = [w for w in windows if i in w]
+    windows_of = {i: [w for w in windows if i in w] for i in free_positions}
     used = {b for b in current if b is not None}
     pool = [c for c in candidates if c not in used]
+    if len(pool) < len(free_positions):
+        return None
+    where = {b: location_of(b) for b in (*pool, *used)}
+    ranks = {c: rank(c) for c in pool} if rank is not None else {}
+    pool.sort(key=lambda c: ranks.get(c, 0))  # stable: the callers' random order within a rank
     nodes = [0]
 
     def window_ok(window: list[int]) -> bool:
-        locations = [location_of(current[j]) for j in window if current[j] is not None]
+        locations = [where[current[j]] for j in window if current[j] is not None]
         free = sum(1 for j in window if current[j] is None)
         return all(rule(locations, free) for rule in rules)
 
@@ -128,15 +135,14 @@ def fill(slots: Sequence[str | None], candidates: Sequence[str], location_of: Ca
         if nodes[0] > budget:
             raise _Exhausted
         i = free_positions[k]
-        order = [c for c in pool if c not in used]
+        firsts: dict[str, str] = {}  # location -> its first unused candidate in pool order
+        for c in pool:
+            if c not in used and where[c] not in firsts:
+                firsts[where[c]] = c
+        order = list(firsts.values())
         if prefer is not None:
-            order.sort(key=lambda c: prefer(i, c, current))
-        tried: set[str] = set()
+            order.sort(key=lambda c: (ranks.get(c, 0), prefer(i, where[c], current)))
         for c in order:
-            loc = location_of(c)
-            if loc in tried:
-                continue  # same location as one already tried here: the same outcome
-            tried.add(loc)
             current[i] = c
             used.add(c)
             if all(window_ok(w) for w in windows_of[i]) and search(k + 1):
@@ -145,8 +151,6 @@ def fill(slots: Sequence[str | None], candidates: Sequence[str], location_of: Ca
             used.discard(c)
         return False
 
-    if len(pool) < len(free_positions):
-        return None
     try:
         return list(current) if search(0) else None
     except _Exhausted:

@@ -69,7 +69,9 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
 
     # ------------------------------------------------------------ learning
     async def on_cluster_changed(self, writable: Iterable[str], readonly: Iterable[str] = ()) -> None:
-        await super().on_cluster_changed(writable, readonly)
+        """Learn the racks (and, when weighting, the free disk space) of these bookies; cached."""
+        await self.topology.update(writable, readonly,
+                                   disk_info=self.settings.disk_weight_based_placement_enabled)
         if self.local_location is None and self.settings.reorder_read_sequence_enabled:
             address = self._local_address or await _local_address()
             self.local_location = (await self.topology.resolve([address]))[address]
@@ -78,29 +80,26 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
     def _rules(self, write_quorum_size: int, ack_quorum_size: int, *, replacing: bool = False) -> list:
         return [rack_rule(min(write_quorum_size, self.min_racks), lambda loc: loc)]
 
-    def _prefer(self, write_quorum_size: int, old: Sequence[str] | None, avoid: set):
-        """Sort key of candidate c for position i: not avoided, the replaced bookie's rack (and region),
-        then locations least seen in the write quorums around i."""
-        size_holder = {}
+    def _prefer(self, write_quorum_size: int, old: Sequence[str] | None):
+        """Sort key of location `loc` for position i: for a replacement the replaced bookie's rack, then its
+        region; then (region-aware: the regions least used so far, then) the locations least seen in the
+        write quorums around i."""
         location = self.location
 
-        def key(i: int, c: str, current: list) -> tuple:
-            size = size_holder.setdefault("E", len(current))
-            loc = location(c)
+        def key(i: int, loc: str, current: list) -> tuple:
+            size = len(current)
             near = 0
             for d in range(1, write_quorum_size):
-                for j in ((i - d) % size, (i + d) % size):
-                    if j != i and current[j] is not None and location(current[j]) == loc:
+                for j in {(i - d) % size, (i + d) % size} - {i}:
+                    if current[j] is not None and location(current[j]) == loc:
                         near += 1
-            region = region_of(loc)
-            same_region = sum(1 for b in current if b is not None and region_of(location(b)) == region)
             if old is not None:
                 was = location(old[i])
-                return (c in avoid, loc != was, region_of(loc) != region_of(was), near)
-            return self._spread_key(same_region, near)
+                return (loc != was, region_of(loc) != region_of(was), near)
+            return self._spread_key(loc, current, near)
         return key
 
-    def _spread_key(self, same_region: int, near: int) -> tuple:
+    def _spread_key(self, loc: str, current: list, near: int) -> tuple:
         return (near,)
 
     def _weights(self, candidates: Sequence[str]) -> Mapping[str, float] | None:
@@ -142,7 +141,7 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
                 + (" (default-rack bookies excluded: enforce_min_num_racks_per_write_quorum)" if self.enforce else ""))
         order = weighted_order(candidates, self._weights(candidates), self.rng)
         slots = [None] * ensemble_size
-        prefer = self._prefer(wq, None, set())
+        prefer = self._prefer(wq, None)
         chosen = fill(slots, order, self.location, wq, self._rules(wq, aq), prefer)
         if chosen is None:
             chosen = self._fallback("new ensemble", slots, order, wq, aq, prefer)
@@ -163,19 +162,20 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
         avoid = set(avoid)
         order = weighted_order(pool, self._weights(pool), self.rng)
         slots = [None if i in indexes else b for i, b in enumerate(ensemble)]
-        prefer = self._prefer(wq, list(ensemble), avoid)
+        prefer = self._prefer(wq, list(ensemble))
+        rank = avoid.__contains__  # bookies that failed recently for this ledger: last resort
         rules = self._rules(wq, aq, replacing=True)
         preferred = [c for c in order if c not in avoid]
         chosen = None
         if len(preferred) >= len(indexes):
             chosen = fill(slots, preferred, self.location, wq, rules, prefer)
         if chosen is None and len(preferred) < len(order):
-            chosen = fill(slots, order, self.location, wq, rules, prefer)
+            chosen = fill(slots, order, self.location, wq, rules, prefer, rank)
         if chosen is None:
-            chosen = self._fallback("replacement", slots, order, wq, aq, prefer)
+            chosen = self._fallback("replacement", slots, order, wq, aq, prefer, rank)
         return chosen
 
-    def _fallback(self, what: str, slots, order, wq: int, aq: int, prefer) -> list[str]:
+    def _fallback(self, what: str, slots, order, wq: int, aq: int, prefer, rank=None) -> list[str]:
         racks = len({self.location(b) for b in order} | {self.location(b) for b in slots if b is not None})
         if self.enforce:
             raise NotEnoughBookiesError(
@@ -189,7 +189,7 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
                       " the writable bookies (%d rack(s)); placing with the best spread instead (logged once)",
                       self.name, what, wq, min(wq, self.min_racks), racks,
                       level=logging.INFO if unplaced else logging.WARNING)
-        chosen = fill(slots, order, self.location, wq, [], prefer)
+        chosen = fill(slots, order, self.location, wq, [], prefer, rank)
         assert chosen is not None  # enough candidates were checked by the caller
         return chosen
 
@@ -259,8 +259,9 @@ class RegionAwareEnsemblePlacementPolicy(RackawareEnsemblePlacementPolicy):
             rules.append(durability_rule(self.min_regions, ack_quorum_size, region_of))
         return rules
 
-    def _spread_key(self, same_region: int, near: int) -> tuple:
-        return (same_region, near)
+    def _spread_key(self, loc: str, current: list, near: int) -> tuple:
+        region = region_of(loc)  # the region least used so far first: an even spread over the regions
+        return (sum(1 for b in current if b is not None and region_of(self.location(b)) == region), near)
 
     def is_ensemble_adhering(self, ensemble, write_quorum_size, ack_quorum_size) -> PlacementPolicyAdherence:
         """FAIL when a write quorum breaks the durability rule (repp_regions_to_write set: some
