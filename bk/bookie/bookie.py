@@ -42,8 +42,10 @@ from bk.fileio import ensure_dir
 from bk.index import NEEDS_INTEGRITY_CHECK, UNCLEAN_SHUTDOWN
 from bk.journal import EXPLICIT_LAC, FENCE, MASTER_KEY, Journal, LogMark, meta_body
 from bk.proto.constants import FLAG_RECOVERY_ADD
+from bk.proto.layout import FLAG_DEFERRED_SYNC, PROTOCOL_VERSION_V3
 from bk.proto.layout import ENTRY_IDS_LAC, IDS, LAC_HEADER_LENGTH
 
+from .deferred_sync import DeferredSyncTracker
 from .gc import GarbageCollector
 from .ledger_storage import LedgerStorage
 from .read_ring import RingReads, make_ring, ring_unavailable
@@ -98,6 +100,7 @@ class Bookie:
         self.bookie_id = config.bookie_id
         self.storage: LedgerStorage | None = None
         self.journals: list[Journal] = []
+        self.deferred_sync = DeferredSyncTracker()  # what FORCE_LEDGER waits for (bk/bookie/deferred_sync.py)
         self.read_only = config.force_read_only
         self._read_only_wanted = config.force_read_only  # by the operator or the disk checker
         self._read_only_why = "force_read_only is set" if config.force_read_only else None
@@ -362,7 +365,8 @@ class Bookie:
             self._add_one_by_one(reqs, cb, ctx)
             return
         storage = self.storage
-        groups: dict = {}  # ledger_id -> [desc, accepted requests, highest lac, key object known good]
+        # ledger_id -> [desc, accepted requests, highest lac, key object known good, deferred sync]
+        groups: dict = {}
         # The kernel checks every entry header (ids, length) and splits the run into
         # segments of one ledger, one key object and one recovery flag (with their top
         # LAC): what is left per segment is the ledger's key and fence check.
@@ -371,12 +375,17 @@ class Bookie:
                 self._add_one_by_one(reqs[start:end], cb, ctx)
                 continue
             flags, key, ledger_id = reqs[start][:3]
+            # v3 writeFlags DEFERRED_SYNC on every request of the segment (a mixed one is made durable)
+            deferred = bool(flags & FLAG_DEFERRED_SYNC) and all(
+                r[0] & FLAG_DEFERRED_SYNC and len(r) > 5 and r[5] == PROTOCOL_VERSION_V3 for r in reqs[start:end])
             group = groups.get(ledger_id)
             if group is None:
                 desc = storage.get_ledger(ledger_id)
                 if desc is None:
                     desc = storage.create_ledger(ledger_id)
-                group = groups[ledger_id] = [desc, [], -1, None]
+                group = groups[ledger_id] = [desc, [], -1, None, deferred]
+            elif not deferred:
+                group[4] = False
             desc = group[0]
             try:
                 if key is not group[3]:
@@ -402,9 +411,9 @@ class Bookie:
         call per journal (or the completion at once, journal off), then the fallback."""
         storage = self.storage
         journals = self.journals
-        runs: dict = {}  # journal index -> [bodies, requests]
+        runs: dict = {}  # (journal index, deferred sync) -> [bodies, requests, ledger ids]
         rest: list = []  # requests left to add_entry_cb once a put found the cache full
-        for ledger_id, (desc, accepted, top_lac, _key) in groups.items():
+        for ledger_id, (desc, accepted, top_lac, _key, deferred) in groups.items():
             if not accepted:
                 continue
             if rest:
@@ -421,22 +430,35 @@ class Bookie:
             if top_lac > desc.lac:
                 desc.lac = top_lac
             index = ledger_id % len(journals) if len(journals) > 1 else 0  # as _journal()
-            run = runs.get(index)
+            run = runs.get((index, deferred))
             if run is None:
-                runs[index] = [bodies, accepted]
+                runs[index, deferred] = [bodies, accepted, [ledger_id]]
             else:
                 run[0] += bodies
                 run[1] += accepted
-        for index, (bodies, accepted) in runs.items():
+                run[2].append(ledger_id)
+        for (index, deferred), (bodies, accepted, ledger_ids) in runs.items():
             if not self._write_data:
                 cb(ctx, accepted, None)
                 continue
             try:
-                journals[index].log_many(bodies, _run_done, (cb, ctx, accepted))
+                if deferred:  # acknowledged once queued, before the fsync; FORCE_LEDGER waits for it
+                    tracker = self.deferred_sync
+                    journals[index].log_many(bodies, tracker.done, tracker.logged(index, ledger_ids))
+                    cb(ctx, accepted, None)
+                else:
+                    journals[index].log_many(bodies, _run_done, (cb, ctx, accepted))
             except BookieError as err:  # nothing of the run was queued
                 cb(ctx, accepted, err)
         if rest:
             self._add_one_by_one(rest, cb, ctx)
+
+    async def force_ledger(self, ledger_id: int) -> None:
+        """FORCE_LEDGER: once every deferred-sync add of the ledger acknowledged before the call is
+        durable in the journal (bk/bookie/deferred_sync.py). Other adds are acknowledged only once
+        durable, so there is nothing to wait for (nor without the journal: journal_write_data false
+        makes no add durable before a checkpoint, forced or not - as BookKeeper's forceLedger)."""
+        await self.deferred_sync.wait(ledger_id)
 
     def _add_one_by_one(self, reqs: list, cb, ctx) -> None:
         for req in reqs:

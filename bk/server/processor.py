@@ -30,6 +30,7 @@ from bk import metrics
 
 from bk.errors import (BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, StorageError,
                        TooManyRequestsError)
+from bk.proto.layout import FLAG_DEFERRED_SYNC
 from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest,
                       BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
                       ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
@@ -106,6 +107,9 @@ class RequestProcessor:
         nbytes = len(req.body)
         if not conn.begin_add(nbytes):
             conn.send_add_result(TooManyRequestsError.code, req)
+            return
+        if req.flags & FLAG_DEFERRED_SYNC:  # (v3) the batch path acknowledges it before the fsync
+            self.bookie.add_entries_cb([req], self._adds_done, (conn, 1, nbytes, monotonic()))
             return
         self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.body, req.master_key,
                                  bool(req.flags & FLAG_RECOVERY_ADD), self._add_done,

@@ -23,9 +23,9 @@ LAC, the piggybacked entry) in a task. At most `max_long_polls` are parked booki
 Where bk differs from BookKeeper (docs/PROTOCOL-EXTENSIONS.md, "v3"):
 - long polls are counted against `max_long_polls`, not against the reads in progress
   (BookKeeper counts them as reads while they wait);
-- FORCE_LEDGER answers EOK at once: bk acknowledges an add only once it is
-  durable (DEFERRED_SYNC adds are made durable like any other), so every
-  acknowledged entry already is.
+- none for FORCE_LEDGER: as BookKeeper, an ADD with writeFlags DEFERRED_SYNC is acknowledged
+  before the journal's fsync and FORCE_LEDGER answers once every such add of the ledger
+  acknowledged before it is durable (Bookie.force_ledger, bk/bookie/deferred_sync.py).
 """
 from __future__ import annotations
 
@@ -322,6 +322,7 @@ class V3Processor:
     async def _force_ledger(self, req):
         ledger_id = req.forceLedgerRequest.ledgerId
         _check(ledger_id >= 0)
+        await self.bookie.force_ledger(ledger_id)  # its deferred-sync adds are durable from here
         resp = v3.response_for(req.header)
         resp.forceLedgerResponse.status, resp.forceLedgerResponse.ledgerId = 0, ledger_id
         return resp

@@ -150,3 +150,56 @@ async def test_adv_chosen_ledger_id_and_recovery_by_another_client(tmp_path):
             assert [e.data for e in await rh.read_entries(0, 4)] == [b"r%d" % e for e in range(5)]
         with pytest.raises(LedgerFencedError):
             await lh.add_entry(5, b"after recovery")
+
+
+@run
+async def test_bookie_acknowledges_deferred_adds_before_the_journal_fsync_and_force_waits_for_it(tmp_path):
+    from bk.testing.diskfaults import DiskFaults
+
+    faults = DiskFaults.install()
+    try:
+        async with InProcessCluster(tmp_path, bookies=3) as cluster, \
+                BookKeeper(cluster.metadata_uri, protocol="v3") as bkc:
+            deferred = await bkc.create_ledger(3, 3, 2, write_flags={"DEFERRED_SYNC"})
+            plain = await bkc.create_ledger(3, 3, 2)
+            await deferred.add_entry(b"before")
+            await plain.add_entry(b"before")
+            hang = faults.hang(op="fsync", path_prefix=str(tmp_path))  # every bookie's journal fsync blocks
+            ids = await asyncio.wait_for(asyncio.gather(*(deferred.add_entry(b"x%d" % i) for i in range(10))), 10)
+            assert ids == list(range(1, 11)) and deferred.last_add_confirmed == -1  # acked with no fsync done
+            blocked = plain.add_entry(b"needs the fsync")
+            force = asyncio.ensure_future(deferred.force())
+            await asyncio.sleep(0.3)
+            assert faults.hits(hang) > 0
+            assert not force.done() and not blocked.done()  # both wait for the hung fsync, as they must
+            faults.heal(hang)
+            await asyncio.wait_for(force, 10)
+            assert deferred.last_add_confirmed == 10 and await asyncio.wait_for(blocked, 10) == 1
+    finally:
+        faults.heal()
+        DiskFaults.uninstall()
+
+
+@run
+async def test_force_fails_when_the_journal_lost_deferred_adds(tmp_path):
+    import errno
+
+    from bk.errors import BookieIOError
+    from bk.testing.diskfaults import DiskFaults
+
+    faults = DiskFaults.install()
+    try:
+        async with InProcessCluster(tmp_path, bookies=3) as cluster, \
+                BookKeeper(cluster.metadata_uri, protocol="v3") as bkc:
+            lh = await bkc.create_ledger(3, 3, 3, write_flags={"DEFERRED_SYNC"})
+            await lh.add_entry(b"durable")
+            await lh.force()
+            journal = cluster.config(0).journal_dirs[0]
+            faults.fail(op="fsync", errno=errno.EIO, path_prefix=journal)  # bookie 0's journal dies
+            await lh.add_entry(b"acked, then lost by bookie 0's journal")
+            with pytest.raises(BookieIOError, match=r"force\(\) failed.*EIO"):
+                await lh.force()
+            assert lh.last_add_confirmed == 0  # the LAC stays at what is durable
+    finally:
+        faults.heal()
+        DiskFaults.uninstall()
