@@ -26,7 +26,9 @@ lower bound of the ledger's LAC whatever the other bookies say.
   answered empty or failed. Done at the first verified entry, at the first answer
   whose LAC passed previousLAC, after `E - AQ + 1` empty answers (the LAC did not
   move on enough bookies that an ack quorum could have formed without them), or
-  when every bookie answered.
+  when every bookie answered. ENOLEDGER / ENOENTRY (a bookie that has no entry of
+  the ledger yet: it does not park the poll) count as empty answers, answered at
+  once: `negatives` tells the caller to pause before asking again.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from typing import NamedTuple, Sequence
 
 from bk.errors import (BKError, BookieIOError, DigestMismatchError, UnauthorizedAccessError, error_for_code)
 from bk.proto import DigestManager, StatusCode
+from bk.proto.v3 import LongPollReadResponse
 
 from .quorum import coverage
 from .read_ops import EOK, NEGATIVE, LedgerEntry
@@ -136,6 +139,9 @@ async def try_read_lac(pool, digest: DigestManager, bookies: Sequence[str], know
     return await _collect(pool, digest, bookies, explicit=False, need=None, above=known_lac)
 
 
+_NOTHING = LongPollReadResponse(int(StatusCode.EOK), -1, -1, b"", -1)  # an explicit negative, as an answer
+
+
 class LastConfirmedAndEntry(NamedTuple):
     """BookKeeper's LastConfirmedAndEntry: the LAC learnt, and the entry asked for if it came."""
     last_add_confirmed: int
@@ -159,6 +165,7 @@ class LongPollOp:
         self.parallel = parallel
         self.empty_enough = coverage(size, ack_quorum_size)  # E - AQ + 1 empty answers: the LAC did not move
         self.errors: list = []  # (bookie, error) of failed answers: the caller may re-read the metadata
+        self.negatives = 0  # ENOLEDGER / ENOENTRY answers (answered at once: the caller should pause)
         self._empty = 0
         self._valid = False
         self._next = 0
@@ -191,7 +198,10 @@ class LongPollOp:
             self.future.set_exception(UnauthorizedAccessError(
                 f"bookie {bookie} refused to read ledger {self.digest.ledger_id}", ledger_id=self.digest.ledger_id))
             return
-        if err is None and response.rc != EOK:
+        if err is None and response.rc in NEGATIVE:  # a bookie with no entry of it yet: its LAC did not move
+            self.negatives += 1
+            response = _NOTHING
+        elif err is None and response.rc != EOK:
             err = error_for_code(response.rc, ledger_id=self.digest.ledger_id, entry_id=-1)
         if err is not None:
             self.errors.append((bookie, err))

@@ -301,6 +301,8 @@ class TailingReader:
             rh._learn_lac(result)
             return None
         rh._learn_lac(result.last_add_confirmed)
+        if op.negatives and result.entry is None and result.last_add_confirmed < self._next:
+            await asyncio.sleep(self._poll_s)  # no entry on the bookies yet: they answer without waiting
         if op.errors or result.last_add_confirmed < self._next:
             # a bookie failed (the writer may have replaced it) or the wait timed out (it may
             # have closed the ledger): the watch says so too, this covers a notification lost

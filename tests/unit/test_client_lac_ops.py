@@ -156,3 +156,10 @@ def test_long_poll_lac_without_entry_and_bad_entries_are_not_believed():
                  "c": BookieConnectionError("down")})
     with pytest.raises(BKError):
         run(long_poll(pool, parallel=True))
+
+
+def test_long_poll_on_bookies_without_the_ledger_yet_is_empty_not_an_error():
+    pool = Pool({"a": ReadResponse(1, 7, -1), "b": ReadResponse(1, 7, -1), "c": ReadResponse(1, 7, -1)})
+    op = LongPollOp(pool, D, ["a", "b", "c"], 2, 0, -1, 1000, True)
+    lac, got = run(op.run())
+    assert (lac, got) == (-1, None) and op.negatives >= 2 and op.errors == []
