@@ -108,8 +108,9 @@ class JavaBookie:
     """One Apache BookKeeper bookie (run-bookie.sh) on 127.0.0.1:port, data under `directory`."""
 
     def __init__(self, metadata_uri: str, directory: pathlib.Path, release: str = DEFAULT_RELEASE,
-                 port: int | None = None):
+                 port: int | None = None, conf: dict | None = None):
         self.metadata_uri = metadata_uri
+        self.conf = dict(conf or {})  # ServerConfiguration properties (run-bookie.sh --conf key=value)
         self.directory = directory
         self.release = release
         self.port = port or free_port()
@@ -124,7 +125,7 @@ class JavaBookie:
             self.proc = subprocess.Popen(
                 ["bash", str(JAVA_BK / "run-bookie.sh"), "--metadata-uri", java_uri(self.metadata_uri),
                  "--port", str(self.port), "--dir", str(self.directory), "--heap", "256m", "--direct", "256m",
-                 "--log-level", "warn"],
+                 "--log-level", "warn", *(a for k, v in self.conf.items() for a in ("--conf", f"{k}={v}"))],
                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "BK_RELEASE": self.release},
                 start_new_session=True, preexec_fn=die_with_parent)
         return self
