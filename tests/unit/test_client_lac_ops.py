@@ -160,6 +160,8 @@ def test_long_poll_lac_without_entry_and_bad_entries_are_not_believed():
 
 def test_long_poll_on_bookies_without_the_ledger_yet_is_empty_not_an_error():
     pool = Pool({"a": ReadResponse(1, 7, -1), "b": ReadResponse(1, 7, -1), "c": ReadResponse(1, 7, -1)})
-    op = LongPollOp(pool, D, ["a", "b", "c"], 2, 0, -1, 1000, True)
-    lac, got = run(op.run())
+    async def go():
+        op = LongPollOp(pool, D, ["a", "b", "c"], 2, 0, -1, 1000, True)
+        return op, await op.run()
+    op, (lac, got) = run(go())
     assert (lac, got) == (-1, None) and op.negatives >= 2 and op.errors == []
