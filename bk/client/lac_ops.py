@@ -28,7 +28,10 @@ lower bound of the ledger's LAC whatever the other bookies say.
   move on enough bookies that an ack quorum could have formed without them), or
   when every bookie answered. ENOLEDGER / ENOENTRY (a bookie that has no entry of
   the ledger yet: it does not park the poll) count as empty answers, answered at
-  once: `negatives` tells the caller to pause before asking again.
+  once: `negatives` tells the caller to pause before asking again. Sequential long
+  polls are speculative with the client's `first_speculative_read_lac_timeout_ms`
+  family: a bookie that has not answered within it (it may be paused) gets the next
+  bookie asked beside it.
 """
 from __future__ import annotations
 
@@ -152,7 +155,7 @@ class LongPollOp:
     """One readLastConfirmedAndEntry long poll over an ensemble (the module docstring)."""
 
     def __init__(self, pool, digest: DigestManager, ensemble: Sequence[str], ack_quorum_size: int,
-                 entry_id: int, known_lac: int, timeout_ms: int, parallel: bool):
+                 entry_id: int, known_lac: int, timeout_ms: int, parallel: bool, speculative=None):
         size = len(ensemble)
         start = entry_id % size
         self.order = [ensemble[(start + i) % size] for i in range(size)]  # BookKeeper's getWriteSetForLongPoll
@@ -170,6 +173,9 @@ class LongPollOp:
         self._valid = False
         self._next = 0
         self._outstanding = 0
+        self.speculative = None if parallel else speculative  # a SpeculativePolicy (bk/client/speculative.py)
+        self.speculative_sends = 0
+        self._timer = None
         self.future = asyncio.get_running_loop().create_future()
 
     async def run(self) -> LastConfirmedAndEntry:
@@ -178,7 +184,26 @@ class LongPollOp:
                 self._send_next()
         else:
             self._send_next()
-        return await self.future
+            if self.speculative is not None:
+                self._arm(self.speculative.first_s)
+        try:
+            return await self.future
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _arm(self, delay_s: float) -> None:
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._speculate, delay_s)
+
+    def _speculate(self, delay_s: float) -> None:
+        """BookKeeper's readLACSpeculativeRequestPolicy: no answer yet from the bookies asked, so
+        ask the next one too (the earlier ones stay asked)."""
+        self._timer = None
+        if self.future.done() or self._next >= len(self.order):
+            return
+        self.speculative_sends += 1
+        self._send_next()
+        self._arm(self.speculative.next_s(delay_s))
 
     def _send_next(self) -> None:
         bookie = self.order[self._next]

@@ -127,7 +127,7 @@ async def read_explicit_lac(rh) -> int:
 def _long_poll(rh, entry_id: int, timeout_ms: int, parallel: bool) -> LongPollOp:
     md = rh.metadata
     return LongPollOp(rh._bk.pool, rh._digest, md.last_segment[1], md.ack_quorum_size, entry_id,
-                      rh._last_readable(), timeout_ms, parallel)
+                      rh._last_readable(), timeout_ms, parallel, rh._bk.speculative_read_lac_policy)
 
 
 def _long_polls(rh) -> bool:

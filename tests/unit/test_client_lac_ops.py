@@ -165,3 +165,17 @@ def test_long_poll_on_bookies_without_the_ledger_yet_is_empty_not_an_error():
         return op, await op.run()
     op, (lac, got) = run(go())
     assert (lac, got) == (-1, None) and op.negatives >= 2 and op.errors == []
+
+
+def test_sequential_long_poll_speculates_past_a_paused_bookie():
+    from bk.client.speculative import SpeculativePolicy
+
+    pool = Pool({"a": LongPollReadResponse(0, 7, 5, entry(5, 4), 5), "b": HANG, "c": HANG})
+
+    async def go(policy):
+        op = LongPollOp(pool, D, ["a", "b", "c"], 2, 5, 4, 1000, False, policy)
+        return op, await op.run()
+    op, (lac, got) = run(go(SpeculativePolicy(20, 40, 2.0)))  # order c, a, b: c is paused
+    assert got.entry_id == 5 and op.speculative_sends == 1 and pool.clients["b"].sent == []
+    with pytest.raises(asyncio.TimeoutError):  # without the policy it waits for c (its request timeout)
+        asyncio.run(asyncio.wait_for(go(None), 0.5))
