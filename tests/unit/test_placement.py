@@ -351,3 +351,46 @@ def test_bookie_config_builds_the_same_policy(tmp_path):
         "10.0.0.1:3181": "/east/r1", "10.0.0.2:3181": "/west/r2", "10.0.0.3:3181": "/default-region/default-rack"}
     assert p.topology.groups_of("10.0.0.1:3181") == {"g1"}
     assert EnsemblePlacementPolicy.for_config(cfg, ensemble_placement_policy="default").name == "default"
+
+
+def test_replace_to_adhere_changes_the_fewest_positions():
+    """For random non-adhering ensembles: the answer adheres, changes the fewest positions any
+    replacement could (brute force over position subsets and spare racks), or is None when none can."""
+    rng = random.Random(17)
+    checked = impossible = 0
+    for case in range(CASES):
+        topo = random_topology(rng, max_racks=3, max_per_rack=3)
+        if len(topo) < 3:
+            continue
+        size = rng.randint(2, min(4, len(topo) - 1))
+        wq = rng.randint(2, size)
+        ensemble = rng.sample(sorted(topo), size)
+        p = policy(case, locations=topo)
+        if p.is_ensemble_adhering(ensemble, wq, wq) == "MEETS_STRICT":
+            assert p.replace_to_adhere(ensemble, list(topo), wq, wq) == ensemble
+            continue
+        spare = Counter(topo[b] for b in topo if b not in ensemble)
+        best = None
+        for k in range(1, size + 1):
+            for positions in itertools.combinations(range(size), k):
+                fixed = {i: topo[b] for i, b in enumerate(ensemble) if i not in positions}
+                if racks_ok_partial(fixed, size, wq) and feasible(spare, size, wq, 2, fixed):
+                    best = k
+                    break
+            if best is not None:
+                break
+        got = p.replace_to_adhere(ensemble, list(topo), wq, wq)
+        if best is None:
+            assert got is None, (case, topo, ensemble, got)
+            impossible += 1
+            continue
+        assert got is not None and p.is_ensemble_adhering(got, wq, wq) == "MEETS_STRICT"
+        assert len(set(got)) == size and sum(a != b for a, b in zip(got, ensemble)) == best
+        checked += 1
+    assert checked > 50 and impossible > 5
+
+
+def racks_ok_partial(fixed: dict[int, str], size: int, wq: int) -> bool:
+    """Every write quorum made only of fixed positions already spans 2 racks."""
+    return all(len({fixed[j] for j in w}) >= min(2, wq) for w in write_quorum_windows(size, wq)
+               if all(j in fixed for j in w))

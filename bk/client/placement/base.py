@@ -227,6 +227,13 @@ class EnsemblePlacementPolicy:
         """BookKeeper's isEnsembleAdheringToPlacementPolicy: the random policy has no rule to break."""
         return PlacementPolicyAdherence.MEETS_STRICT
 
+    def replace_to_adhere(self, ensemble: Sequence[str], writable: Iterable[str], write_quorum_size: int,
+                          ack_quorum_size: int, exclude: Iterable[str] = ()) -> list[str] | None:
+        """BookKeeper's replaceToAdherePlacementPolicy: `ensemble` with as few positions as possible given to
+        other writable bookies (not in the ensemble, not in `exclude`) so that it adheres strictly; the
+        ensemble itself when it already does; None when no such replacement exists."""
+        return list(ensemble)
+
     def reorder_read_sequence(self, bookies: Sequence[str]) -> list[str]:
         """The order in which to ask a write set's bookies (before the failed-last rule of read_ops):
         unchanged unless the policy is topology-aware and reorder_read_sequence_enabled."""

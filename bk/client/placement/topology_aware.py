@@ -193,6 +193,29 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
         assert chosen is not None  # enough candidates were checked by the caller
         return chosen
 
+    def replace_to_adhere(self, ensemble, writable, write_quorum_size, ack_quorum_size, exclude=()):
+        """The fewest positions re-chosen (subsets by size, each an exhaustive search) so that every write
+        quorum meets the rules; None when even re-choosing all of them cannot (what the Auditor's repair of a
+        ledger that no longer satisfies the policy needs)."""
+        from itertools import combinations
+
+        ensemble = list(ensemble)
+        wq, aq = write_quorum_size, ack_quorum_size
+        if self.is_ensemble_adhering(ensemble, wq, aq) == PlacementPolicyAdherence.MEETS_STRICT:
+            return ensemble
+        pool = sorted(self._eligible(writable, len(ensemble)) - set(ensemble) - set(exclude))
+        order = weighted_order(pool, self._weights(pool), self.rng)
+        rules = self._rules(wq, aq)
+        prefer = self._prefer(wq, None)
+        for k in range(1, min(len(ensemble), len(pool)) + 1):
+            for positions in combinations(range(len(ensemble)), k):
+                slots = [None if i in positions else b for i, b in enumerate(ensemble)]
+                chosen = fill(slots, order, self.location, wq, rules, prefer)
+                # fill checks the write quorums it changed; the others must already hold
+                if chosen is not None and self.is_ensemble_adhering(chosen, wq, aq) == "MEETS_STRICT":
+                    return chosen
+        return None
+
     # ------------------------------------------------------------ checking
     def _rack_rule_holds(self, ensemble: Sequence[str], wq: int) -> bool:
         need = min(wq, self.min_racks)
