@@ -334,7 +334,8 @@ class LedgerHandle(ReadHandle):
                     writable = await self._bk.registration.writable_bookies()
                     await self._bk.placement.on_cluster_changed(writable)
                     new = tuple(self._bk.placement.replace_bookies(
-                        old, failed, writable, avoid=self._avoid, write_quorum_size=self._WQ, ack_quorum_size=self._AQ))
+                        old, failed, writable, avoid=self._avoid, write_quorum_size=self._WQ, ack_quorum_size=self._AQ,
+                        custom_metadata=dict(self.metadata.custom_metadata)))
                     metadata, version = await self._store_ensemble_change(start, old, new)
                 except (NotEnoughBookiesError, LedgerFencedError, NoSuchLedgerMetadataError,
                         MetadataFormatError) as e:

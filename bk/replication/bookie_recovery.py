@@ -176,7 +176,8 @@ class BookieRecovery:
             try:
                 new = self.bk.placement.replace_bookies(ensemble, {lost}, writable - {lost},
                                                         write_quorum_size=md.write_quorum_size,
-                                                        ack_quorum_size=md.ack_quorum_size)
+                                                        ack_quorum_size=md.ack_quorum_size,
+                                                        custom_metadata=dict(md.custom_metadata))
             except NotEnoughBookiesError:
                 return None
             return new[list(ensemble).index(lost)]

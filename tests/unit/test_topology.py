@@ -213,3 +213,38 @@ async def test_reads_go_to_the_local_rack_first_when_reordering_is_on():
                     assert reads[ids[2]] == set()
                 else:  # write-set order: the first bookie of each write set
                     assert reads[ids[0]] == {e for e in range(30) if e % 3 == 0}
+
+
+@run_async
+async def test_per_ledger_isolation_groups_from_custom_metadata_hold_through_an_ensemble_change():
+    """Pulsar's EnsemblePlacementPolicyConfig in the ledger's custom metadata names its groups; the
+    replacement after a bookie dies comes from them too, not from the client's default group."""
+    from test_client_support import FakeCluster
+
+    async with FakeCluster(7) as cluster:
+        ids = [b.bookie_id for b in cluster.bookies]
+        layout = {"tenant": {b: {"rack": f"/r{i % 2}"} for i, b in enumerate(ids[:4])},
+                  "others": {b: {"rack": f"/r{i % 2}"} for i, b in enumerate(ids[4:])}}
+        policy_config = json.dumps({
+            "policyClass": "org.apache.pulsar.bookie.rackawareness.IsolatedBookieEnsemblePlacementPolicy",
+            "properties": {"isolationBookieGroups": "tenant", "secondaryIsolationBookieGroups": ""}}).encode()
+        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=layout, isolation_bookie_groups="others",
+                              add_timeout_s=2) as bkc:
+            plain = await bkc.create_ledger(3, 2, 2)
+            assert set(plain.ensemble) <= set(ids[4:])  # the client's groups
+            await plain.close()
+            lh = await bkc.create_ledger(3, 2, 2, custom_metadata={"EnsemblePlacementPolicyConfig": policy_config})
+            assert set(lh.ensemble) <= set(ids[:4])
+            for i in range(10):
+                await lh.add_entry(b"a%d" % i)
+            victim = lh.ensemble[0]
+            await cluster.kill(cluster.by_id(victim))
+            for i in range(10):
+                await lh.add_entry(b"b%d" % i)
+            await lh.close()
+            md = await bkc.get_ledger_metadata(lh.ledger_id)
+            assert len(md.segments) == 2 and victim not in md.segments[-1][1]
+            assert set(md.segments[-1][1]) <= set(ids[:4])  # the replacement came from the ledger's group
+            bad = await bkc.create_ledger(3, 2, 2, custom_metadata={"EnsemblePlacementPolicyConfig": b"{not json"})
+            assert set(bad.ensemble) <= set(ids[4:])  # unreadable: the client's groups, logged
+            await bad.close()

@@ -201,8 +201,10 @@ class EnsemblePlacementPolicy:
 
     def replace_bookies(self, ensemble: Sequence[str], failed: Iterable[str], writable: Iterable[str],
                         avoid: Iterable[str] = (), *, write_quorum_size: int | None = None,
-                        ack_quorum_size: int | None = None) -> list[str]:
-        """A copy of `ensemble` where every bookie in `failed` is replaced (same index)."""
+                        ack_quorum_size: int | None = None,
+                        custom_metadata: Mapping[str, bytes] | None = None) -> list[str]:
+        """A copy of `ensemble` where every bookie in `failed` is replaced (same index); `custom_metadata` is
+        the ledger's (per-ledger isolation groups)."""
         failed = set(failed)
         indexes = [i for i, b in enumerate(ensemble) if b in failed]
         # Never a bookie that is in the ensemble (including the failed ones).

@@ -19,7 +19,8 @@ replacements only while repp_enable_durability_enforcement_in_replace). The
 bookies are spread evenly over the regions, and within them by rack.
 
 Isolation groups (Pulsar's IsolatedBookieEnsemblePlacementPolicy): with
-`isolation_bookie_groups`, a ledger's bookies come only from those groups; when
+`isolation_bookie_groups` (or, per ledger, Pulsar's EnsemblePlacementPolicyConfig JSON in
+the ledger's custom metadata), a ledger's bookies come only from those groups; when
 they have fewer than E writable bookies, `secondary_isolation_bookie_groups` are
 added, and then bookies that belong to no group at all (as Pulsar does); bookies
 of other groups never. A group named "*" turns isolation off.
@@ -31,6 +32,7 @@ times the median, as BookKeeper's WeightedRandomSelection does. The rules come f
 """
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from typing import Iterable, Mapping, Sequence
@@ -42,6 +44,14 @@ from .base import EnsemblePlacementPolicy, PlacementPolicyAdherence, log
 from .search import disk_weights, durability_rule, fill, rack_rule, weighted_order, write_quorum_windows
 
 UNKNOWN_REGION = "UnknownRegion"
+# Pulsar's per-ledger isolation: custom metadata key and JSON {"policyClass": ..., "properties": {...}}
+ENSEMBLE_PLACEMENT_POLICY_CONFIG = "EnsemblePlacementPolicyConfig"
+
+
+def _groups(value) -> set[str]:
+    if isinstance(value, (list, tuple)):
+        value = ",".join(map(str, value))
+    return {g.strip() for g in str(value or "").split(",") if g.strip()}
 
 
 def region_of(location: str) -> str:
@@ -63,9 +73,9 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
         self.enforce = self.settings.enforce_min_num_racks_per_write_quorum
         self._local_address = local_address
         self.local_location: str | None = None  # the client's own location (reads prefer it)
-        primary = {g.strip() for g in self.settings.isolation_bookie_groups.split(",") if g.strip()}
-        secondary = {g.strip() for g in self.settings.secondary_isolation_bookie_groups.split(",") if g.strip()}
-        self.isolation = (primary, secondary) if primary and "*" not in primary else None
+        primary = _groups(self.settings.isolation_bookie_groups)
+        self.isolation = ((primary, _groups(self.settings.secondary_isolation_bookie_groups))
+                          if primary and "*" not in primary else None)
 
     # ------------------------------------------------------------ learning
     async def on_cluster_changed(self, writable: Iterable[str], readonly: Iterable[str] = ()) -> None:
@@ -108,12 +118,32 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
         return disk_weights(candidates, self.topology.disk,
                             self.settings.bookie_max_weight_multiple_for_weight_based_placement)
 
-    def _eligible(self, writable: Iterable[str], needed: int) -> set[str]:
+    def _isolation_for(self, custom_metadata) -> tuple[set, set] | None:
+        """The ledger's own groups (Pulsar's EnsemblePlacementPolicyConfig in its custom metadata), else
+        the client's settings."""
+        raw = dict(custom_metadata or {}).get(ENSEMBLE_PLACEMENT_POLICY_CONFIG)
+        if raw is None:
+            return self.isolation
+        try:
+            config = json.loads(bytes(raw).decode())
+            props = config.get("properties") or {} if str(config.get("policyClass", "")).endswith(
+                "IsolatedBookieEnsemblePlacementPolicy") else {}
+        except (ValueError, AttributeError, TypeError) as e:
+            self.log_once("bad-policy-config", "ledger custom metadata %s is not Pulsar's JSON (%s): using the"
+                          " client's isolation groups", ENSEMBLE_PLACEMENT_POLICY_CONFIG, e)
+            return self.isolation
+        primary = _groups(props.get("isolationBookieGroups"))
+        if not primary or "*" in primary:
+            return None
+        return primary, _groups(props.get("secondaryIsolationBookieGroups"))
+
+    def _eligible(self, writable: Iterable[str], needed: int, custom_metadata=None) -> set[str]:
         """Writable bookies this policy may use: isolation groups, and no default-rack bookie when the rack
         rule is enforced."""
         pool = set(writable)
-        if self.isolation is not None and self.topology.has_groups:
-            primary, secondary = self.isolation
+        isolation = self._isolation_for(custom_metadata)
+        if isolation is not None and self.topology.has_groups:
+            primary, secondary = isolation
             grouped = self.topology.grouped_bookies()
             chosen = pool & self.topology.bookies_in_groups(primary)
             if len(chosen) < needed:
@@ -134,7 +164,7 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
         wq = write_quorum_size or ensemble_size
         aq = ack_quorum_size or wq
         self._check_sizes(ensemble_size, wq, aq)
-        candidates = sorted(self._eligible(writable, ensemble_size) - set(exclude))
+        candidates = sorted(self._eligible(writable, ensemble_size, custom_metadata) - set(exclude))
         if len(candidates) < ensemble_size:
             raise NotEnoughBookiesError(
                 f"need {ensemble_size} writable bookies, {len(candidates)} available to the {self.name} policy"
@@ -148,13 +178,13 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
         return chosen
 
     def replace_bookies(self, ensemble, failed, writable, avoid=(), *, write_quorum_size=None,
-                        ack_quorum_size=None) -> list[str]:
+                        ack_quorum_size=None, custom_metadata=None) -> list[str]:
         failed = set(failed)
         size = len(ensemble)
         wq = write_quorum_size or size
         aq = ack_quorum_size or wq
         indexes = [i for i, b in enumerate(ensemble) if b in failed]
-        pool = sorted(self._eligible(writable, size) - set(ensemble) - failed)
+        pool = sorted(self._eligible(writable, size, custom_metadata) - set(ensemble) - failed)
         if len(pool) < len(indexes):
             raise NotEnoughBookiesError(
                 f"need {len(indexes)} replacement bookie(s) for {sorted(failed)}, {len(pool)} writable bookie(s)"
