@@ -248,3 +248,17 @@ async def test_per_ledger_isolation_groups_from_custom_metadata_hold_through_an_
             bad = await bkc.create_ledger(3, 2, 2, custom_metadata={"EnsemblePlacementPolicyConfig": b"{not json"})
             assert set(bad.ensemble) <= set(ids[4:])  # unreadable: the client's groups, logged
             await bad.close()
+
+
+def test_the_bookies_own_client_takes_the_placement_keys_from_its_toml(tmp_path):
+    from bk.config import load_config
+
+    conf = tmp_path / "bookie.toml"
+    conf.write_text('ensemble_placement_policy = "regionaware"\nrepp_regions_to_write = "east;west"\n'
+                    'min_num_racks_per_write_quorum = 3\nreorder_read_sequence_enabled = true\n'
+                    'isolation_bookie_groups = "tenant"\n')
+    bkc = BookKeeper.for_bookie(load_config(str(conf)))
+    assert bkc.placement.name == "regionaware" and bkc.placement.regions_to_write == ("east", "west")
+    assert bkc.placement.min_racks == 3 and bkc.placement.settings.reorder_read_sequence_enabled
+    assert bkc.placement.isolation == ({"tenant"}, set())
+    assert BookKeeper.for_bookie(load_config(None)).placement.name == "rackaware"
