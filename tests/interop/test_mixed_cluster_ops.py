@@ -481,8 +481,10 @@ class JavaAutoRecovery:
 
 
 def test_java_autorecovery_rereplicates_each_kind_onto_the_other(mixed, tmp_path):
-    """(b) the Java bookies' own AutoRecovery (AutoRecoveryMain beside a Java bookie); no bk
-    AutoRecovery runs. Fresh bookies bring the cluster back to three of each kind first."""
+    """(b) the Java bookies' own AutoRecovery (AutoRecoveryMain beside a Java bookie) as the
+    auditor. Fresh bookies bring the cluster back to three of each kind first. A `bk autorecovery`
+    beside the last bk bookie votes after it, as in a cluster half way through replacing Java
+    bookies: one election, Java's auditor stays the auditor, both kinds of worker take its markers."""
     cluster = mixed.cluster
     while len(mixed.bk_alive()) < 3:
         cluster.add_bookie(max(cluster.bookies) + 1)
@@ -491,9 +493,21 @@ def test_java_autorecovery_rereplicates_each_kind_onto_the_other(mixed, tmp_path
     for extra in mixed.java_alive()[:max(0, len(mixed.java_alive()) - 3)]:
         extra.stop()  # run alone: three Java bookies, the AutoRecovery one among them
     ar = JavaAutoRecovery(java_ar, mixed.base / "java-autorecovery.log")
+    bk_ar = None
     try:
         ar.wait_auditor(mixed.uri)
+        last_bk = mixed.bk_alive()[-1]  # survives lose_one_of_each_kind (it kills the first)
+        bk_ar = AutoRecoveryProcess(last_bk.conf_path, last_bk.bookie_id, mixed.base / "ar-beside-java-ar.log")
+        bk_ar.wait_ready()
         lose_one_of_each_kind(mixed, tmp_path, java_kept=java_ar)
-        assert "Ledger replicated successfully" in ar.text(), ar.text()[-3000:]  # Java's worker did it
+        assert "Ledger replicated successfully" in ar.text(), ar.text()[-3000:]  # Java's worker did (A at least)
+        assert "is the auditor" not in bk_ar.text(), bk_ar.text()[-3000:]
+
+        async def auditor():
+            async with BookKeeper(mixed.uri) as bkc:
+                return await current_auditor(bkc.store)
+        assert run_async(auditor()) == java_ar.bookie_id
     finally:
+        if bk_ar is not None:
+            bk_ar.stop()
         ar.stop()
