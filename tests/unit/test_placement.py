@@ -394,3 +394,19 @@ def racks_ok_partial(fixed: dict[int, str], size: int, wq: int) -> bool:
     """Every write quorum made only of fixed positions already spans 2 racks."""
     return all(len({fixed[j] for j in w}) >= min(2, wq) for w in write_quorum_windows(size, wq)
                if all(j in fixed for j in w))
+
+
+def test_per_ledger_isolation_config_is_read_only_for_pulsars_isolated_policy():
+    import json
+    p = policy(0, isolation_bookie_groups="default-group")
+
+    def config(policy_class, **props):
+        return {"EnsemblePlacementPolicyConfig": json.dumps({"policyClass": policy_class,
+                                                             "properties": props}).encode()}
+    isolated = "org.apache.pulsar.bookie.rackawareness.IsolatedBookieEnsemblePlacementPolicy"
+    assert p._isolation_for(config(isolated, isolationBookieGroups="a,b", secondaryIsolationBookieGroups="c")) \
+        == ({"a", "b"}, {"c"})
+    assert p._isolation_for(config(isolated, isolationBookieGroups="*")) is None
+    assert p._isolation_for(config("org.example.OtherPolicy", isolationBookieGroups="a")) is None
+    assert p._isolation_for(None) == ({"default-group"}, set())
+    assert p._isolation_for({"EnsemblePlacementPolicyConfig": b"[1, 2]"}) == ({"default-group"}, set())

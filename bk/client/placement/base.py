@@ -230,10 +230,12 @@ class EnsemblePlacementPolicy:
         return PlacementPolicyAdherence.MEETS_STRICT
 
     def replace_to_adhere(self, ensemble: Sequence[str], writable: Iterable[str], write_quorum_size: int,
-                          ack_quorum_size: int, exclude: Iterable[str] = ()) -> list[str] | None:
+                          ack_quorum_size: int, exclude: Iterable[str] = (), *,
+                          custom_metadata: Mapping[str, bytes] | None = None) -> list[str] | None:
         """BookKeeper's replaceToAdherePlacementPolicy: `ensemble` with as few positions as possible given to
-        other writable bookies (not in the ensemble, not in `exclude`) so that it adheres strictly; the
-        ensemble itself when it already does; None when no such replacement exists."""
+        other writable bookies (not in the ensemble, not in `exclude`; in the ledger's isolation groups) so
+        that it adheres strictly; the ensemble itself when it already does; None when no such replacement
+        exists."""
         return list(ensemble)
 
     def reorder_read_sequence(self, bookies: Sequence[str]) -> list[str]:

@@ -126,8 +126,8 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
             return self.isolation
         try:
             config = json.loads(bytes(raw).decode())
-            props = config.get("properties") or {} if str(config.get("policyClass", "")).endswith(
-                "IsolatedBookieEnsemblePlacementPolicy") else {}
+            isolated = str(config.get("policyClass", "")).endswith("IsolatedBookieEnsemblePlacementPolicy")
+            props = (config.get("properties") or {}) if isolated else {}
         except (ValueError, AttributeError, TypeError) as e:
             self.log_once("bad-policy-config", "ledger custom metadata %s is not Pulsar's JSON (%s): using the"
                           " client's isolation groups", ENSEMBLE_PLACEMENT_POLICY_CONFIG, e)
@@ -201,8 +201,8 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
             chosen = fill(slots, preferred, self.location, wq, rules, prefer)
         if chosen is None and len(preferred) < len(order):
             chosen = fill(slots, order, self.location, wq, rules, prefer, rank)
-        if chosen is None:
-            chosen = self._fallback("replacement", slots, order, wq, aq, prefer, rank)
+        if chosen is None:  # the rule cannot hold: the best spread, whatever the replaced bookie's rack
+            chosen = self._fallback("replacement", slots, order, wq, aq, self._prefer(wq, None), rank)
         return chosen
 
     def _fallback(self, what: str, slots, order, wq: int, aq: int, prefer, rank=None) -> list[str]:
@@ -223,7 +223,8 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
         assert chosen is not None  # enough candidates were checked by the caller
         return chosen
 
-    def replace_to_adhere(self, ensemble, writable, write_quorum_size, ack_quorum_size, exclude=()):
+    def replace_to_adhere(self, ensemble, writable, write_quorum_size, ack_quorum_size, exclude=(), *,
+                          custom_metadata=None):
         """The fewest positions re-chosen (subsets by size, each an exhaustive search) so that every write
         quorum meets the rules; None when even re-choosing all of them cannot (what the Auditor's repair of a
         ledger that no longer satisfies the policy needs)."""
@@ -233,7 +234,7 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
         wq, aq = write_quorum_size, ack_quorum_size
         if self.is_ensemble_adhering(ensemble, wq, aq) == PlacementPolicyAdherence.MEETS_STRICT:
             return ensemble
-        pool = sorted(self._eligible(writable, len(ensemble)) - set(ensemble) - set(exclude))
+        pool = sorted(self._eligible(writable, len(ensemble), custom_metadata) - set(ensemble) - set(exclude))
         order = weighted_order(pool, self._weights(pool), self.rng)
         rules = self._rules(wq, aq)
         prefer = self._prefer(wq, None)
