@@ -31,12 +31,12 @@ import json
 import os
 import random
 import signal
-import statistics
 import sys
 import time
 
 from bench.load import local_cluster
-from bench.stats import fmt_num, latency_summary_ms, parse_size, positive_float, positive_int, render_table
+from bench.stats import (fmt_num, latency_summary_ms, median_rows, parse_size, positive_float, positive_int,
+                         render_table)
 
 PW = b"bench-slow"
 
@@ -107,20 +107,6 @@ async def run(cluster, args) -> list[dict]:
         finally:
             paused.signal(signal.SIGCONT)
     return rows
-
-
-def median_rows(rows: list[dict]) -> list[dict]:
-    """One row per name: the median of each figure over the rounds (first-seen order)."""
-    names = list(dict.fromkeys(r["name"] for r in rows))
-    out = []
-    for name in names:
-        same = [r for r in rows if r["name"] == name]
-        merged = {"name": name, "rounds": len(same)}
-        for key in same[0]:
-            if key != "name" and all(r[key] is not None for r in same):
-                merged[key] = statistics.median(r[key] for r in same)
-        out.append(merged)
-    return out
 
 
 def format_table(rows: list[dict]) -> str:

@@ -41,6 +41,21 @@ def latency_summary_ms(latencies_s) -> dict:
     return out
 
 
+def median_rows(rows: list[dict]) -> list[dict]:
+    """One row per `name` (first-seen order): the median of each figure over the rounds (a figure
+    missing from any round is left out), and `rounds`."""
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    out = []
+    for name in names:
+        same = [r for r in rows if r["name"] == name]
+        merged = {"name": name, "rounds": len(same)}
+        for key in same[0]:
+            if key != "name" and all(r[key] is not None for r in same):
+                merged[key] = statistics.median(r[key] for r in same)
+        out.append(merged)
+    return out
+
+
 def rate(count: float, elapsed_s: float) -> float:
     """count / elapsed_s, 0.0 when no time passed (never a division error)."""
     return count / elapsed_s if elapsed_s > 0 else 0.0
