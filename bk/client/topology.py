@@ -11,7 +11,8 @@ Sources of a bookie's location, the first that knows it wins:
    location per argument (whitespace-separated, in order). bk passes bookie ids (host:port), not
    bare hosts as BookKeeper does, so bookies sharing a host can be told apart; a script written
    for BookKeeper strips `:port`. Answers are cached for the client's life, as ScriptBasedMapping's;
-   a failing script (exit code, wrong count, timeout) leaves the bookies unresolved (logged);
+   a failing script (exit code, wrong count, timeout) leaves the bookies unresolved (logged) and is
+   run for them again after SCRIPT_RETRY_S;
 3. the `/bookies` znode, Pulsar's rack-affinity layout that ZkBookieRackAffinityMapping reads:
    JSON `{"<group>": {"<bookie id or host>": {"rack": "/region/rack", "hostname": ...}}}`; the group
    names are also the bookies' isolation groups. Read again at most every RACK_ZNODE_TTL_S;
@@ -41,6 +42,7 @@ DEFAULT_REGION_AND_RACK = DEFAULT_REGION + DEFAULT_RACK
 RACK_ZNODE = "/bookies"  # Pulsar's BookieRackAffinityMapping.BOOKIE_INFO_ROOT_PATH
 RACK_ZNODE_TTL_S = 5.0
 SCRIPT_TIMEOUT_S = 10.0
+SCRIPT_RETRY_S = 60.0  # after a failure, the script is run again for unresolved bookies at most this often
 BOOKIE_INFO_TIMEOUT_S = 5.0
 FREE_AND_TOTAL = BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
@@ -139,6 +141,8 @@ class NetworkTopology:
         self.registration = None
         self._locations: dict[str, str] = {}  # resolved (known and historical) bookies
         self._script_answers: dict[str, str | None] = {}
+        self._script_failed_at = float("-inf")
+        self._pinned: dict[str, str] = {}
         self._znode: RackLayout = RackLayout()
         self._znode_read_at = float("-inf")
         self._registration: dict[str, RackLayout] = {}
@@ -190,8 +194,8 @@ class NetworkTopology:
         return bool(self.static.groups or self._znode.groups or any(r.groups for r in self._registration.values()))
 
     def set_location(self, bookie: str, location: str) -> None:
-        """Tests and callers that know better: pin a bookie's location."""
-        self._locations[bookie] = normalize_location(location) or self.default_rack
+        """Tests and callers that know better: pin a bookie's location (it wins over every source)."""
+        self._pinned[bookie] = self._locations[bookie] = normalize_location(location) or self.default_rack
 
     # ------------------------------------------------------------ learning (asynchronous)
     async def update(self, writable: Iterable[str], readonly: Iterable[str] = (), *, disk_info: bool = False) -> None:
@@ -205,13 +209,16 @@ class NetworkTopology:
         await self._refresh_znode()
         unresolved = []
         for bookie in bookies:
-            location = self.static.location(bookie)
+            location = self._pinned.get(bookie) or self.static.location(bookie)
             if location is None and self.script:
                 unresolved.append(bookie)
                 continue
             self._locations[bookie] = location or await self._late_sources(bookie)
         if unresolved:
-            answers = await self._run_script([b for b in unresolved if b not in self._script_answers])
+            ask = [b for b in unresolved if b not in self._script_answers]
+            if ask and time.monotonic() - self._script_failed_at < SCRIPT_RETRY_S:
+                ask = []  # it failed a moment ago: not again on every ledger creation
+            answers = await self._run_script(ask)
             self._script_answers.update(answers)
             for bookie in unresolved:
                 self._locations[bookie] = self._script_answers.get(bookie) or await self._late_sources(bookie)
@@ -278,9 +285,10 @@ class NetworkTopology:
                 if len(answers) != len(batch):
                     raise OSError(f"printed {len(answers)} location(s) for {len(batch)} bookie(s)")
             except OSError as e:
-                log.error("network topology script %s failed for %s: %s; those bookies get the default rack %s",
-                          self.script, batch, e, self.default_rack)
-                continue  # not cached: tried again next time
+                log.error("network topology script %s failed for %s: %s; those bookies get the default rack %s"
+                          " (asked again in %g s)", self.script, batch, e, self.default_rack, SCRIPT_RETRY_S)
+                self._script_failed_at = time.monotonic()
+                continue  # not cached: tried again after SCRIPT_RETRY_S
             out.update({b: normalize_location(a) for b, a in zip(batch, answers)})
         return out
 

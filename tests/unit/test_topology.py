@@ -49,6 +49,8 @@ async def test_a_failing_script_leaves_the_default_rack_and_is_retried(tmp_path)
     topo = NetworkTopology(script=path)
     assert await topo.resolve(["h:1"]) == {"h:1": "/default-rack"}
     flag.write_text("")
+    assert await topo.resolve(["h:1"]) == {"h:1": "/default-rack"}  # not run again at once
+    topo._script_failed_at -= 60
     assert await topo.resolve(["h:1"]) == {"h:1": "/r1"}
     wrong = NetworkTopology(script=script(tmp_path, "echo /a /b\n"))
     assert await wrong.resolve(["h:1"]) == {"h:1": "/default-rack"}  # two answers for one bookie
