@@ -705,7 +705,10 @@ class Bookie:
                 if self._ring is not None:  # its steps look in the caches first, here on the loop
                     ahead = self._ring.read_aheads.covering(ledger_id, entry_id)
                     if ahead is not None:  # a read-ahead in flight brings it: wait, not read it twice
-                        await asyncio.wait((ahead,))
+                        if not ahead[3]:  # a scan: what follows the run is read now (RingReads.follow)
+                            self._ring.follow(ahead, storage.read_steps(ledger_id, ahead[1] + 1),
+                                              storage.read_ahead_span)
+                        await asyncio.wait((ahead[2],))
                         entry = storage.get_cached(ledger_id, entry_id)
                         if entry is not None:
                             return entry

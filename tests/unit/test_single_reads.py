@@ -272,7 +272,8 @@ def test_a_closed_connection_answers_nothing_more(tmp_path):
 def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto):
     """40 pipelined READs of entries only the entry logs hold (a client's readEntries): the
     first miss reads ahead, the others wait for it and are answered from the read cache; on
-    2f38923 each of the 31 in the other read slots pread its own entry as well."""
+    2f38923 each of the 31 in the other read slots pread its own entry as well. The first
+    to wait starts the next read-ahead (entries 100..199) before the client asks for them."""
     from types import SimpleNamespace
     from bk.bookie import Bookie
     from bk.config import load_config
@@ -281,7 +282,7 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
 
     cfg = load_config(env={}, overrides=dict(journal_dirs=[str(tmp_path / "j")], ledger_dirs=[str(tmp_path / "l")],
                                              read_io="ring"))
-    entries = [_entry(e) for e in range(40)]
+    entries = [_entry(e) for e in range(250)]
 
     async def write():
         b = Bookie(cfg)
@@ -304,6 +305,7 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
             conn.connection_made(transport := _Transport())
             frames = [encode_request(ReadRequest(0, LEDGER, e)) if proto == "v2" else _v3_read(e + 1, e)
                       for e in range(40)]
+            assert b.storage.get_cached(LEDGER, 150) is None
             conn.data_received(b"".join(frames))
             decoder, got = FrameDecoder(), []
             for _ in range(400):
@@ -312,8 +314,13 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
                 transport.out.clear()
                 if len(got) == 40:
                     break
-            assert sorted(g[-1] for g in got) == sorted(entries)
+            assert sorted(g[-1] for g in got) == sorted(entries[:40])
             assert preads == []  # every entry came from the one read-ahead
+            for _ in range(200):  # the read-ahead after the first runs in the background
+                if b.storage.get_cached(LEDGER, 150) is not None:
+                    break
+                await asyncio.sleep(0.005)
+            assert bytes(b.storage.get_cached(LEDGER, 150)) == entries[150]  # read ahead of the reader
             assert (conn.pending, conn._reads_running, len(conn._reads_waiting)) == (0, 0, 0)
             await proc.drain()
         finally:
