@@ -149,9 +149,18 @@ async def read_last_add_confirmed_and_entry(rh, entry_id: int, timeout_ms: int,
     entry = None
     if entry_id > rh._last_readable():
         if _long_polls(rh):
-            result = await _long_poll(rh, entry_id, timeout_ms, parallel).run()
-            entry = result.entry
-            lac = result.last_add_confirmed
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_ms / 1000.0
+            while True:
+                op = _long_poll(rh, entry_id, timeout_ms, parallel)
+                result = await op.run()
+                entry, lac = result.entry, result.last_add_confirmed
+                left_ms = int((deadline - loop.time()) * 1000)
+                if entry is not None or lac >= entry_id or not op.negatives or left_ms <= 0:
+                    break
+                # the bookies hold nothing of the ledger yet, so they did not wait: wait here
+                await asyncio.sleep(min(DEFAULT_TAIL_POLL_INTERVAL_S, left_ms / 1000.0))
+                timeout_ms = max(0, int((deadline - loop.time()) * 1000))
         else:
             lac = await _poll_until(rh, entry_id, timeout_ms)
         await _learn(rh, lac)
@@ -244,7 +253,7 @@ class TailingReader:
                 entry = await self._wait()
             except BKError as e:
                 failures += 1
-                if failures >= WAIT_FAILURES:
+                if failures >= WAIT_FAILURES or rh._bk.closed:
                     raise
                 log.info("ledger %d: tailing reader: %s; re-reading the metadata", rh.ledger_id, e)
                 await asyncio.sleep(min(0.05 * 2 ** failures, 1.0))

@@ -122,6 +122,16 @@ def test_read_last_add_confirmed_and_entry_waits_for_the_entry(cluster, protocol
             assert await rh.read_last_add_confirmed() == 5  # the handle learns the close here (or tailing)
             lac, entry = await rh.read_last_add_confirmed_and_entry(6, 20_000)
             assert (lac, entry) == (5, None)
+            # a fresh ledger: its bookies hold nothing yet (ENOLEDGER at once), still it waits
+            lh = await wbk.create_ledger(3, 2, 2, password=PW)
+            rh = await rbk.open_ledger(lh.ledger_id, password=PW, recovery=False)
+            waiting = asyncio.ensure_future(rh.read_last_add_confirmed_and_entry(0, 20_000))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+            await lh.add_entry(payload(0))
+            await lh.add_entry(payload(1))
+            lac, entry = await asyncio.wait_for(waiting, 20)
+            assert entry is not None and (entry.entry_id, entry.data) == (0, payload(0))
     eventloop.run(main())
 
 
