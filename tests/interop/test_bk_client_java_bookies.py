@@ -5,6 +5,7 @@ bk's client reads ranges with BATCH_READ, so the 4.15.5 runs prove that the clie
 reads those bookies entry by entry, and the read that met the drop still succeeds."""
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import sys
 
@@ -89,4 +90,40 @@ def test_create_add_read_close_and_recover(java_cluster, protocol):
             for ledger_id in (lh.ledger_id, lh2.ledger_id, open_lh.ledger_id):
                 await bkc.delete_ledger(ledger_id)
 
+    run_async(go())
+
+
+@pytest.mark.parametrize("protocol", ["v3", "v2"])
+def test_tailing_reader_and_explicit_lac_on_java_bookies(java_cluster, protocol):
+    """v3: the tail long-polls BookKeeper's bookies (previousLAC, timeOut, ENTRY_PIGGYBACK) and an
+    idle writer's WRITE_LAC wakes them (setExplicitLac); v2: it polls READ_LAC. Every entry once,
+    in order, the last one before the close; the loop ends after the close."""
+    release, uri, bookies = java_cluster
+
+    async def go():
+        async with BookKeeper(uri, explicit_lac_interval_ms=20) as wbk, \
+                BookKeeper(uri, protocol=protocol) as rbk:
+            lh = await wbk.create_ledger(3, 3, 2, digest_type="CRC32C", password=PASSWORD)
+            rh = await rbk.open_ledger(lh.ledger_id, PASSWORD, recovery=False)
+            got = []
+            seen_all = asyncio.Event()
+
+            async def tail():
+                async with rh.tail(0) as entries:
+                    async for entry in entries:
+                        got.append(entry)
+                        if entry.entry_id == 59:
+                            seen_all.set()
+                return entries
+            reader = asyncio.ensure_future(tail())
+            for i in range(60):
+                await lh.add_entry(data(i))
+                if i % 10 == 0:
+                    await asyncio.sleep(0.01)
+            await asyncio.wait_for(seen_all.wait(), 30)  # the idle writer's explicit LAC shows entry 59
+            assert lh.explicit_lac.sends >= 1
+            await lh.close()
+            stats = await asyncio.wait_for(reader, 30)
+            assert [(e.entry_id, e.data) for e in got] == [(i, data(i)) for i in range(60)]
+            assert (stats.long_polls > 0) == (protocol == "v3") and (stats.polls > 0) == (protocol == "v2")
     run_async(go())
