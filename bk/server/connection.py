@@ -469,6 +469,11 @@ class BookieConnection(asyncio.Protocol):
         if self._add_rows:
             self._out.append(encode_add_responses(self._add_rows))
             self._add_rows = []
+        if self.tls == "handshaking":
+            # Answers to requests that came in the same read as START_TLS (a Java client sends its
+            # first AUTH right behind it) go out encrypted once the handshake is done (upgraded()),
+            # as BookKeeper's SslHandler holds them: in plain text they would break the handshake.
+            return
         if self._out and not self._held_bytes:  # else _spans_read flushes once the thread is done
             out, self._out = self._out, []
             spans, self._spans = self._spans, 0
@@ -529,6 +534,7 @@ class BookieConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.max_response_bytes)
         if self._reading_paused:  # start_tls resumes reading; backpressure still applies
             transport.pause_reading()
+        self._schedule_flush()  # runs once bk.server.tls has recorded the session: the held answers
 
     def close(self) -> None:
         self._flush()

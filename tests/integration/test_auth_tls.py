@@ -138,6 +138,37 @@ def test_tls_upgrade_then_v3_and_v2_over_tls(tls_setup):
     assert "is protected" in log
 
 
+def test_answers_to_requests_behind_start_tls_go_out_encrypted(tls_setup):
+    """The Java client sends its first AUTH right behind START_TLS, before the handshake: the
+    START_TLS answer alone comes back in plain text, the AUTH answer encrypted after it (in plain
+    text it would land in the client's handshake, which then fails)."""
+    import socket
+
+    from v3_wire import Answer, OP, request
+
+    cluster, _ca, files, _d = tls_setup
+    with socket.create_connection(("127.0.0.1", port_of(cluster)), timeout=10) as sock:
+        sock.sendall(request("START_TLS", 1, []) + request("AUTH", 2, [(1, "AuthDisabledPlugin"), (2, b"")]))
+        buf = b""
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack_from(">i", buf)[0]:
+            buf += sock.recv(65536)
+        assert Answer(buf[4:]).status == STATUS["EOK"]
+        time.sleep(0.2)  # room for a wrongly plain AUTH answer to arrive before the handshake
+        sock.setblocking(False)
+        try:
+            early = sock.recv(65536)
+        except BlockingIOError:
+            early = b""
+        sock.setblocking(True)
+        assert buf[4 + struct.unpack_from(">i", buf)[0]:] + early == b"", "plain-text bytes after START_TLS's answer"
+        with client_context(files["ca"]).wrap_socket(sock, server_hostname="localhost") as tls:
+            data = b""
+            while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
+                data += tls.recv(65536)
+            answer = Answer(data[4:4 + struct.unpack_from(">i", data)[0]])
+            assert (answer.op, answer.txn_id, answer.status) == (OP["AUTH"], 2, STATUS["EOK"]), answer
+
+
 def test_wrong_hostname_is_refused_by_the_client(tls_setup):
     cluster, _ca, files, _d = tls_setup
     with pytest.raises(ssl.SSLCertVerificationError, match="[Hh]ostname"):
