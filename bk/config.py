@@ -217,6 +217,13 @@ class BookieConfig:
     bookie_auth_provider: str = ""
     auth_token_secret_key_path: str = ""
     auth_token_shared_secret_path: str = ""
+    # "sasl" = BookKeeper's SASLBookieAuthProviderFactory (DIGEST-MD5; bk/proto/sasl.py): users from the
+    # JAAS file (BookKeeper's -Djava.security.auth.login.config) section sasl_jaas_bookie_section_name
+    # (user_<name>="<password>"); the bookie's own client logs in with sasl_jaas_auditor_section_name.
+    sasl_jaas_config_path: str = ""
+    sasl_jaas_bookie_section_name: str = "Bookie"  # saslJaasBookieSectionName
+    sasl_jaas_auditor_section_name: str = "Auditor"  # saslJaasAuditorSectionName
+    sasl_jaas_client_allowed_ids: str = ".*bookkeeper.*"  # saslJaasClientAllowedIds: whole-match regex
     # TLS on START_TLS (BookKeeper's tls* settings; stores are PEM files). On when both the certificate
     # and the key are set.
     tls_provider: str = "OpenSSL"  # Python's ssl module (OpenSSL) whatever the value; JDK is refused
@@ -424,8 +431,10 @@ def _check(cfg: BookieConfig) -> None:
         bad("prometheus_latency_shape", "must be summary (BookKeeper's) or histogram")
     if cfg.log_format not in ("text", "json"):
         bad("log_format", "must be text or json")
-    if cfg.bookie_auth_provider not in ("", "token"):
-        bad("bookie_auth_provider", "must be empty (off) or token")
+    if cfg.bookie_auth_provider not in ("", "token", "sasl"):
+        bad("bookie_auth_provider", "must be empty (off), token or sasl")
+    if cfg.bookie_auth_provider == "sasl" and not cfg.sasl_jaas_config_path:
+        bad("sasl_jaas_config_path", "bookie_auth_provider = \"sasl\" needs the JAAS file of its users")
     if cfg.tls_provider.upper() not in ("OPENSSL", "PYTHON"):
         bad("tls_provider", "bk uses Python's ssl (OpenSSL)")
     for key in ("tls_key_store_type", "tls_trust_store_type"):

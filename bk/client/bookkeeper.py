@@ -118,7 +118,8 @@ class BookKeeper:
                  explicit_lac_interval_ms: int = 0,
                  delay_ensemble_change: bool = False, protocol: str = "v2", tls_trust_store: str | None = None,
                  tls_certificate_path: str | None = None, tls_key_store: str | None = None,
-                 tls_hostname_verification: bool = True, auth_token: str | None = None, auth_plugin=None):
+                 tls_hostname_verification: bool = True, auth_token: str | None = None, auth_plugin=None,
+                 sasl_jaas_config_path: str | None = None, sasl_jaas_client_section_name: str = "BookKeeper"):
         # Unset credentials fall back to the environment (BK_CLIENT_AUTH_TOKEN, BK_CLIENT_TLS_TRUST_STORE,
         # BK_CLIENT_TLS_CERTIFICATE_PATH, BK_CLIENT_TLS_KEY_STORE), as ZooKeeper's do to BK_ZK_*: so
         # `bk shell` and scripts reach bookies that require a token or TLS without new options each.
@@ -126,6 +127,18 @@ class BookKeeper:
         tls_trust_store = tls_trust_store or os.environ.get("BK_CLIENT_TLS_TRUST_STORE") or None
         tls_certificate_path = tls_certificate_path or os.environ.get("BK_CLIENT_TLS_CERTIFICATE_PATH") or None
         tls_key_store = tls_key_store or os.environ.get("BK_CLIENT_TLS_KEY_STORE") or None
+        # BookKeeper's SASL plugin (DIGEST-MD5): username/password from the JAAS file's client section,
+        # as SASLClientProviderFactory reads them (bk/proto/sasl.py); BK_CLIENT_SASL_JAAS_CONFIG_PATH else
+        sasl_jaas_config_path = sasl_jaas_config_path or os.environ.get("BK_CLIENT_SASL_JAAS_CONFIG_PATH") or None
+        if sasl_jaas_config_path and auth_plugin is None and auth_token is None:
+            from bk.errors import ConfigError
+            from bk.proto.sasl import SaslClientProvider, client_credentials
+
+            try:
+                user, secret = client_credentials(sasl_jaas_config_path, sasl_jaas_client_section_name)
+            except ConfigError as e:
+                raise IncorrectParameterError(str(e)) from None
+            auth_plugin = lambda: SaslClientProvider(user, secret)  # noqa: E731  (one exchange per connection)
         for name, value in (("add_timeout_s", add_timeout_s), ("read_timeout_s", read_timeout_s),
                             ("connect_timeout_s", connect_timeout_s)):
             if not value > 0:
@@ -199,6 +212,9 @@ class BookKeeper:
                 kwargs["auth_token"] = _read_file(config.auth_token_shared_secret_path).decode()
             elif config.auth_token_secret_key_path:
                 kwargs["auth_token"] = sign_token(config.bookie_id, _read_file(config.auth_token_secret_key_path))
+        elif config.bookie_auth_provider == "sasl":  # BookKeeper's clientRole=system: the Auditor section
+            kwargs.update(sasl_jaas_config_path=config.sasl_jaas_config_path,
+                          sasl_jaas_client_section_name=config.sasl_jaas_auditor_section_name)
         if config.tls_certificate_path and config.tls_key_store:
             kwargs.update(tls_certificate_path=config.tls_certificate_path, tls_key_store=config.tls_key_store,
                           tls_trust_store=config.tls_trust_store or None)

@@ -16,7 +16,7 @@ once; the bookie accepts
   not passed (the token Pulsar issues with `bin/pulsar tokens create
   --secret-key`, that its bookkeeperClientAuthenticationParameters carry);
 - or a shared secret, compared in constant time (principal "shared-secret").
-SASL/Kerberos is not supported.
+BookKeeper's SASL plugin (DIGEST-MD5) is bk/proto/sasl.py; Kerberos is not supported.
 
 A provider object holds one connection's exchange. Server side:
 `process(payload) -> (answer payload, principal)`; raise AuthenticationError

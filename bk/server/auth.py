@@ -11,6 +11,11 @@ With a provider configured (BookKeeper's AuthHandler.ServerSideHandler):
 - an AUTH naming another plugin, or a payload the provider refuses, closes the
   connection (v3: after an EUA answer);
 - success logs the principal with the peer address.
+
+A provider with `exchange()` (BookKeeper's SASL plugin, bk/proto/sasl.py) keeps state per
+connection: each connection gets its own exchange at its first AUTH, and the connection
+counts as authenticated only once that exchange names a principal (DIGEST-MD5 takes two
+AUTH round trips; the answers in between carry the challenge).
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from bk.proto.auth import AUTH_DISABLED_PLUGIN_NAME, AuthenticationError, TokenA
 
 log = logging.getLogger(__name__)
 _EUA = UnauthorizedAccessError.code
-PROVIDERS = ("", "token")
+PROVIDERS = ("", "token", "sasl")
 
 
 def _read_secret(path: str, key: str) -> bytes | None:
@@ -45,8 +50,16 @@ def provider_from_config(config):
     name = config.bookie_auth_provider
     if not name:
         return None
+    if name == "sasl":
+        from bk.proto import sasl
+
+        if not config.sasl_jaas_config_path:
+            raise ConfigError("bookie_auth_provider 'sasl' needs sasl_jaas_config_path (the JAAS file whose "
+                              f"{config.sasl_jaas_bookie_section_name!r} section lists user_<name>=\"<password>\")")
+        users = sasl.bookie_credentials(config.sasl_jaas_config_path, config.sasl_jaas_bookie_section_name)
+        return sasl.SaslServerProvider(users, config.sasl_jaas_client_allowed_ids)
     if name != "token":
-        raise ConfigError(f"bad value for 'bookie_auth_provider': {name!r} (use '' or 'token')")
+        raise ConfigError(f"bad value for 'bookie_auth_provider': {name!r} (use '', 'token' or 'sasl')")
     secret_key = _read_secret(config.auth_token_secret_key_path, "auth_token_secret_key_path")
     shared = _read_secret(config.auth_token_shared_secret_path, "auth_token_shared_secret_path")
     if secret_key is None and shared is None:
@@ -65,7 +78,7 @@ def _auth_message(plugin_name: str, payload: bytes):
 class ServerSession:
     """Authentication state of one connection."""
 
-    __slots__ = ("provider", "_conn", "authenticated", "principal")
+    __slots__ = ("provider", "_conn", "authenticated", "principal", "_exchange")
 
     def __init__(self, provider, conn):
         self.provider = provider
@@ -74,6 +87,7 @@ class ServerSession:
         self._conn = weakref.ref(conn)
         self.authenticated = provider is None
         self.principal = None
+        self._exchange = None  # the connection's own exchange, for providers that keep state
 
     @property
     def conn(self):
@@ -149,10 +163,14 @@ class ServerSession:
                       incoming.authPluginName, name)
             return None
         try:
-            payload, principal = self.provider.process(incoming.payload)
+            if self._exchange is None:
+                self._exchange = self.provider.exchange() if hasattr(self.provider, "exchange") else self.provider
+            payload, principal = self._exchange.process(incoming.payload)
         except AuthenticationError as e:
             log.warning("refusing AUTH from %s: %s", conn.peer, e)
             return None
+        if principal is None:
+            return _auth_message(name, payload)  # a step of a longer exchange: not authenticated yet
         if not self.authenticated:
             log.info("connection from %s authenticated as %r (%s)", conn.peer, principal, name)
         self.authenticated, self.principal = True, principal

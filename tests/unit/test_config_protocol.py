@@ -9,7 +9,8 @@ from bk.server.tls import ServerTls
 
 
 @pytest.mark.parametrize("overrides, key", [
-    ({"bookie_auth_provider": "sasl"}, "bookie_auth_provider"),
+    ({"bookie_auth_provider": "kerberos"}, "bookie_auth_provider"),
+    ({"bookie_auth_provider": "sasl"}, "sasl_jaas_config_path"),  # no JAAS file of users
     ({"tls_certificate_path": "/x.pem"}, "tls_certificate_path"),  # no key
     ({"tls_key_store_type": "JKS"}, "tls_key_store_type"),
     ({"tls_provider": "JDK"}, "tls_provider"),
