@@ -90,11 +90,12 @@ class _BookieProtocol(asyncio.BufferedProtocol):
     large answer (a batch read's 1 MiB) lands straight in that frame's own buffer, and the
     entries the client checks are views of it (framing.py).
 
-    While the connection is set up (START_TLS, AUTH: wire_v3.handshake) an answer frame
-    goes to the `exchange` waiting for it; on a v3 connection frames are v3 Responses,
-    turned into the v2 answers the request core matches (FrameDecoder.feed_v3_responses)."""
+    While the connection is set up (START_TLS, AUTH: wire_v3.handshake) every frame waits in
+    `setup_frames` for `exchange`, in order (a Java bookie may send one nobody asked for); on
+    a v3 connection frames are v3 Responses, turned into the v2 answers the request core
+    matches (FrameDecoder.feed_v3_responses)."""
 
-    __slots__ = ("client", "core", "decoder", "transport", "v3", "lost", "_waiter")
+    __slots__ = ("client", "core", "decoder", "transport", "v3", "lost", "_waiter", "setup_frames")
 
     def __init__(self, client: "BookieClient"):
         self.client = client
@@ -104,6 +105,7 @@ class _BookieProtocol(asyncio.BufferedProtocol):
         self.v3 = False
         self.lost = False  # connection_lost has run (maybe before _connect made it current)
         self._waiter: asyncio.Future | None = None
+        self.setup_frames: list | None = None  # during set-up: frames not yet taken by `exchange`
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -117,7 +119,7 @@ class _BookieProtocol(asyncio.BufferedProtocol):
             self.data_received(data)
 
     def data_received(self, data) -> None:
-        if self._waiter is not None or self.v3:
+        if self.setup_frames is not None or self.v3:
             self._frames_received(data)
             return
         try:
@@ -130,24 +132,32 @@ class _BookieProtocol(asyncio.BufferedProtocol):
 
     def _frames_received(self, data) -> None:
         try:
-            frames = self.decoder.feed(data) if self._waiter is not None else self.decoder.feed_v3_responses(data)
+            setup = self.setup_frames is not None
+            frames = self.decoder.feed(data) if setup else self.decoder.feed_v3_responses(data)
         except BadFrameLengthError as e:
             self.client._protocol_error(self, e)
             return
-        if self._waiter is not None:
-            if frames and not self._waiter.done():
-                self._waiter.set_result(bytes(frames[0]))
+        if setup:
+            self.setup_frames.extend(bytes(f) for f in frames)
+            if self.setup_frames and self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
             return
         self.core.dispatch_all(self, frames)
 
     async def exchange(self, frame: bytes) -> bytes:
-        """Send one set-up request and wait for its answer frame (no request is pending yet)."""
-        self._waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(frame)
-        try:
-            return await self._waiter
-        finally:
-            self._waiter = None
+        """Send one set-up request (none when `frame` is empty) and take the next frame that
+        came in (no request is pending yet); wire_v3.handshake ends the set-up."""
+        if self.setup_frames is None:
+            self.setup_frames = []
+        if frame:
+            self.transport.write(frame)
+        while not self.setup_frames:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.setup_frames.pop(0)
 
     def connection_lost(self, exc) -> None:
         self.lost = True

@@ -158,6 +158,13 @@ class V3Transport:
 # ---------------------------------------------------------------- connection set-up
 async def handshake(loop, protocol, options: ClientWireOptions, host: str, bookie_id: str) -> None:
     """START_TLS and AUTH on a fresh connection (`protocol.exchange(frame) -> answer frame body`)."""
+    try:
+        await _handshake(loop, protocol, options, host, bookie_id)
+    finally:
+        protocol.setup_frames = None  # set-up over: frames go to the request core from now on
+
+
+async def _handshake(loop, protocol, options: ClientWireOptions, host: str, bookie_id: str) -> None:
     if options.tls is not None:
         req = _v3_request(Op.START_TLS, 0)
         req.startTLSRequest.SetInParent()
@@ -169,6 +176,17 @@ async def handshake(loop, protocol, options: ClientWireOptions, host: str, booki
                                                   server_hostname=options.tls_server_hostname or host)
     if options.auth_plugin is not None:
         await _authenticate(protocol, options, bookie_id)
+
+
+def _is_start_tls_answer(raw) -> bool:
+    """Whether a frame met on a v2 connection is a v3 START_TLS Response: a v2 header starts with
+    its protocol version (0..3), a v3 Response with its header field's tag (0x0A)."""
+    if not raw or raw[0] != 0x0A:
+        return False
+    try:
+        return v3.parse(v3.Response, bytes(raw)).header.operation == Op.START_TLS
+    except v3.V3DecodeError:
+        return False
 
 
 async def _authenticate(protocol, options: ClientWireOptions, bookie_id: str) -> None:
@@ -183,11 +201,17 @@ async def _authenticate(protocol, options: ClientWireOptions, bookie_id: str) ->
             req = _v3_request(Op.AUTH, txn)
             req.authRequest.CopyFrom(msg)
             resp = v3.parse(v3.Response, await protocol.exchange(v3.frame(req)))
+            while resp.header.operation == Op.START_TLS:
+                # A Java bookie answers START_TLS a second time (EIO) once the handshake is done and
+                # the connection is not authenticated yet; its own client ignores that answer.
+                resp = v3.parse(v3.Response, await protocol.exchange(b""))
             if resp.status != 0 or not resp.HasField("authResponse"):
                 raise UnauthorizedAccessError(f"bookie {bookie_id} refused authentication (status {resp.status})")
             answer = resp.authResponse
         else:
             raw = await protocol.exchange(encode_request(AuthRequest(0, msg.SerializeToString())))
+            while _is_start_tls_answer(raw):  # the Java bookie's second START_TLS answer (above), in v3
+                raw = await protocol.exchange(b"")
             if split_header(HEADER.unpack_from(raw)[0])[1] != OP_AUTH:
                 raise UnauthorizedAccessError(f"bookie {bookie_id} refused authentication")
             answer = v3.parse(v3.AuthMessage, bytes(raw[HEADER.size:]))
