@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -35,7 +34,7 @@ import sys
 import time
 
 from bench.load import local_cluster
-from bench.stats import (fmt_num, latency_summary_ms, median_rows, parse_size, positive_float, positive_int,
+from bench.stats import (fmt_num, latency_summary_ms, parse_size, positive_float, positive_int, report_rows,
                          render_table)
 
 PW = b"bench-slow"
@@ -133,11 +132,7 @@ def main(argv=None) -> int:
 
     with local_cluster(3, prefix="slowreads") as cluster:
         rows = eventloop.run(run(cluster, args))
-    summary = median_rows(rows)
-    print(format_table(summary))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"spec": vars(args), "rows": rows, "medians": summary}, fh, indent=2)
+    report_rows(rows, format_table, args)
     return 0
 
 

@@ -56,6 +56,18 @@ def median_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def report_rows(rows: list[dict], format_table, args) -> list[dict]:
+    """Print the medians of `rows` (median_rows) as `format_table` lays them out, and write every row,
+    the medians and the settings to `args.json` when it is set; returns the medians."""
+    summary = median_rows(rows)
+    print(format_table(summary))
+    if args.json:
+        import json
+        with open(args.json, "w") as fh:
+            json.dump({"spec": vars(args), "rows": rows, "medians": summary}, fh, indent=2)
+    return summary
+
+
 def rate(count: float, elapsed_s: float) -> float:
     """count / elapsed_s, 0.0 when no time passed (never a division error)."""
     return count / elapsed_s if elapsed_s > 0 else 0.0

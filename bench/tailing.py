@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
 
 from bench.load import local_cluster
-from bench.stats import fmt_num, latency_summary_ms, median_rows, parse_size, positive_int, render_table
+from bench.stats import fmt_num, latency_summary_ms, parse_size, positive_int, render_table, report_rows
 
 PW = b"bench-tail"
 
@@ -115,11 +114,7 @@ def main(argv=None) -> int:
 
     with local_cluster(3, prefix="tailing") as cluster:
         rows = eventloop.run(run(cluster, args))
-    summary = median_rows(rows)
-    print(format_table(summary))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"spec": vars(args), "rows": rows, "medians": summary}, fh, indent=2)
+    report_rows(rows, format_table, args)
     return 0
 
 
