@@ -182,7 +182,9 @@ async def _poll_until(rh, entry_id: int, timeout_ms: int) -> int:
 # ---------------------------------------------------------------- the tailing reader
 class TailingReader:
     """`async for entry in rh.tail(from_entry)`: the module docstring. `long_polls` and `polls`
-    count the waits of each kind, `metadata_changes` the watch's notifications."""
+    count the waits of each kind, `metadata_changes` the watch's notifications. It holds a watch on
+    the ledger's metadata until the loop ends: a caller that leaves the loop early uses
+    `async with rh.tail(...)` or calls `aclose()` (else the watch lives until the client closes)."""
 
     def __init__(self, rh, from_entry: int, *, long_poll_timeout_ms: int = DEFAULT_LONG_POLL_TIMEOUT_MS,
                  poll_interval_s: float = DEFAULT_TAIL_POLL_INTERVAL_S, parallel: bool = False,
