@@ -34,7 +34,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from interop_support import (  # noqa: E402
-    DEFAULT_RELEASE, JAVA_BK, PASSWORD, JavaBookie, die_with_parent, fresh_root, java_client, java_payload, require_java_bk, run_async,
+    DEFAULT_RELEASE, JAVA_BK, PASSWORD, JavaBookie, die_with_parent, format_root, fresh_root, java_client, java_payload, require_java_bk, run_async,
     wait_registered,
 )
 
@@ -62,11 +62,11 @@ JAVA_AUTORECOVERY = dict(lostBookieRecoveryDelay=0, auditorPeriodicCheckInterval
 class Mixed:
     """The module's cluster: bk bookies (LocalCluster) and Java bookies, which are alive."""
 
-    def __init__(self, cluster: LocalCluster, java: list[JavaBookie], base):
+    def __init__(self, cluster: LocalCluster, uri: str, base):
         self.cluster = cluster
-        self.java = java
+        self.java: list[JavaBookie] = []
         self.base = base
-        self.uri = cluster.metadata_uri
+        self.uri = uri
 
     def bk_alive(self) -> list:
         return [b for b in self.cluster.bookies.values() if b.alive]
@@ -89,16 +89,19 @@ class Mixed:
 @pytest.fixture(scope="module")
 def mixed(interop_zk, tmp_path_factory):
     base = tmp_path_factory.mktemp("mixed-ops")
-    cluster = LocalCluster(str(base / "bk"), 3, zk_connect=fresh_root(interop_zk, "mixed-ops"),
+    root = fresh_root(interop_zk, "mixed-ops")
+    cluster = LocalCluster(str(base / "bk"), 3, zk_connect=root,
                            zk_timeout_ms=ZK_TIMEOUT_MS, flush_interval_ms=200, entry_log_size_limit_bytes="64KiB",
                            gc_wait_time_ms=3_600_000, major_compaction_threshold=1.0, minor_compaction_threshold=1.0,
                            http_server_mutations_enabled=True, **BK_AUTORECOVERY)
     require_java_bk(RELEASE)
-    cluster.start()
-    m = Mixed(cluster, [], base)
+    m = Mixed(cluster, f"zk://{root}/ledgers", base)  # the URI cluster.start() takes
     try:
-        for _ in range(3):
+        format_root(m.uri)
+        for _ in range(3):  # the JVMs boot while the bk bookies start
             m.add_java()
+        cluster.start()
+        assert cluster.metadata_uri == m.uri
         wait_registered(m.uri, m.bk_alive() + m.java)
         yield m
     finally:
@@ -276,6 +279,10 @@ def test_journal_off_bk_bookie_repairs_its_ledgers_from_java_peers(mixed):
             return closed.ledger_id, opened.ledger_id
 
     closed_id, open_id = run_async(write())
+    # and a ledger the Java client wrote over all seven bookies: the bookie knows it only from its
+    # Java-written metadata (phase one derives its master key from the password stored there)
+    n_java = 300
+    java_id = java_bench(uri, "-e", "7", "-w", "3", "-a", "2", n=n_java)["ledger_id"]
     cluster.kill(i)
     cluster.start_bookie(i, wait=False)
     jo.wait_serving()
@@ -291,11 +298,13 @@ def test_journal_off_bk_bookie_repairs_its_ledgers_from_java_peers(mixed):
         time.sleep(0.3)
     repair = status["repair"]
     assert repair["errors"] == 0 and repair["ledgers_left"] == 0, repair
-    # the closed ledger was lost whole and copied whole from the Java bookies; the open one up to
-    # the LAC recovery found (the rest was written back by the recovery itself)
-    assert repair["entries_copied"] >= n_closed and repair["ledgers_recovered"] == 1, repair
+    # the closed ledgers were lost whole and copied whole (bk's from the Java bookies, Java's
+    # share from both kinds); the open one up to the LAC recovery found (the rest was written
+    # back by the recovery itself)
+    java_share = 3 * n_java // 7  # entry e is on bookies e..e+2 (mod 7) of the ensemble
+    assert repair["entries_copied"] >= n_closed + java_share and repair["ledgers_recovered"] == 1, repair
     log = open(jo.log_path).read()
-    assert "phase one done: 2 of 2 ledgers fenced and in limbo" in log, log[-3000:]
+    assert "phase one done: 3 of 3 ledgers fenced and in limbo" in log, log[-3000:]
     assert f"ledger {open_id}: recovered and closed at entry {n_open - 1}" in log, log[-3000:]
 
     async def check():
@@ -305,6 +314,7 @@ def test_journal_off_bk_bookie_repairs_its_ledgers_from_java_peers(mixed):
             assert await replicas_hold(bkc, closed_id, n_closed, only=jo.bookie_id) == n_closed
             assert await replicas_hold(bkc, open_id, n_open, only=jo.bookie_id) == n_open
             assert await replicas_hold(bkc, open_id, n_open) == 3 * n_open
+            assert await replicas_hold(bkc, java_id, n_java, only=jo.bookie_id) >= java_share
 
     run_async(check())
     run_async(delete_all(uri))
