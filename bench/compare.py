@@ -50,6 +50,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-size", type=positive_int, default=1024, help="entry size of the read rows")
     p.add_argument("--no-reads", action="store_true", help="with a Java system: skip the read rows")
     p.add_argument("--no-java-client", action="store_true", help="with a Java system: skip the Java client rows")
+    p.add_argument("--warm-up-s", type=float, default=5.0,
+                   help="with a Java system: seconds of 1 KiB adds on every paired cluster before the first"
+                        " measurement, not counted (the JVMs' JIT; bk's bookies get the same)")
     p.add_argument("--java-client-entries", type=positive_int, default=100_000,
                    help="adds per Java client run (it reads them back, recovers, reads again)")
     return p
@@ -391,6 +395,13 @@ def run_compare(args, log=print) -> dict:
                 log(f"the paired clusters could not start, the Java systems are left out: {why}")
                 systems = [s for s in systems if s not in JAVA_SYSTEMS]
                 out["config"]["systems"] = systems
+            if fleet is not None and args.warm_up_s > 0:
+                for system in fleet.clusters:
+                    spec = BK_SYSTEMS.get(system) or JAVA_SYSTEMS[system]
+                    run_load(fleet.clusters[system].metadata_uri,
+                             LoadSpec(duration_s=args.warm_up_s, entry_size=1024, in_flight=args.in_flight,
+                                      ensemble=spec[2], write_quorum=spec[3], ack_quorum=spec[4]))
+                log(f"fleet: warmed up ({args.warm_up_s:g} s of adds each, not counted)")
         for run in range(args.runs):
             for size in args.sizes:
                 order = systems[run % len(systems):] + systems[:run % len(systems)] if systems else []
@@ -523,6 +534,8 @@ def _attempt(out: dict, log, args, system: str, size: int, run: int, measure, ta
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: every cluster this run started is stopped and its directory removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"bench.compare: sizes {args.sizes}, {args.runs} run(s) x {args.duration_s:g} s, {args.in_flight} in flight,"
         f" systems {','.join(args.systems)}; files under {bench_base_dir()}")
