@@ -108,6 +108,11 @@ class BookieConfig:
     lost_bookie_recovery_delay_s: int = 0
     auditor_periodic_check_interval_s: int = 604_800
     auditor_periodic_bookie_check_interval_s: int = 86_400
+    # auditorPeriodicPlacementPolicyCheckInterval (0 = off, BookKeeper's default): the Auditor counts the
+    # closed ledgers whose segments break the placement policy; with repairedPlacementPolicyNotAdheringBookieEnable
+    # it marks them under-replicated and replication workers move them (docs/PLACEMENT.md)
+    auditor_periodic_placement_policy_check_interval_s: int = 0
+    repaired_placement_policy_not_adhering_bookie_enable: bool = False
     open_ledger_rereplication_grace_period_ms: int = 30_000
     rereplication_entry_batch_size: int = 100
     replication_rate_bytes_per_s: int = 0
@@ -417,6 +422,8 @@ def _check(cfg: BookieConfig) -> None:
         bad("http_server_port", "must be 0 (ephemeral) or 1..65535")
     if not -1 <= cfg.autorecovery_metrics_port <= 65535:
         bad("autorecovery_metrics_port", "must be -1 (off), 0 (ephemeral) or 1..65535")
+    if cfg.auditor_periodic_placement_policy_check_interval_s < 0:
+        bad("auditor_periodic_placement_policy_check_interval_s", "must be 0 (off) or seconds")
     if cfg.http_server_enabled and cfg.http_server_port == cfg.bookie_port:
         bad("http_server_port", "the HTTP admin server and the bookie listen on the same address: "
                                 "they need different ports")
