@@ -62,23 +62,6 @@ cdef inline Py_ssize_t _get_varint(const unsigned char *p, Py_ssize_t n, uint64_
     return 0
 
 
-cdef inline int _varint_size(uint64_t v) noexcept nogil:
-    cdef int n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
-cdef inline unsigned char *_put_varint(unsigned char *p, uint64_t v) noexcept nogil:
-    while v >= 0x80:
-        p[0] = (v & 0x7f) | 0x80
-        v >>= 7
-        p += 1
-    p[0] = v
-    return p + 1
-
-
 cdef inline bint _get_pair(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *tag,
                            uint64_t *v) noexcept nogil:
     """A field's tag and its varint (a value, or a LEN field's length) at *pos, which moves past them."""

@@ -1,61 +1,28 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The answers to a run of single READs (native). Pure twin: bk/_native/reads_py.py (the API
-and the layouts are described there).
+and the layouts are described there). The codec kernels' helpers (varints, big-endian ints,
+buffers) come from codec_base.pxi.
 
 read_answers(rows, header) -> bytes                    v2 READ answers, rc EOK, one buffer
 v3_read_answers(rows) -> bytes                         v3 READ Responses, EOK, one buffer
 v3_read_head(header, ledger_id, entry_id, entry_len)   a v3 READ Response up to its body
 """
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.string cimport memcpy
-
-cdef extern from "Python.h":
-    int PyObject_GetBuffer(object obj, Py_buffer *view, int flags) except -1
-    void PyBuffer_Release(Py_buffer *view)
-    int PyBUF_SIMPLE
+include "codec_base.pxi"
 
 cdef enum:
     _RESPONSE_FIXED = 4 + 4 + 16  # header rc ledger_id entry_id (READ_RESPONSE_HEADER_BYTES)
-    _TAG_HEADER = (1 << 3) | 2  # Response.header
-    _TAG_STATUS = (2 << 3) | 0  # Response.status
-    _TAG_READ = (100 << 3) | 2  # Response.readResponse
-    _TAG_R_STATUS = (1 << 3) | 0  # ReadResponse.status, .ledgerId, .entryId, .body
-    _TAG_R_LEDGER = (2 << 3) | 0
-    _TAG_R_ENTRY = (3 << 3) | 0
-    _TAG_R_BODY = (4 << 3) | 2
-
-
-cdef inline Py_ssize_t _varint_size(uint64_t v) noexcept nogil:
-    cdef Py_ssize_t n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
-cdef inline unsigned char *_put_varint(unsigned char *p, uint64_t v) noexcept nogil:
-    while v >= 0x80:
-        p[0] = (v & 0x7f) | 0x80
-        v >>= 7
-        p += 1
-    p[0] = v
-    return p + 1
+    _TAG_HEADER = (WL_V3_FIELD_HEADER << 3) | WL_V3_WIRE_LEN  # Response.header
+    _TAG_STATUS = (WL_V3_FIELD_STATUS << 3) | WL_V3_WIRE_VARINT  # Response.status
+    _TAG_READ = (100 << 3) | WL_V3_WIRE_LEN  # Response.readResponse
+    _TAG_R_STATUS = (1 << 3) | WL_V3_WIRE_VARINT  # ReadResponse.status, .ledgerId, .entryId, .body
+    _TAG_R_LEDGER = (2 << 3) | WL_V3_WIRE_VARINT
+    _TAG_R_ENTRY = (3 << 3) | WL_V3_WIRE_VARINT
+    _TAG_R_BODY = (4 << 3) | WL_V3_WIRE_LEN
 
 
 cdef inline unsigned char *_put_be32(unsigned char *p, uint32_t v) noexcept nogil:
-    p[0] = v >> 24
-    p[1] = v >> 16
-    p[2] = v >> 8
-    p[3] = v
+    _put_u32(p, v)
     return p + 4
-
-
-cdef inline unsigned char *_put_be64(unsigned char *p, uint64_t v) noexcept nogil:
-    cdef int i
-    for i in range(8):
-        p[i] = v >> (56 - 8 * i)
-    return p + 8
 
 
 cdef Py_ssize_t _v3_sizes(Py_ssize_t header_len, uint64_t ledger, uint64_t entry, Py_ssize_t entry_len,
@@ -144,8 +111,9 @@ def read_answers(rows, uint32_t header):
             p = _put_be32(p, <uint32_t>(_RESPONSE_FIXED + view.len))
             p = _put_be32(p, header)
             p = _put_be32(p, 0)
-            p = _put_be64(p, <uint64_t>ledger)
-            p = _put_be64(p, <uint64_t>entry)
+            _put_i64(p, ledger)
+            _put_i64(p + 8, entry)
+            p += 16
             memcpy(p, view.buf, view.len)
             p += view.len
         finally:

@@ -59,6 +59,24 @@ cdef inline void _put_i64(unsigned char *p, int64_t s) noexcept nogil:
         v >>= 8
 
 
+cdef inline int _varint_size(uint64_t v) noexcept nogil:
+    """Bytes of v as a protobuf varint."""
+    cdef int n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline unsigned char *_put_varint(unsigned char *p, uint64_t v) noexcept nogil:
+    while v >= 0x80:
+        p[0] = (v & 0x7f) | 0x80
+        v >>= 7
+        p += 1
+    p[0] = v
+    return p + 1
+
+
 cdef inline int _next_frame(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos,
                             int64_t max_frame, Py_ssize_t *length) noexcept nogil:
     """0: a complete frame at pos (length set); -1: incomplete; 1/2: bad length."""

@@ -20,6 +20,8 @@ import struct
 
 import bk.proto.layout as _L
 
+from .codec_v3_py import _put_varint as _varint
+
 _U64 = (1 << 64) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _ANSWER_HEAD = struct.Struct(">iIiqq")  # length header rc ledger_id entry_id
@@ -33,13 +35,6 @@ _TAG_R_STATUS, _TAG_R_LEDGER, _TAG_R_ENTRY, _TAG_R_BODY = (1 << 3) | _VARINT, (2
     (4 << 3) | _LEN
 
 
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
 
 
 def _check_ids(ledger_id: int, entry_id: int) -> None:

@@ -15,6 +15,7 @@ from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, FrameDecod
                       encode_request, master_key)
 from bk.proto.digest import DigestManager
 from bk.testing.cluster import LocalCluster, write_toml
+from bk.testing.transport import FakeTransport
 
 pytestmark = pytest.mark.integration
 
@@ -286,37 +287,6 @@ def test_one_write_to_a_fenced_ledger_refuses_all_but_recovery_adds(cluster):
 def recovery_add_frame(ledger_id, entry_id, payload=b"data"):
     body = DigestManager(ledger_id, "CRC32C", b"pw").frame_entry(entry_id, entry_id - 1, len(payload), payload)
     return encode_request(AddRequest(FLAG_RECOVERY_ADD, KEY, ledger_id, entry_id, body))
-
-
-class FakeTransport:
-    def __init__(self):
-        self.out, self.paused = [], False
-
-    def write(self, data):
-        self.out.append(bytes(data))
-
-    def writelines(self, parts):
-        self.out.append(b"".join(parts))
-
-    def pause_reading(self):
-        self.paused = True
-
-    def resume_reading(self):
-        self.paused = False
-
-    def get_extra_info(self, name):
-        return None
-
-    def set_write_buffer_limits(self, high=None, low=None):
-        pass
-
-    def get_write_buffer_size(self):
-        return 0  # everything written at once
-
-    def close(self):
-        pass
-
-    abort = close
 
 
 @pytest.mark.parametrize("journal", [True, False])

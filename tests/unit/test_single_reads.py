@@ -12,6 +12,7 @@ from bk import _native, eventloop
 from bk.proto import (FLAG_DO_FENCING, FrameDecoder, ReadRequest, ReadResponse, StatusCode, encode_request,
                       encode_response, master_key)
 from bk.proto import v3
+from bk.testing.transport import FakeTransport
 
 KERNELS = [pytest.param("pure", id="pure"), pytest.param("native", id="native")]
 
@@ -85,40 +86,6 @@ def test_ids_beyond_64_bits_are_refused(k):
 
 
 # ---------------------------------------------------------------- the server, in process
-class _Transport:
-    def __init__(self):
-        self.out, self.paused, self.closing, self.buffered = [], False, False, 0
-
-    def write(self, data):
-        self.out.append(bytes(data))
-
-    def writelines(self, parts):
-        self.out.append(b"".join(parts))
-
-    def pause_reading(self):
-        self.paused = True
-
-    def resume_reading(self):
-        self.paused = False
-
-    def get_extra_info(self, name):
-        return None
-
-    def set_write_buffer_limits(self, high=None, low=None):
-        pass
-
-    def get_write_buffer_size(self):
-        return self.buffered
-
-    def is_closing(self):
-        return self.closing
-
-    def close(self):
-        self.closing = True
-
-    abort = close
-
-
 def _v3_read(txn, entry_id, ledger_id=LEDGER, **fields):
     req = v3.Request()
     req.header.version, req.header.operation, req.header.txnId = 3, v3.OperationType.READ_ENTRY, txn
@@ -149,7 +116,7 @@ def _run(tmp_path, body, **settings):
             proc = RequestProcessor(bookie, cfg)
             server = SimpleNamespace(config=cfg, processor=proc, connections=set())
             conn = BookieConnection(server)
-            conn.connection_made(transport := _Transport())
+            conn.connection_made(transport := FakeTransport())
 
             async def answers(n, parse, tries=400):
                 decoder, got = FrameDecoder(), []
@@ -302,7 +269,7 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
             b._ring._pread = lambda op, steps: preads.append(op) or pread(op, steps)
             proc = RequestProcessor(b, cfg)
             conn = BookieConnection(SimpleNamespace(config=cfg, processor=proc, connections=set()))
-            conn.connection_made(transport := _Transport())
+            conn.connection_made(transport := FakeTransport())
             frames = [encode_request(ReadRequest(0, LEDGER, e)) if proto == "v2" else _v3_read(e + 1, e)
                       for e in range(40)]
             assert b.storage.get_cached(LEDGER, 150) is None
