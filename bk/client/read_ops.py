@@ -23,7 +23,11 @@ has answered, so speculation never turns "no answer yet" into a negative. `heard
 set per read operation) holds the bookies that returned entries in it: a read whose
 asked bookies include one of them is not speculated (that bookie is alive, only slow).
 `on_error(bookie)` hears of every failed answer, late ones included: sticky reads
-(ReadHandle) move to another bookie on it.
+(ReadHandle) move to another bookie on it. Within a range read, the first speculative
+look at each read is taken by one timer of the range (reads start in order and share
+the first delay, so a queue ordered by due time suffices): a loop timer per read would
+cost more than the rest of a fast read; a read still unanswered then, and a standalone
+ReadEntryOp, arms its own timer for the later looks.
 
 Range read (ReadRangeOp): at most `window` entry reads in flight; results are
 placed by entry id, so the list comes back in order; the first failure fails
@@ -34,6 +38,7 @@ LAC reads are bk/client/lac_ops.py.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from functools import partial
 from typing import Callable, NamedTuple, Sequence
 
@@ -68,19 +73,70 @@ def order_replicas(bookies: Sequence[str], pool) -> list[str]:
     return healthy + [b for b in bookies if pool.suspect(b)]
 
 
-class ReadEntryOp:
+class _Speculating:
+    """What ReadEntryOp and BatchReadOp share: replicas asked in order, and speculative requests.
+
+    A subclass declares the slots `replicas`, `_next` (replicas[:_next] were asked),
+    `_outstanding` (requests not answered yet), `_done` (the outcome is out: later answers are
+    dropped) and `_timer`, and provides `_send(bookie)`, `_policy()` and `_heard()`."""
+
+    __slots__ = ()
+
+    def _begin(self, watch: Callable | None) -> None:
+        """Ask the first replica; with a policy, look again after its first delay (`watch`: the
+        range's timer takes that look, else a timer of this op)."""
+        self._send_next()
+        policy = self._policy()
+        if policy is not None and not self._done and self._next < len(self.replicas):
+            if watch is not None:
+                watch(self)
+            else:
+                self._arm(policy.first_s)
+
+    def _arm(self, delay_s: float) -> None:
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._speculate, delay_s)
+
+    def _speculate(self, delay_s: float) -> None:
+        """`delay_s` after the last request: ask the next replica too, unless answered meanwhile."""
+        self._timer = None
+        if self._done or self._next >= len(self.replicas):
+            return
+        heard = self._heard()
+        if heard and not heard.isdisjoint(self.replicas[:self._next]):
+            return  # a bookie asked here answers this operation: slow on this read, not gone
+        SPECULATIVE_READ_COUNT.inc()
+        self._send_next()
+        if not self._done and self._next < len(self.replicas):
+            self._arm(self._policy().next_s(delay_s))
+
+    def _send_next(self) -> None:
+        bookie = self.replicas[self._next]
+        self._next += 1
+        self._outstanding += 1
+        self._send(bookie)
+
+    def _stop(self) -> None:
+        """The outcome is out: no more speculation."""
+        self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class ReadEntryOp(_Speculating):
     """Reads one entry from its replicas; `callback(entry_id, LedgerEntry | None, error)` once.
 
-    `speculative`, `heard`, `on_error`: the module docstring (all optional)."""
+    `speculative`, `heard`, `on_error`: the module docstring (all optional); `watch`: a
+    ReadRangeOp's timer takes the first speculative look."""
 
     __slots__ = ("pool", "digest", "ledger_id", "entry_id", "replicas", "callback", "flags", "master_key",
                  "speculative", "heard", "on_error", "_next", "_outstanding", "_done", "_timer", "_retried",
-                 "_answers", "_negatives", "_digest_errors", "_last_error", "lac", "length")
+                 "_answers", "_negatives", "_digest_errors", "_last_error", "lac", "length", "_watch")
 
     def __init__(self, pool, digest: DigestManager, entry_id: int, replicas: Sequence[str],
                  callback: Callable, *, flags: int = 0, master_key: bytes | None = None,
                  speculative: SpeculativePolicy | None = None, heard: set | None = None,
-                 on_error: Callable[[str], None] | None = None):
+                 on_error: Callable[[str], None] | None = None, watch: Callable | None = None):
         self.pool = pool
         self.digest = digest
         self.ledger_id = digest.ledger_id
@@ -103,38 +159,22 @@ class ReadEntryOp:
         self._last_error: BKError | None = None
         self.lac = -1  # piggybacked LAC and cumulative length of the entry read
         self.length = 0
+        self._watch = watch
 
     def start(self) -> "ReadEntryOp":
         if not self.replicas:
             self._finish_failed()
-            return self
-        self._send_next()
-        if self.speculative is not None and not self._done and self._next < len(self.replicas):
-            self._arm(self.speculative.first_s)
+        else:
+            self._begin(self._watch)
         return self
 
-    def _arm(self, delay_s: float) -> None:
-        self._timer = asyncio.get_running_loop().call_later(delay_s, self._speculate, delay_s)
+    def _policy(self) -> SpeculativePolicy | None:
+        return self.speculative
 
-    def _speculate(self, delay_s: float) -> None:
-        self._timer = None
-        if self._done or self._next >= len(self.replicas):
-            return
-        heard = self.heard
-        if heard and not heard.isdisjoint(self.replicas[:self._next]):
-            return  # a bookie asked for this entry answers this operation: slow here, not gone
-        SPECULATIVE_READ_COUNT.inc()
-        self._send_next()
-        if not self._done and self._next < len(self.replicas):
-            self._arm(self.speculative.next_s(delay_s))
-
-    def _send_next(self) -> None:
-        bookie = self.replicas[self._next]
-        self._next += 1
-        self._send(bookie)
+    def _heard(self) -> set | None:
+        return self.heard
 
     def _send(self, bookie: str) -> None:
-        self._outstanding += 1
         try:
             client = self.pool.get(bookie)
             client.send_read(self.ledger_id, self.entry_id, partial(self._on_response, bookie), flags=self.flags,
@@ -153,6 +193,7 @@ class ReadEntryOp:
             if isinstance(err, BatchReadDropError):
                 if self._retried is None or bookie not in self._retried:
                     self._retried = (self._retried or set()) | {bookie}
+                    self._outstanding += 1
                     self._send(bookie)  # the same replica once more, on a new connection
                     return
             elif self.on_error is not None:
@@ -167,10 +208,7 @@ class ReadEntryOp:
                     self._digest_errors += 1
                     self._answers.append(f"{bookie}: {e}")
                 else:
-                    self._done = True
-                    if self._timer is not None:
-                        self._timer.cancel()
-                        self._timer = None
+                    self._stop()
                     if self.heard is not None:
                         self.heard.add(bookie)
                     self.callback(self.entry_id, LedgerEntry(self.entry_id, bytes(payload)), None)
@@ -192,10 +230,7 @@ class ReadEntryOp:
             self._finish_failed()
 
     def _finish_failed(self) -> None:
-        self._done = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop()
         where = f"ledger {self.ledger_id} entry {self.entry_id}"
         detail = "; ".join(self._answers) or "no replicas"
         if self._digest_errors:
@@ -241,10 +276,14 @@ class ReadRangeOp:
         self.batch_entries = batch_entries
         self.max_frame_size_bytes = max_frame_size_bytes
         self.results: list[LedgerEntry | None] = [None] * (last - first + 1)
-        self.future = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.future = self._loop.create_future()
         self._next = first
         self._in_flight = 0
         self._done = 0
+        self._watched: deque = deque()  # (due loop time, op) awaiting their first speculative look
+        self._watch_timer = None
+        self._watch_fn = self._watch if speculative is not None else None
 
     def start(self) -> asyncio.Future:
         if self.last < self.first:
@@ -274,10 +313,34 @@ class ReadRangeOp:
     def _single(self, entry_id: int) -> None:
         replicas = order_replicas(self.replicas_for(entry_id), self.pool)
         ReadEntryOp(self.pool, self.digest, entry_id, replicas, self._entry_done, speculative=self.speculative,
-                    heard=self.heard, on_error=self.on_error).start()
+                    heard=self.heard, on_error=self.on_error, watch=self._watch_fn).start()
 
     def _batch(self, start: int, count: int) -> None:
         BatchReadOp(self, start, count, order_replicas(self.replicas_for(start), self.pool)).start()
+
+    def _watch(self, op: _Speculating) -> None:
+        """Take `op`'s first speculative look after the policy's first delay."""
+        watched = self._watched
+        while watched and watched[0][1]._done:
+            watched.popleft()  # answered already (reads mostly end in order): keep no finished op alive
+        due = self._loop.time() + self.speculative.first_s
+        watched.append((due, op))
+        if self._watch_timer is None:
+            self._watch_timer = self._loop.call_at(due, self._look)
+
+    def _look(self) -> None:
+        self._watch_timer = None
+        if self.future.done():
+            self._watched.clear()  # the outcome is out: nobody needs the rest
+            return
+        watched, first_s = self._watched, self.speculative.first_s
+        now = self._loop.time() + 0.001  # loop timers fire to the millisecond
+        while watched and watched[0][0] <= now:
+            op = watched.popleft()[1]
+            if not op._done:
+                op._speculate(first_s)
+        if watched and self._watch_timer is None:  # (a read started meanwhile may have armed it)
+            self._watch_timer = self._loop.call_at(watched[0][0], self._look)
 
     def _entry_done(self, entry_id: int, entry, err) -> None:
         self._in_flight -= 1
@@ -290,11 +353,15 @@ class ReadRangeOp:
         self._done += 1
         if self._done == len(self.results):
             self.future.set_result(self.results)
+            if self._watch_timer is not None:
+                self._watch_timer.cancel()
+                self._watch_timer = None
+                self._watched.clear()
         else:
             self._fill()
 
 
-class BatchReadOp:
+class BatchReadOp(_Speculating):
     """One BATCH_READ of `count` entries from `start` for a ReadRangeOp.
 
     Asks the first replica; with speculative reads, a batch unanswered in time also goes to
@@ -316,27 +383,15 @@ class BatchReadOp:
         self._timer = None
 
     def start(self) -> None:
-        self._send_next()
-        spec = self.op.speculative
-        if spec is not None and not self._done and self._next < len(self.replicas):
-            self._timer = asyncio.get_running_loop().call_later(spec.first_s, self._speculate, spec.first_s)
+        self._begin(self.op._watch_fn)
 
-    def _speculate(self, delay_s: float) -> None:
-        self._timer = None
-        if self._done or self._next >= len(self.replicas):
-            return
-        if not self.op.heard.isdisjoint(self.replicas[:self._next]):
-            return
-        SPECULATIVE_READ_COUNT.inc()
-        self._send_next()
-        if not self._done and self._next < len(self.replicas):
-            delay_s = self.op.speculative.next_s(delay_s)
-            self._timer = asyncio.get_running_loop().call_later(delay_s, self._speculate, delay_s)
+    def _policy(self) -> SpeculativePolicy | None:
+        return self.op.speculative
 
-    def _send_next(self) -> None:
-        bookie = self.replicas[self._next]
-        self._next += 1
-        self._outstanding += 1
+    def _heard(self) -> set:
+        return self.op.heard
+
+    def _send(self, bookie: str) -> None:
         op = self.op
         client = None
         try:
@@ -358,10 +413,7 @@ class BatchReadOp:
         self._outstanding -= 1
         if failed and self._outstanding:
             return  # another batch is still out
-        self._done = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop()
         op = self.op
         got = [] if failed else response.entries
         if got:

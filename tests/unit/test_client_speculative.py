@@ -208,3 +208,29 @@ async def test_sticky_reads_need_every_bookie_to_hold_every_entry():
             b.requests.clear()
         assert len(await rh.read_entries(0, 29)) == 30
         assert all(reads_of(b) for b in cluster.bookies)  # striped: write sets decide
+
+
+@run_async
+async def test_every_slow_read_of_a_range_is_speculated_once_and_then_again_with_backoff():
+    async with FakeCluster(3) as cluster, \
+            BookKeeper(cluster.metadata_uri, batch_read_entries=0, read_timeout_s=HUGE_S,
+                       speculative_read_timeout_ms=20, max_speculative_read_timeout_ms=80) as bkc:
+        lh = await written(cluster, bkc, 30, e=3, wq=3, aq=3)
+        rh = await bkc.open_ledger(lh.ledger_id, password=b"pw")
+        slow = first_replica(cluster, lh, 0)[0]  # first replica of 0, 3, 6, ..., 27
+        release = slow.gate_reads(lambda req: True)
+        before = SPECULATIVE_READ_COUNT.value
+        assert [e.data for e in await rh.read_entries(0, 29)] == [b"entry-%d" % i for i in range(30)]
+        assert SPECULATIVE_READ_COUNT.value == before + 10
+        release.set()
+        await until(lambda: not slow._later, "the late answers sent")
+        # Both first replicas of entry 4 slow: after the first look, the op's own timer asks the third.
+        a, b, c = first_replica(cluster, lh, 4)
+        a.gate_reads(lambda req: req.entry_id == 4)
+        b.gate_reads(lambda req: req.entry_id == 4)
+        for x in cluster.bookies:
+            x.requests.clear()
+        before = SPECULATIVE_READ_COUNT.value
+        assert (await rh.read_entry(4)).data == b"entry-4"
+        assert SPECULATIVE_READ_COUNT.value == before + 2
+        assert [reads_of(x) for x in (a, b, c)] == [[("read", 4)]] * 3
