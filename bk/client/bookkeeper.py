@@ -22,9 +22,10 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import weakref
 from typing import Iterable, Mapping
 
-from bk.errors import IncorrectParameterError, LedgerExistsError, MetadataExistsError, UnauthorizedAccessError
+from bk.errors import IncorrectParameterError, LedgerClosedError, LedgerExistsError, MetadataExistsError, UnauthorizedAccessError
 from bk.meta import open_store
 from bk.meta.ledger_manager import MAX_LEDGER_ID, LedgerManager
 from bk.meta.ledger_metadata import DigestType as MetadataDigestType, LedgerMetadata
@@ -193,6 +194,7 @@ class BookKeeper:
         self.registration: RegistrationManager | None = None
         self.pool: BookieClientPool | None = None
         self._closed = False
+        self._adv_writers = weakref.WeakSet()  # create_ledger_adv's open handles (close() fails their adds)
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -243,6 +245,8 @@ class BookKeeper:
         if self._closed:
             return
         self._closed = True
+        for lh in list(self._adv_writers):  # adds stuck behind an id never added have no request to fail
+            lh._fail(LedgerClosedError, f"ledger {lh.ledger_id}: its BookKeeper client was closed")
         if self.pool is not None:
             self.pool.close()
         if self.registration is not None:
@@ -319,7 +323,10 @@ class BookKeeper:
                 log.warning("ledger id %d already has metadata; generating another", ledger_id)
                 ledger_id = None
         digest = DigestManager(ledger_id, dtype, password)
-        return handle_class(self, ledger_id, metadata, version, digest, master_key(password), write_flags=write_flags)
+        handle = handle_class(self, ledger_id, metadata, version, digest, master_key(password), write_flags=write_flags)
+        if handle_class is LedgerHandleAdv:
+            self._adv_writers.add(handle)
+        return handle
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = True,
                           digest_type=None) -> ReadHandle:

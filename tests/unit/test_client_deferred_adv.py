@@ -203,3 +203,17 @@ async def test_force_fails_when_the_journal_lost_deferred_adds(tmp_path):
     finally:
         faults.heal()
         DiskFaults.uninstall()
+
+
+@run
+async def test_adv_closing_the_client_fails_adds_stuck_behind_a_missing_id(tmp_path):
+    async with InProcessCluster(tmp_path, bookies=3) as cluster:
+        bkc = await BookKeeper(cluster.metadata_uri).start()
+        lh = await bkc.create_ledger_adv(3, 2, 2)
+        await lh.add_entry(0, b"zero")
+        stuck = lh.add_entry(2, b"two")  # acknowledged by its bookies, but 1 is never added
+        await asyncio.sleep(0.2)
+        assert not stuck.done()
+        await bkc.close()
+        with pytest.raises(LedgerClosedError, match="client was closed"):
+            await asyncio.wait_for(stuck, 5)
