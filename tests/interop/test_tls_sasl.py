@@ -98,10 +98,13 @@ def bk_secure(interop_zk, tmp_path_factory, secrets):
                           sasl_jaas_config_path=secrets["jaas"])
 
 
-def test_java_client_tls_and_sasl_to_bk_bookies(bk_secure, secrets):
-    """TLS with hostname verification and DIGEST-MD5: the Java client writes, reads back, recovers."""
+@pytest.mark.parametrize("protocol", ["v3", "v2"])
+def test_java_client_tls_and_sasl_to_bk_bookies(bk_secure, secrets, protocol):
+    """TLS with hostname verification and DIGEST-MD5: the Java client writes, reads back, recovers
+    (v2: useV2WireProtocol=true, its AUTH in the v2 layout after a v3 START_TLS)."""
     answer = java_run("bench", bk_secure.metadata_uri, "-e", "3", "-w", "2", "-a", "2", "-n", "300", "-s", "512",
-                      "-k", "50", *java_tls_conf(secrets["ca"]), jaas_path=secrets["jaas"])
+                      "-k", "50", *(["--v2"] if protocol == "v2" else []), *java_tls_conf(secrets["ca"]),
+                      jaas_path=secrets["jaas"])
     assert answer["ok"], answer
 
 
