@@ -430,3 +430,13 @@ NUM_FULL_OR_PARTIAL_LEDGERS_REPLICATED = Counter("replication_worker_NUM_FULL_OR
                                                  "ledgers (fully or partly) re-replicated")
 REPLICATION_NUM_BYTES_WRITTEN = Counter("replication_worker_NUM_BYTES_WRITTEN", "bytes copied by re-replication")
 REPLICATION_EXCEPTIONS = Counter("replication_worker_exceptions", "re-replications that failed")
+# the Auditor's placement policy check (bk.replication.placement): as of the last check
+AUDITOR_PLACEMENT_POLICY_CHECK_TIME = OpStat("auditor_PLACEMENT_POLICY_CHECK_TIME",
+                                             "time of one placement policy check of every closed ledger (ms)")
+AUDITOR_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY = Gauge(
+    "auditor_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY", "closed ledgers with a segment that FAILs the policy")
+AUDITOR_NUM_LEDGERS_SOFTLY_ADHERING_TO_PLACEMENT_POLICY = Gauge(
+    "auditor_NUM_LEDGERS_SOFTLY_ADHERING_TO_PLACEMENT_POLICY", "closed ledgers with a segment that only MEETS_SOFT")
+NUM_NOT_ADHERING_PLACEMENT_LEDGERS_REPLICATED = Counter(
+    "replication_worker_NUM_NOT_ADHERING_PLACEMENT_LEDGERS_REPLICATED",
+    "ledgers whose segments were moved to bookies that adhere to the placement policy")

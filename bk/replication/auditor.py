@@ -25,6 +25,14 @@ named in some ledger's metadata but not registered; the ledger check (every
 `auditor_periodic_check_interval_s`) probes every bookie's share of every
 segment (LedgerChecker) and marks ledgers whose bookies lost entries.
 
+The placement check (every `auditor_periodic_placement_policy_check_interval_s`,
+first at start; off by default as in BookKeeper; also after each trigger when
+it is on) asks the placement policy about every segment of every closed ledger
+(bk.replication.placement), exports how many ledgers FAIL or only MEETS_SOFT,
+and with `repaired_placement_policy_not_adhering_bookie_enable` marks the
+failing ones under-replicated with no missing bookie, as BookKeeper does: the
+replication workers then move those segments (ReplicationWorker).
+
 All audits run one at a time (a lock), like BookKeeper's single audit thread.
 """
 from __future__ import annotations
@@ -41,6 +49,7 @@ from bk.meta.ledger_metadata import LedgerMetadata
 from bk.meta.underreplication import LedgerUnderreplicationManager
 
 from .checker import LedgerChecker
+from .placement import FAIL, MEETS_SOFT, PlacementCheckResult, ledger_adherence, segment_adherence
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +59,17 @@ METADATA_READ_CONCURRENCY = 32
 class Auditor:
     def __init__(self, bk, urm: LedgerUnderreplicationManager, bookie_id: str, *,
                  lost_bookie_recovery_delay_s: int = 0, check_interval_s: float = 604_800,
-                 bookie_check_interval_s: float = 86_400):
+                 bookie_check_interval_s: float = 86_400, placement_check_interval_s: float = 0,
+                 repair_placement: bool = False):
         self.bk = bk
         self.urm = urm
         self.bookie_id = bookie_id
         self.default_delay_s = int(lost_bookie_recovery_delay_s)
         self.check_interval_s = check_interval_s
         self.bookie_check_interval_s = bookie_check_interval_s
+        self.placement_check_interval_s = placement_check_interval_s
+        self.repair_placement = repair_placement
+        self.last_placement_check: PlacementCheckResult | None = None
         self.checker = LedgerChecker(bk.pool)
         self.available: frozenset = frozenset()
         self.pending: set[str] = set()  # lost bookies waiting for the delay
@@ -89,6 +102,10 @@ class Auditor:
         if self.check_interval_s > 0:
             self._spawn(self._periodic(self.check_interval_s, None, self.check_all_ledgers, first_now=False),
                         "auditor-ledger-check")
+        if self.placement_check_interval_s > 0:
+            # BookKeeper runs it at once when no earlier run is recorded; bk records none across auditors
+            self._spawn(self._periodic(self.placement_check_interval_s, None, self.check_placement, first_now=True),
+                        "auditor-placement-check")
         log.info("auditor %s started; available bookies: %s", self.bookie_id, sorted(self.available))
         return self
 
@@ -202,6 +219,8 @@ class Auditor:
             self._cancel_delayed()
             self.pending.clear()
             await self.check_all_bookies()
+            if self.placement_check_interval_s > 0:
+                await self.check_placement()
         elif self._delayed is not None:
             log.info("auditor: lostBookieRecoveryDelay now %d s: audit of %s rescheduled", delay_s,
                      sorted(self.pending))
@@ -290,6 +309,38 @@ class Auditor:
                     marked += 1
             log.info("auditor: ledger check done: %d ledger(s) marked", marked)
             return marked
+
+    async def check_placement(self) -> PlacementCheckResult:
+        """The placement policy check of every closed ledger (module doc); marks the failing ones when
+        repair is on. The gauges keep the counts of the last check."""
+        async with self._lock:
+            started = time.monotonic()
+            result = PlacementCheckResult()
+            policy = self.bk.placement
+            async for ledger_id, md in self._ledgers():
+                if not md.is_closed:
+                    continue  # the writer's; BookKeeper checks closed ledgers only
+                result.closed_ledgers += 1
+                verdicts = await segment_adherence(policy, md)
+                verdict = ledger_adherence(verdicts)
+                if verdict == FAIL:
+                    result.not_adhering.append(ledger_id)
+                    bad = [(first, list(e)) for (first, e), v in zip(md.segments, verdicts) if v == FAIL]
+                    log.warning("auditor: ledger %d does not adhere to the placement policy (segments %s, WQ %d,"
+                                " AQ %d)", ledger_id, bad, md.write_quorum_size, md.ack_quorum_size)
+                    if self.repair_placement:
+                        await self._mark(ledger_id, ())
+                        result.marked += 1
+                elif verdict == MEETS_SOFT:
+                    result.softly_adhering += 1
+            not_adhering, soft = len(result.not_adhering), result.softly_adhering
+            metrics.AUDITOR_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY.set_function(lambda: not_adhering)
+            metrics.AUDITOR_NUM_LEDGERS_SOFTLY_ADHERING_TO_PLACEMENT_POLICY.set_function(lambda: soft)
+            metrics.AUDITOR_PLACEMENT_POLICY_CHECK_TIME.success((time.monotonic() - started) * 1000.0)
+            self.last_placement_check = result
+            log.info("auditor: placement check done: %d closed ledger(s), %d not adhering, %d softly adhering,"
+                     " %d marked", result.closed_ledgers, not_adhering, soft, result.marked)
+            return result
 
     async def _periodic(self, interval_s: float, first, every, *, first_now: bool) -> None:
         step = (first or every) if first_now else None

@@ -13,6 +13,8 @@ stop() closes the session), and another AutoRecovery takes over.
 
 Settings used: metadata_service_uri, lost_bookie_recovery_delay_s,
 auditor_periodic_check_interval_s, auditor_periodic_bookie_check_interval_s,
+auditor_periodic_placement_policy_check_interval_s,
+repaired_placement_policy_not_adhering_bookie_enable (the Auditor marks, the worker moves),
 open_ledger_rereplication_grace_period_ms, rereplication_entry_batch_size,
 replication_rate_bytes_per_s.
 """
@@ -54,7 +56,8 @@ class AutoRecovery:
                 self.bk, self.urm, self.bookie_id,
                 open_grace_s=cfg.open_ledger_rereplication_grace_period_ms / 1000.0,
                 window_entries=cfg.rereplication_entry_batch_size,
-                rate_bytes_per_s=cfg.replication_rate_bytes_per_s, **worker_options)
+                rate_bytes_per_s=cfg.replication_rate_bytes_per_s,
+                repair_placement=cfg.repaired_placement_policy_not_adhering_bookie_enable, **worker_options)
             election_options = {} if self._election_retry_s is None else {"retry_s": self._election_retry_s}
             self.elector = AuditorElector(self.bk.store, self.bookie_id, self._start_auditor, **election_options)
             self.elector.start()
@@ -70,7 +73,9 @@ class AutoRecovery:
         auditor = Auditor(self.bk, self.urm, self.bookie_id,
                           lost_bookie_recovery_delay_s=cfg.lost_bookie_recovery_delay_s,
                           check_interval_s=cfg.auditor_periodic_check_interval_s,
-                          bookie_check_interval_s=cfg.auditor_periodic_bookie_check_interval_s)
+                          bookie_check_interval_s=cfg.auditor_periodic_bookie_check_interval_s,
+                          placement_check_interval_s=cfg.auditor_periodic_placement_policy_check_interval_s,
+                          repair_placement=cfg.repaired_placement_policy_not_adhering_bookie_enable)
         return await auditor.start()
 
     async def stop(self) -> None:

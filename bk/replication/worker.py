@@ -21,7 +21,13 @@ Loop:
    contain its bookie are left for other workers; an open ledger whose last
    segment names a lost bookie gets `open_ledger_rereplication_grace_period_ms`
    for its writer to move on, then is fenced and closed.
-5. Fully replicated: delete the marker at the version read in step 2 (a marker
+5. With `repaired_placement_policy_not_adhering_bookie_enable` (BookKeeper's
+   repairedPlacementPolicyNotAdheringBookieEnable), a closed ledger's segments
+   that FAIL the placement policy are moved to the bookies `replace_to_adhere`
+   names (any writable bookies, not only this worker's): copied first, the
+   metadata changed after (bk.replication.placement). The Auditor's placement
+   check marks such ledgers with no missing bookie.
+6. Fully replicated: delete the marker at the version read in step 2 (a marker
    the auditor extended meanwhile stays) and release the lock. Otherwise, or on
    an error, release the lock and back off from that ledger.
 """
@@ -37,6 +43,7 @@ from bk.errors import BKError, NoSuchLedgerMetadataError
 from bk.meta.underreplication import LedgerUnderreplicationManager, UnderreplicatedLedger
 
 from .checker import LedgerChecker
+from .placement import PlacementRepair
 from .replicator import LedgerOutcome, LedgerReplicator
 
 log = logging.getLogger(__name__)
@@ -50,7 +57,8 @@ ERROR_PAUSE_S = 1.0
 class ReplicationWorker:
     def __init__(self, bk, urm: LedgerUnderreplicationManager, bookie_id: str, *, open_grace_s: float = 30.0,
                  window_entries: int = 100, rate_bytes_per_s: int = 0, idle_poll_s: float = IDLE_POLL_S,
-                 backoff_first_s: float = BACKOFF_FIRST_S, backoff_max_s: float = BACKOFF_MAX_S):
+                 backoff_first_s: float = BACKOFF_FIRST_S, backoff_max_s: float = BACKOFF_MAX_S,
+                 repair_placement: bool = False):
         self.bk = bk
         self.urm = urm
         self.bookie_id = bookie_id
@@ -60,6 +68,7 @@ class ReplicationWorker:
         self.backoff_max_s = backoff_max_s
         self.replicator = LedgerReplicator(bk, window_entries=window_entries, rate_bytes_per_s=rate_bytes_per_s)
         self.checker = LedgerChecker(bk.pool)
+        self.placement_repair = PlacementRepair(bk, self.replicator) if repair_placement else None
         self.current: int | None = None  # the ledger being worked on
         self._deferred: dict[int, tuple[float, float]] = {}  # ledger -> (retry at, last back-off)
         self._task: asyncio.Task | None = None
@@ -214,12 +223,23 @@ class ReplicationWorker:
         except NoSuchLedgerMetadataError:
             return LedgerOutcome(ledger_id, deleted=True)
         shares = await self.lost_shares(ledger_id, md, info.replicas)
-        if not shares:
-            return LedgerOutcome(ledger_id)
-        me = self.bookie_id
+        outcome = LedgerOutcome(ledger_id)
+        if shares:
+            me = self.bookie_id
 
-        def choose(metadata, index: int, bookie: str) -> str | None:
-            return None if me in metadata.segments[index][1] else me
+            def choose(metadata, index: int, bookie: str) -> str | None:
+                return None if me in metadata.segments[index][1] else me
 
-        return await self.replicator.replicate_ledger(ledger_id, {b for _, b in shares}, choose,
-                                                      open_grace_s=self.open_grace_s, shares=shares)
+            outcome = await self.replicator.replicate_ledger(ledger_id, {b for _, b in shares}, choose,
+                                                             open_grace_s=self.open_grace_s, shares=shares)
+        if self.placement_repair is not None and not outcome.left and not outcome.deleted:
+            # lost copies first (above); a ledger still missing some is not moved for placement yet
+            try:
+                moved, left = await self.placement_repair.repair_ledger(ledger_id)
+            except NoSuchLedgerMetadataError:
+                return LedgerOutcome(ledger_id, segments=outcome.segments, deleted=True)
+            outcome.segments += moved
+            outcome.left += left
+            if moved:
+                metrics.NUM_NOT_ADHERING_PLACEMENT_LEDGERS_REPLICATED.inc()
+        return outcome
