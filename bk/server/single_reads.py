@@ -144,15 +144,23 @@ def answer_cached(req, conn, read_cached) -> bool:
         answer = [_v2_head(req, n), entry] if n >= PART_MIN_ENTRY_BYTES else \
             read_answers(((ids[0], ids[1], entry),), v2_header(req.version))
     else:
-        header = req.header.SerializeToString()
-        answer = [v3_read_head(header, ids[0], ids[1], n), entry] if n >= PART_MIN_ENTRY_BYTES else \
-            v3_read_answers(((header, ids[0], ids[1], entry),))
+        answer = v3_answer(req, ids[0], ids[1], entry)
     conn.end_read()
     conn.send(answer)
     conn.read_answered()
     _READ_REQUEST.success((monotonic() - start) * 1000.0)
     _READ_BYTES.inc(n)
     return True
+
+
+def v3_answer(req, ledger_id: int, entry_id: int, entry):
+    """The EOK answer to v3 READ `req` carrying `entry`: bytes, or [head, entry] for a large one
+    (what the protobuf library writes for Response{header, status, readResponse{status, ids, body}})."""
+    header = req.header.SerializeToString()
+    n = len(entry)
+    if n >= PART_MIN_ENTRY_BYTES:
+        return [v3_read_head(header, ledger_id, entry_id, n), entry]
+    return v3_read_answers(((header, ledger_id, entry_id, entry),))
 
 
 def _v2_head(req, n: int) -> bytes:

@@ -188,7 +188,7 @@ class V3Processor:
                     self._end_long_poll(conn)
                 else:
                     conn.end(0)
-            conn.send(v3.frame(resp))
+            conn.send(v3.frame(resp) if type(resp) is v3.Response else resp)  # else encoded (single_reads)
         finally:
             if gated:  # after the send: the next read's room check counts this answer
                 conn.read_done()
@@ -278,8 +278,11 @@ class V3Processor:
                     except NoSuchEntryError:
                         pass
                 return resp
+        entry = await bookie.read_entry(r.ledgerId, r.entryId)
+        if not r.HasField("previousLAC"):  # the answer is status, ids and body only: the reads kernel
+            return single_reads.v3_answer(req, r.ledgerId, r.entryId, entry)
         # protobuf takes bytes only; a read-ahead entry is a view (bytes() of bytes is no copy)
-        out.body = bytes(await bookie.read_entry(r.ledgerId, r.entryId))
+        out.body = bytes(entry)
         return resp
 
     async def _write_lac(self, req):
