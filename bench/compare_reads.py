@@ -24,6 +24,7 @@ Latency per READ (per range in the batch form), p50/p99 in ms.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 
@@ -83,23 +84,18 @@ async def write_ledger(bkc, quorum: tuple, count: int, size: int) -> int:
 
 
 def sync_and_drop(path: str) -> int:
-    """fsync every file under `path`, then posix_fadvise(DONTNEED) it: its pages leave the page cache."""
-    n = 0
+    """fsync every file under `path` (a Java bookie leaves its entry logs unsynced until its checkpoint),
+    then drop their pages from the page cache (bench.reads.drop_page_cache): the next read goes to disk."""
+    from .reads import drop_page_cache
     for root, _, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):
                 fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                n += 1
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-    return n
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+    return drop_page_cache(path)
 
 
 async def single_reads(rh, first: int, count: int, depth: int) -> dict:

@@ -16,7 +16,7 @@ source at release-4.17.4 and release-4.15.5 against Debian's jars; its README). 
   BookKeeper's defaults except loopback allowed, HTTP and stats off (run-bookie.sh).
 - `java_driver(...)`: one run of the Java client's driver (`run-client.sh bench`): its JSON.
 - `JavaMissing`: what is missing (folder, script, JRE, jars), said plainly; bench.compare
-  fails the Java systems with it, and bench/test_bench_java.py fails (never skips) on it.
+  fails the Java systems with it, and tests/interop/test_bench_java_bookie.py fails (never skips) on it.
 """
 from __future__ import annotations
 
