@@ -7,15 +7,16 @@ with no ledgers of its own.
   GC pass (HTTP PUT /api/v1/bookie/gc, compaction thresholds at 1.0) on every bk bookie deletes
   exactly the deleted ones (gone from the index, their bytes reclaimed) and compacts around the
   live one, which the Java client then reads back in full.
-- BP-46: a journal-off bk bookie whose peers in every ledger are Java bookies is SIGKILLed
-  before any checkpoint; on restart it puts its ledgers in limbo, recovers the open one and
-  copies every entry back from the Java bookies; then every entry reads back from it.
+- BP-46: a journal-off bk bookie is SIGKILLed before any checkpoint; its bk-written ledgers have
+  only Java peers, and a Java-written ledger spans every bookie. On restart it puts them in
+  limbo, recovers the open one and copies what it lost back from its peers; then every entry it
+  should hold reads back from it.
 - AutoRecovery, twice: one bk and one Java bookie killed for good; every ledger (bk- and
   Java-written) is re-replicated to full, with ensembles laid out so that a lost bk bookie's
   share can only go to a Java bookie and a lost Java bookie's to a bk bookie. First by bk's
   auditor and workers (`bk autorecovery` beside each surviving bookie, Java ones included: bk's
-  worker copies to the bookie it runs beside), then by the Java bookies' own AutoRecovery
-  (autoRecoveryDaemonEnabled=true in a Java bookie, no bk AutoRecovery running). Every entry is
+  worker copies to the bookie it runs beside), then by Java's own AutoRecovery (AutoRecoveryMain
+  beside a Java bookie, elected auditor; a `bk autorecovery` votes after it). Every entry is
   then read from every replica the new metadata names, bytes checked.
 """
 from __future__ import annotations
@@ -368,7 +369,7 @@ def kind_of(mixed, bookie_id: str) -> str:
     return "java" if any(b.bookie_id == bookie_id for b in mixed.java) else "bk"
 
 
-def lose_one_of_each_kind(mixed, tmp_path, *, java_kept: JavaBookie | None = None) -> None:
+def lose_one_of_each_kind(mixed, *, java_kept: JavaBookie | None = None) -> None:
     """Three bk and three Java bookies alive; bk's client writes three ledgers laid out so that the
     lost bk bookie's share can only go to a Java bookie (A) and the lost Java bookie's only to a
     bk bookie (B), C loses both; the Java client writes one (E4, random ensemble: it always fits
@@ -430,7 +431,7 @@ def lose_one_of_each_kind(mixed, tmp_path, *, java_kept: JavaBookie | None = Non
     run_async(delete_all(uri))
 
 
-def test_bk_autorecovery_rereplicates_each_kind_onto_the_other(mixed, tmp_path):
+def test_bk_autorecovery_rereplicates_each_kind_onto_the_other(mixed):
     """(a) bk's auditor and replication workers: `bk autorecovery` beside every bookie that
     survives, bk's and Java's alike; the Java bookies run no AutoRecovery of their own."""
     bks, javas = mixed.bk_alive(), mixed.java_alive()
@@ -440,7 +441,7 @@ def test_bk_autorecovery_rereplicates_each_kind_onto_the_other(mixed, tmp_path):
     try:
         for p in procs:
             p.wait_ready()
-        lose_one_of_each_kind(mixed, tmp_path)
+        lose_one_of_each_kind(mixed)
         logs = "".join(p.text() for p in procs)
         assert "fully replicated" in logs, logs[-3000:]
     finally:
@@ -490,7 +491,7 @@ class JavaAutoRecovery:
                 self.proc.wait()
 
 
-def test_java_autorecovery_rereplicates_each_kind_onto_the_other(mixed, tmp_path):
+def test_java_autorecovery_rereplicates_each_kind_onto_the_other(mixed):
     """(b) the Java bookies' own AutoRecovery (AutoRecoveryMain beside a Java bookie) as the
     auditor. Fresh bookies bring the cluster back to three of each kind first. A `bk autorecovery`
     beside the last bk bookie votes after it, as in a cluster half way through replacing Java
@@ -509,7 +510,7 @@ def test_java_autorecovery_rereplicates_each_kind_onto_the_other(mixed, tmp_path
         last_bk = mixed.bk_alive()[-1]  # survives lose_one_of_each_kind (it kills the first)
         bk_ar = AutoRecoveryProcess(last_bk.conf_path, last_bk.bookie_id, mixed.base / "ar-beside-java-ar.log")
         bk_ar.wait_ready()
-        lose_one_of_each_kind(mixed, tmp_path, java_kept=java_ar)
+        lose_one_of_each_kind(mixed, java_kept=java_ar)
         assert "Ledger replicated successfully" in ar.text(), ar.text()[-3000:]  # Java's worker did (A at least)
         assert "is the auditor" not in bk_ar.text(), bk_ar.text()[-3000:]
 
