@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
 import time
 
-from . import bench_base_dir
-from .load import local_cluster
+from .load import print_summary, run_on_cluster
 from .stats import human_size, parse_size, positive_float, positive_int
 
 ADD_FORMS = ("callback", "future-gather", "gather", "task", "batch", "writer", "gather-coroutine")
@@ -261,18 +259,7 @@ def main(argv=None) -> int:
     bad = [f for f in args.forms if f not in ADDERS]
     if bad or (args.reads and "callback" not in args.forms):
         p.error(f"unknown forms {bad}" if bad else "--reads reads what the callback form wrote: include it")
-    from bk import eventloop
-    if args.metadata_uri:
-        results = eventloop.run(run_rounds(args.metadata_uri, args))
-    else:
-        print(f"starting a LocalCluster with {args.bookies} bookie(s) under {bench_base_dir()}", file=sys.stderr)
-        with local_cluster(args.bookies, prefix="forms") as cluster:
-            results = eventloop.run(run_rounds(cluster.metadata_uri, args))
-    summary = summarize(results, args)
-    print(format_table(summary))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(summary, fh, indent=2)
+    print_summary(summarize(run_on_cluster(args, run_rounds, "forms"), args), format_table, args)
     return 0
 
 

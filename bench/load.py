@@ -370,6 +370,25 @@ def local_cluster(bookies: int = 1, *, zk_connect: str | None = None, prefix: st
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def run_on_cluster(args, run, prefix: str):
+    """`run(metadata_uri, args)` on the event loop against `args.metadata_uri`, else against a
+    local_cluster of `args.bookies` bookies started for it; returns what it returned."""
+    from bk import eventloop
+    if args.metadata_uri:
+        return eventloop.run(run(args.metadata_uri, args))
+    print(f"starting a LocalCluster with {args.bookies} bookie(s) under {bench_base_dir()}", file=sys.stderr)
+    with local_cluster(args.bookies, prefix=prefix) as cluster:
+        return eventloop.run(run(cluster.metadata_uri, args))
+
+
+def print_summary(summary: dict, format_table, args) -> None:
+    """The table on stdout, and the summary as JSON to `args.json` when given."""
+    print(format_table(summary))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(summary, fh, indent=2)
+
+
 def bookie_pids(cluster) -> dict:
     return {f"bookie-{i}": b.proc.pid for i, b in cluster.bookies.items() if b.proc is not None}
 

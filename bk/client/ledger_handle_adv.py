@@ -49,14 +49,15 @@ def _entry_id_of(op) -> int:
 
 
 class _Completion:
-    """An add's completion: counts its payload into the handle's length, then reports. Runs right
-    after the core set `length_acked`/`length_confirmed` from the add's call-order length, and
-    puts the id-order sum there instead."""
+    """An add's completion: counts its payload into the handle's length, then reports through
+    `then` (a PendingAdd holding the caller's future or callback). Runs right after the core set
+    `length_acked`/`length_confirmed` from the add's call-order length, and puts the id-order sum
+    there instead."""
 
-    __slots__ = ("lh", "size", "future", "callback")
+    __slots__ = ("lh", "size", "then")
 
-    def __init__(self, lh: "LedgerHandleAdv", size: int, future, callback):
-        self.lh, self.size, self.future, self.callback = lh, size, future, callback
+    def __init__(self, lh: "LedgerHandleAdv", size: int, then):
+        self.lh, self.size, self.then = lh, size, then
 
     def __call__(self, entry_id: int, err) -> None:
         if err is None:
@@ -66,15 +67,7 @@ class _Completion:
             core.length_acked = lh._acked_bytes
             if not core.deferred_sync:
                 core.length_confirmed = lh._acked_bytes
-        future = self.future
-        if future is not None:
-            if not future.done():
-                if err is None:
-                    future.set_result(entry_id)
-                else:
-                    future.set_exception(err)
-        elif self.callback is not None:
-            self.callback(entry_id, err)
+        self.then.complete(entry_id, err)
 
 
 class LedgerHandleAdv(LedgerHandle):
@@ -132,7 +125,8 @@ class LedgerHandleAdv(LedgerHandle):
         frame = self._framer.frame(entry_id, core.lac if core.fixed_lac is None else core.fixed_lac,
                                    core.length_pushed, data)
         future = self._loop.create_future() if callback is None else None
-        op = PendingAdd(entry_id, frame, None, core.length_pushed, _Completion(self, n, future, callback))
+        then = PendingAdd(entry_id, None, future, 0, callback)
+        op = PendingAdd(entry_id, frame, None, core.length_pushed, _Completion(self, n, then))
         pending.insert(i, op)
         if entry_id > core.last_add_pushed:
             core.last_add_pushed = entry_id
