@@ -90,3 +90,38 @@ def test_create_ledger_adv_out_of_order_then_recovered_by_another_client(cluster
             assert [e.data for e in await rh.read_entries(0, 99)] == data[:100]
 
     eventloop.run(recover())
+
+
+def test_bookie_process_acks_a_deferred_sync_add_before_its_journal_fsync(zk_server, tmp_path):
+    """The wire facts, from a raw v3 client (tests/integration/v3_wire.py) against a real bookie whose
+    journal fsync hangs (DiskFaultControl): an ADD with writeFlags DEFERRED_SYNC is answered anyway,
+    FORCE_LEDGER only once the fsync went through."""
+    from v3_wire import V3Client, add_body, request
+
+    from bk.proto import DigestManager, master_key
+    from bk.testing.diskfaults import DiskFaultControl
+
+    ctl = DiskFaultControl(str(tmp_path / "faults.json"))
+    c = LocalCluster(str(tmp_path / "c"), bookies=1, zk_connect=f"{zk_server}/deferred-wire-{os.getpid()}",
+                     env=dict(os.environ, **ctl.env()))
+    c.start()
+    key, digest = master_key(b"pw"), DigestManager(7, "CRC32C", b"pw")
+    try:
+        async def main():
+            async with V3Client(int(c.bookie_ids[0].rsplit(":", 1)[1])) as v3:
+                assert (await v3.call("ADD_ENTRY", add_body(7, 0, key, digest.frame_entry(0, -1, 1, b"a")))).status == 0
+                hang = ctl.hang(op="fsync", path_prefix=os.path.join(c.data_dir, "bookie-0", "journal"))
+                deferred = add_body(7, 1, key, digest.frame_entry(1, 0, 2, b"b")) + [(5, 1)]  # writeFlags DEFERRED_SYNC
+                assert (await v3.call("ADD_ENTRY", deferred)).status == 0  # answered with the fsync hung
+                v3.send(request("FORCE_LEDGER", v3.next_txn(), [(1, 7)]))
+                with pytest.raises(asyncio.TimeoutError):
+                    await v3.answers(1, timeout=1.0)  # FORCE_LEDGER waits for the journal
+                assert ctl.hits(hang) > 0
+                ctl.heal(hang)
+                (forced,) = await v3.answers(1, timeout=10)
+                assert forced.status == 0
+
+        eventloop.run(main())
+    finally:
+        ctl.heal()
+        c.stop()
