@@ -252,6 +252,14 @@ class LocalCluster:
                 b.wait_ready()
         return b
 
+    def add_racked_bookies(self, racks: list[str], **extra) -> dict[str, str]:
+        """One bookie per rack given (`bookie_rack`, published in its registration), started together;
+        returns bookie id -> rack."""
+        added = [self.add_bookie(wait=False, bookie_rack=rack, **extra) for rack in racks]
+        for b in added:
+            b.wait_ready()
+        return {b.bookie_id: rack for b, rack in zip(added, racks)}
+
     def kill(self, i: int) -> None:
         self.bookies[i].kill()
 

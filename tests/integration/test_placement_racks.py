@@ -111,12 +111,8 @@ def test_racks_published_in_the_bookies_registration(zk_server, tmp_path):
                            zk_connect=f"{zk_server}/regracks-{uuid.uuid4().hex[:8]}")
     cluster.start()
     try:
-        racks = ["/east/r1", "/east/r1", "/west/r2", "/west/r2"]
-        for i, rack in enumerate(racks):
-            cluster.add_bookie(i, wait=False, bookie_rack=rack, bookie_isolation_group="tenant")
-        for b in cluster.bookies.values():
-            b.wait_ready()
-        rack_of = dict(zip(cluster.bookie_ids, racks))
+        rack_of = cluster.add_racked_bookies(["/east/r1", "/east/r1", "/west/r2", "/west/r2"],
+                                             bookie_isolation_group="tenant")
         eventloop.run(registration_scenario(cluster, rack_of))
     finally:
         cluster.stop()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from test_client_support import FakeCluster, run_async, until
-from test_replication import raw_entries_ok, write_ledger
+from test_replication import payloads, raw_entries_ok, write_ledger
 
 from bk import metrics
 from bk.client import BookKeeper
@@ -41,7 +42,7 @@ async def test_placement_check_counts_closed_ledgers_and_marks_failing_ones_only
         ids = [b.bookie_id for b in cluster.bookies]
         async with BookKeeper(cluster.metadata_uri, network_topology_mapping=racks(ids)) as bkc:
             bad, _ = await one_rack_ledger(bkc, ids)
-            good, _ = await write_ledger(bkc, 10, 4, 2, 2, ensemble=[ids[0], ids[4], ids[1], ids[5]], seed=2)  # spans racks
+            good, _ = await write_ledger(bkc, 10, 4, 2, 2, ensemble=[ids[0], ids[4], ids[1], ids[5]], seed=2)
             still_open, _ = await write_ledger(bkc, 5, ensemble=ids[:3], close=False, seed=3)
             assert await adherence(bkc, bad.ledger_id) == [PlacementPolicyAdherence.FAIL]
             assert await adherence(bkc, good.ledger_id) == [PlacementPolicyAdherence.MEETS_STRICT]
@@ -89,55 +90,79 @@ async def start_worker(bkc, bookie_id, **options):
     return worker, urm
 
 
-@run_async
-async def test_worker_moves_a_failing_segment_to_bookies_that_adhere_and_every_replica_holds_every_entry():
+@contextlib.asynccontextmanager
+async def racked_cluster():
+    """8 fake bookies in two racks; a writer's client and a worker's client that know the racks."""
     async with FakeCluster(8) as cluster:
         ids = [b.bookie_id for b in cluster.bookies]
         layout = racks(ids)
         async with BookKeeper(cluster.metadata_uri, network_topology_mapping=layout) as bkc, \
                 BookKeeper(cluster.metadata_uri, network_topology_mapping=layout) as wbk:
-            lh, data = await one_rack_ledger(bkc, ids, n=60)
-            urm = LedgerUnderreplicationManager(bkc.store)
-            await urm.mark_ledger_underreplicated(lh.ledger_id, [])  # what the auditor's check does
-            before = metrics.NUM_NOT_ADHERING_PLACEMENT_LEDGERS_REPLICATED.value
-            worker, _ = await start_worker(wbk, ids[0], repair_placement=True)
-            await until(lambda: worker.ledgers_replicated == 1, "repaired")
-            await worker.stop()
-            assert not await urm.is_ledger_underreplicated(lh.ledger_id)
-            md = await bkc.get_ledger_metadata(lh.ledger_id)
-            assert md.is_closed and md.last_entry_id == 59 and len(md.segments) == 1
-            ensemble = md.segments[0][1]
-            assert len(set(ensemble)) == 4 and {layout[b] for b in ensemble} == {"/r1", "/r2"}
-            assert await adherence(bkc, lh.ledger_id) == [PlacementPolicyAdherence.MEETS_STRICT]
-            await raw_entries_ok(bkc, lh.ledger_id, data)  # every entry on every replica the metadata names
-            rh = await bkc.open_ledger(lh.ledger_id, b"pw")
-            assert [bytes(e.data) for e in await rh.read_entries(0, 59)] == data
-            assert metrics.NUM_NOT_ADHERING_PLACEMENT_LEDGERS_REPLICATED.value == before + 1
+            yield cluster, ids, layout, bkc, wbk
+
+
+async def two_segment_ledger(bkc, first_ensemble, second_ensemble, n=60):
+    """A closed ledger (E4 WQ2 AQ2) whose entries 0..n/2-1 are on `first_ensemble`, the rest on the second."""
+    lh = await bkc.create_ledger(4, 2, 2, password=b"pw")
+    await bkc.ledger_manager.update_ledger_metadata(
+        lh.ledger_id, lambda md: md.replace(segments=((0, tuple(first_ensemble)),)))
+    lh._set_ensemble(tuple(first_ensemble))
+    data = payloads(n, 7)
+    await asyncio.gather(*(lh.add_entry(x) for x in data[:n // 2]))
+    await bkc.ledger_manager.update_ledger_metadata(
+        lh.ledger_id, lambda md: md.with_ensemble_change(n // 2, tuple(second_ensemble)))
+    lh._set_ensemble(tuple(second_ensemble))
+    await asyncio.gather(*(lh.add_entry(x) for x in data[n // 2:]))
+    await lh.close()
+    return lh, data
+
+
+@run_async
+async def test_worker_moves_a_failing_segment_to_bookies_that_adhere_and_every_replica_holds_every_entry():
+    async with racked_cluster() as (cluster, ids, layout, bkc, wbk):
+        adhering = (ids[0], ids[4], ids[1], ids[5])
+        lh, data = await two_segment_ledger(bkc, ids[:4], adhering)  # the first segment is all /r1
+        assert await adherence(bkc, lh.ledger_id) == [PlacementPolicyAdherence.FAIL,
+                                                      PlacementPolicyAdherence.MEETS_STRICT]
+        urm = LedgerUnderreplicationManager(bkc.store)
+        await urm.mark_ledger_underreplicated(lh.ledger_id, [])  # what the auditor's check does
+        before = metrics.NUM_NOT_ADHERING_PLACEMENT_LEDGERS_REPLICATED.value
+        worker, _ = await start_worker(wbk, ids[0], repair_placement=True)
+        await until(lambda: worker.ledgers_replicated == 1, "repaired")
+        await worker.stop()
+        assert not await urm.is_ledger_underreplicated(lh.ledger_id)
+        md = await bkc.get_ledger_metadata(lh.ledger_id)
+        assert md.is_closed and md.last_entry_id == 59 and [f for f, _ in md.segments] == [0, 30]
+        moved = md.segments[0][1]
+        assert md.segments[1][1] == adhering  # only the failing segment moved
+        assert len(set(moved)) == 4 and {layout[b] for b in moved} == {"/r1", "/r2"}
+        assert len(set(moved) - set(ids[:4])) == 2  # the fewest positions: every other one
+        assert await adherence(bkc, lh.ledger_id) == [PlacementPolicyAdherence.MEETS_STRICT] * 2
+        await raw_entries_ok(bkc, lh.ledger_id, data)  # every entry on every replica the metadata names
+        rh = await bkc.open_ledger(lh.ledger_id, b"pw")
+        assert [bytes(e.data) for e in await rh.read_entries(0, 59)] == data
+        assert metrics.NUM_NOT_ADHERING_PLACEMENT_LEDGERS_REPLICATED.value == before + 1
+        assert worker.segments_replicated == 2  # one copy per changed position
 
 
 @run_async
 async def test_a_worker_without_repair_only_clears_the_marker_and_a_failed_copy_changes_no_metadata():
-    async with FakeCluster(8) as cluster:
-        ids = [b.bookie_id for b in cluster.bookies]
-        layout = racks(ids)
-        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=layout) as bkc, \
-                BookKeeper(cluster.metadata_uri, network_topology_mapping=layout) as wbk:
-            lh, data = await one_rack_ledger(bkc, ids)
-            urm = LedgerUnderreplicationManager(bkc.store)
-            original = (await bkc.get_ledger_metadata(lh.ledger_id)).segments
-            # the /r2 bookies stay registered writable but do not answer: no copy can complete
-            for bookie in cluster.bookies[4:]:
-                await bookie.stop()
-            await urm.mark_ledger_underreplicated(lh.ledger_id, [])
-            worker, _ = await start_worker(wbk, ids[0], repair_placement=True)
-            await until(lambda: worker.failures >= 1, "the copy failed")
-            await worker.stop()
-            assert (await bkc.get_ledger_metadata(lh.ledger_id)).segments == original
-            assert await urm.is_ledger_underreplicated(lh.ledger_id)  # stays marked for a later try
-            await raw_entries_ok(bkc, lh.ledger_id, data)
-            # a worker with repair off has nothing to do for it: the marker goes, the ledger stays
-            plain, _ = await start_worker(wbk, ids[1])
-            await until(lambda: plain.ledgers_replicated == 1, "marker cleared")
-            await plain.stop()
-            assert (await bkc.get_ledger_metadata(lh.ledger_id)).segments == original
-            await asyncio.sleep(0)
+    async with racked_cluster() as (cluster, ids, layout, bkc, wbk):
+        lh, data = await one_rack_ledger(bkc, ids)
+        urm = LedgerUnderreplicationManager(bkc.store)
+        original = (await bkc.get_ledger_metadata(lh.ledger_id)).segments
+        # the /r2 bookies stay registered writable but do not answer: no copy can complete
+        for bookie in cluster.bookies[4:]:
+            await bookie.stop()
+        await urm.mark_ledger_underreplicated(lh.ledger_id, [])
+        worker, _ = await start_worker(wbk, ids[0], repair_placement=True)
+        await until(lambda: worker.failures >= 1, "the copy failed")
+        await worker.stop()
+        assert (await bkc.get_ledger_metadata(lh.ledger_id)).segments == original
+        assert await urm.is_ledger_underreplicated(lh.ledger_id)  # stays marked for a later try
+        await raw_entries_ok(bkc, lh.ledger_id, data)
+        # a worker with repair off has nothing to do for it: the marker goes, the ledger stays
+        plain, _ = await start_worker(wbk, ids[1])
+        await until(lambda: plain.ledgers_replicated == 1, "marker cleared")
+        await plain.stop()
+        assert (await bkc.get_ledger_metadata(lh.ledger_id)).segments == original

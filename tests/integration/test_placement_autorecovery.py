@@ -1,0 +1,90 @@
+"""The Auditor's placement check and its repair on real bookie processes and a real ZooKeeper (issue 31;
+docs/PLACEMENT.md): four `bk bookie` processes with AutoRecovery on, racks from their registrations
+(bookie_rack: two in /rack0, two in /rack1), auditor_periodic_placement_policy_check_interval_s and
+repaired_placement_policy_not_adhering_bookie_enable in their TOML. A closed ledger (E2 WQ2 AQ2) is
+written with its ensemble forced into /rack0, so its write quorum is in one rack. `bk shell triggeraudit`
+makes the auditor check placement now: it marks the ledger, a replication worker moves one replica
+to /rack1, and then the policy says MEETS_STRICT and every entry reads back, digest-verified, from
+every bookie the new metadata names; the auditor's bookie exports the counts on /metrics."""
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import sys
+import urllib.request
+import uuid
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "unit"))
+
+from test_autorecovery_support import until  # noqa: E402
+from test_replication import raw_entries_ok, write_ledger  # noqa: E402
+
+from bk import eventloop  # noqa: E402
+from bk.client import BookKeeper  # noqa: E402
+from bk.meta.underreplication import LedgerUnderreplicationManager  # noqa: E402
+from bk.replication.election import current_auditor  # noqa: E402
+from bk.testing.cluster import LocalCluster, run_shell  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+RACKS = ["/rack0", "/rack0", "/rack1", "/rack1"]
+FAST = dict(add_timeout_s=5.0, read_timeout_s=5.0, connect_timeout_s=3.0)
+WAIT_S = 60.0  # a bound for what must happen, never a timing assertion
+
+
+def test_auditor_marks_a_one_rack_ledger_and_a_worker_moves_it_across_racks(zk_server, tmp_path):
+    cluster = LocalCluster(str(tmp_path / "cluster"), bookies=0, autorecovery=True,
+                           zk_connect=f"{zk_server}/ppc-{uuid.uuid4().hex[:8]}", flush_interval_ms=200,
+                           lost_bookie_recovery_delay_s=0, auditor_periodic_check_interval_s=0,
+                           auditor_periodic_bookie_check_interval_s=3600,
+                           auditor_periodic_placement_policy_check_interval_s=3600,
+                           repaired_placement_policy_not_adhering_bookie_enable=True)
+    cluster.start()
+    try:
+        eventloop.run(scenario(cluster, cluster.add_racked_bookies(RACKS)))
+    finally:
+        cluster.stop()
+
+
+async def scenario(cluster: LocalCluster, rack_of: dict[str, str]) -> None:
+    rack0 = [b for b, r in rack_of.items() if r == "/rack0"]
+    async with BookKeeper(cluster.metadata_uri, **FAST) as bkc:
+        assert await bkc.placement.resolve_bookies(rack_of) == rack_of
+        # the writer's policy would never choose this: the ensemble is forced (test_replication.write_ledger)
+        lh, data = await write_ledger(bkc, 200, 2, 2, 2, ensemble=rack0, seed=31)
+        assert bkc.placement.is_ensemble_adhering(rack0, 2, 2) == "FAIL"
+        auditor = await until(lambda: current_auditor(bkc.store), "an auditor elected", WAIT_S)
+        # the auditor ran its first placement check at start, before the ledger existed: ask for one now
+        out = await asyncio.to_thread(run_shell, cluster.metadata_uri, "triggeraudit")
+        assert out.returncode == 0, out.stderr or out.stdout
+
+        async def moved():
+            md = await bkc.get_ledger_metadata(lh.ledger_id)
+            return md if set(md.segments[0][1]) != set(rack0) else None
+        md = await until(moved, "the ledger moved off its one rack", WAIT_S)
+        urm = LedgerUnderreplicationManager(bkc.store)
+        try:
+            await until(lambda: _no_marker_or_lock(urm, bkc), "marker and lock gone", WAIT_S)
+        finally:
+            await urm.close()
+        md = await bkc.get_ledger_metadata(lh.ledger_id)
+        ensemble = md.segments[0][1]
+        assert md.is_closed and md.last_entry_id == 199 and len(md.segments) == 1
+        assert {rack_of[b] for b in ensemble} == {"/rack0", "/rack1"}
+        assert bkc.placement.is_ensemble_adhering(ensemble, 2, 2) == "MEETS_STRICT"
+        await raw_entries_ok(bkc, lh.ledger_id, data)  # every entry from every replica the metadata names
+        # the auditor's bookie exports what its check found (the ledger, before the move)
+        page = await asyncio.to_thread(_metrics, cluster.bookies[cluster.index_of(auditor)].http_url)
+        assert "auditor_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY 1" in page, page[-2000:]
+        assert "auditor_PLACEMENT_POLICY_CHECK_TIME" in page
+
+
+async def _no_marker_or_lock(urm, bkc) -> bool:
+    return not await urm.list_underreplicated_ledgers() and not await bkc.store.children(urm.paths.ur_locks)
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        return r.read().decode()
