@@ -56,7 +56,8 @@ def add_parsers(cmds) -> None:
     c.add_argument("--missing-replica", default=None, metavar="BOOKIE_ID", help="only those missing this bookie")
     c.add_argument("--print-missing-replicas", action="store_true")
     c.add_argument("--print-worker", action="store_true", help="the worker holding each ledger's lock")
-    cmds.add_parser("triggeraudit", help="make the auditor audit every bookie now")
+    cmds.add_parser("triggeraudit", help="make the auditor audit every bookie now (and check placement, when its"
+                    " auditor_periodic_placement_policy_check_interval_s is set)")
     c = cmds.add_parser("decommissionbookie", help="move everything off a stopped bookie, then delete its cookie")
     c.add_argument("bookie_id")
     c.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up after this long")
@@ -267,8 +268,8 @@ async def cmd_triggeraudit(uri, args):
     async def go(urm):
         await trigger_audit(urm)
         auditor = await current_auditor(urm.store)
-        note = f"auditor {auditor} will audit every bookie now" if auditor else \
-            "audit requested, but no auditor is elected (is AutoRecovery enabled on some bookie?)"
+        note = (f"auditor {auditor} will audit every bookie now (and check placement if that check is on)"
+                if auditor else "audit requested, but no auditor is elected (is AutoRecovery enabled on some bookie?)")
         return {"ok": True, "auditor": auditor, "text": note}
     return await _with_urm(uri, go)
 
