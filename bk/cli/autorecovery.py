@@ -4,7 +4,8 @@ next to a bookie whose own `autorecovery_enabled` is false (BookKeeper's AutoRec
 The config is the bookie's: its bookie id (advertised_address:bookie_port) is the
 local bookie the worker copies to, and the autorecovery settings apply
 (lost_bookie_recovery_delay_s, auditor_periodic_check_interval_s,
-auditor_periodic_bookie_check_interval_s, open_ledger_rereplication_grace_period_ms,
+auditor_periodic_bookie_check_interval_s, auditor_periodic_placement_policy_check_interval_s,
+repaired_placement_policy_not_adhering_bookie_enable, open_ledger_rereplication_grace_period_ms,
 rereplication_entry_batch_size, replication_rate_bytes_per_s). Runs until
 SIGTERM or Ctrl-C, then releases its lock and vote within shutdown_timeout_ms: exit 0
 when it did, 3 when it had to abandon that (ZooKeeper down or paused: the lock and vote

@@ -220,7 +220,10 @@ class Auditor:
             self.pending.clear()
             await self.check_all_bookies()
             if self.placement_check_interval_s > 0:
-                await self.check_placement()
+                try:
+                    await self.check_placement()
+                except BKError as e:  # the trigger watch must go on
+                    log.warning("auditor: triggered placement check failed: %s", e)
         elif self._delayed is not None:
             log.info("auditor: lostBookieRecoveryDelay now %d s: audit of %s rescheduled", delay_s,
                      sorted(self.pending))

@@ -11,6 +11,7 @@ from test_replication import payloads, raw_entries_ok, write_ledger
 from bk import metrics
 from bk.client import BookKeeper
 from bk.client.placement import PlacementPolicyAdherence
+from bk.errors import MetadataStoreError
 from bk.meta.underreplication import LedgerUnderreplicationManager
 from bk.replication import Auditor, ReplicationWorker
 from bk.replication.admin import list_underreplicated, trigger_audit
@@ -79,6 +80,31 @@ async def test_the_audit_trigger_also_runs_the_placement_check_when_it_is_on():
             assert await marked(urm) == {}
             await trigger_audit(urm)
             await until(lambda: marked(urm), "the trigger ran the placement check")
+            assert await marked(urm) == {bad.ledger_id: ()}
+            await auditor.stop()
+
+
+@run_async
+async def test_a_failed_triggered_placement_check_leaves_the_trigger_working():
+    async with FakeCluster(8) as cluster:
+        ids = [b.bookie_id for b in cluster.bookies]
+        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=racks(ids)) as bkc:
+            urm = LedgerUnderreplicationManager(bkc.store)
+            auditor = await Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
+                                    placement_check_interval_s=3600, repair_placement=True).start()
+            await until(lambda: auditor.last_placement_check is not None, "first check")
+            bad, _ = await one_rack_ledger(bkc, ids)
+            audits = auditor.audits
+
+            async def broken(bookies):
+                raise MetadataStoreError("rack layout unreadable")
+            bkc.placement.resolve_bookies = broken
+            await trigger_audit(urm)
+            await until(lambda: auditor.audits > audits and not auditor._lock.locked(), "triggered audit ran")
+            assert await marked(urm) == {}
+            del bkc.placement.resolve_bookies
+            await trigger_audit(urm)  # the watch is still there
+            await until(lambda: marked(urm), "the next trigger checked placement")
             assert await marked(urm) == {bad.ledger_id: ()}
             await auditor.stop()
 
