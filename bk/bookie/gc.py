@@ -80,6 +80,14 @@ class GarbageCollector:
         now = time.monotonic()
         self._last_major_s = now
         self._last_minor_s = now
+        # BookKeeper's suspendMajorGC / suspendMinorGC (HTTP gc/suspend_compaction): a suspended
+        # kind is never chosen, forced or due, until resumed; GC itself (deletions) goes on.
+        self.suspend_major = False
+        self.suspend_minor = False
+        # BookKeeper's GarbageCollectionStatus fields (gc_details); times are epoch ms.
+        self._bk = {"forceCompacting": False, "majorCompacting": False, "minorCompacting": False,
+                    "lastMajorCompactionTime": 0, "lastMinorCompactionTime": 0,
+                    "majorCompactionCounter": 0, "minorCompactionCounter": 0}
         self._status = {"enabled": True, "running": False, "last_run_start_ms": None, "last_run_duration_ms": None,
                         "last_pass": None, "passes": 0, "bytes_freed": 0, "logs_deleted": 0, "logs_compacted": 0,
                         "ledgers_deleted": 0, "errors": 0, "last_error": None}
@@ -167,9 +175,20 @@ class GarbageCollector:
             return {"ok": False, "error": f"no GC pass finished within {timeout_s}s (it goes on)"}
         return req.result
 
+    def suspend_compaction(self, major: bool = False, minor: bool = False) -> None:
+        self.suspend_major = self.suspend_major or major
+        self.suspend_minor = self.suspend_minor or minor
+
+    def resume_compaction(self, major: bool = False, minor: bool = False) -> None:
+        self.suspend_major = self.suspend_major and not major
+        self.suspend_minor = self.suspend_minor and not minor
+
     def status(self) -> dict:
+        """BookKeeper's GarbageCollectionStatus fields first (ledgerDir: the ledger dirs this
+        one collector serves, comma-separated), then bk's own figures."""
         with self._lock:
-            out = dict(self._status)
+            out = {"ledgerDir": ",".join(self.config.ledger_dirs), **self._bk}
+            out.update(self._status)
             out["entry_logs"] = len(self._logs)
         out["damaged_logs"] = self.damaged_logs()
         out.setdefault("candidates_left", None)  # scan and compare: candidates not yet verified or deleted
@@ -200,11 +219,13 @@ class GarbageCollector:
         with self._pass_lock:
             with self._lock:
                 self._status["running"] = True
+                self._bk["forceCompacting"] = forced
             try:
                 return self._pass(force_major, force_minor, forced, only_logs)
             finally:
                 with self._lock:
                     self._status["running"] = False
+                    self._bk["forceCompacting"] = False
 
     def _pass(self, force_major: bool, force_minor: bool, forced: bool, only_logs=None) -> dict:
         t0_ms, t0 = int(time.time() * 1000), time.monotonic()
@@ -482,23 +503,32 @@ class GarbageCollector:
             log.warning("GC: every ledger dir is over disk_usage_threshold: compaction suspended "
                         "(is_force_gc_allow_when_no_space=false)")
             return
-        if force_major or (major_on and (forced or allow_full or now - self._last_major_s >= cfg.major_compaction_interval_s)):
+        if not self.suspend_major and (force_major or (major_on and (
+                forced or allow_full or now - self._last_major_s >= cfg.major_compaction_interval_s))):
             kind, threshold = "major", cfg.major_compaction_threshold
-        elif force_minor or (minor_on and (forced or allow_full or now - self._last_minor_s >= cfg.minor_compaction_interval_s)):
+        elif not self.suspend_minor and (force_minor or (minor_on and (
+                forced or allow_full or now - self._last_minor_s >= cfg.minor_compaction_interval_s))):
             kind, threshold = "minor", cfg.minor_compaction_threshold
         else:
             return
         with self._lock:
             candidates = sorted((m.usage, log_id) for log_id, m in self._logs.items() if m.usage < threshold)
+            self._bk[kind + "Compacting"] = True
         out["compaction"] = kind
-        for _usage, log_id in candidates:
-            if stop():
-                break
-            r = self.compactor.compact(log_id, self._is_live, stop)
-            self._account_compaction(r, out)
+        try:
+            for _usage, log_id in candidates:
+                if stop():
+                    break
+                r = self.compactor.compact(log_id, self._is_live, stop)
+                self._account_compaction(r, out)
+                with self._lock:
+                    if r.deleted:
+                        self._logs.pop(log_id, None)
+        finally:
             with self._lock:
-                if r.deleted:
-                    self._logs.pop(log_id, None)
+                self._bk[kind + "Compacting"] = False
+                self._bk[kind + "CompactionCounter"] += 1
+                self._bk["last" + kind.capitalize() + "CompactionTime"] = int(time.time() * 1000)
         if kind == "major":  # a major compaction covers the minor one too (BookKeeper)
             self._last_major_s = self._last_minor_s = time.monotonic()
         else:
@@ -512,6 +542,10 @@ class GarbageCollector:
         if full and not self.config.is_force_gc_allow_when_no_space:
             for log_id in log_ids:
                 plan[log_id] = "suspended: every ledger dir is over disk_usage_threshold"
+            return
+        if self.suspend_major:  # a plan compacts at any usage: major compaction's kind
+            for log_id in log_ids:
+                plan[log_id] = "suspended: major compaction is suspended (gc/resume_compaction)"
             return
         current = self.storage.entry_logger.current_log_id
         with self._lock:

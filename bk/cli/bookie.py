@@ -59,7 +59,7 @@ def run(args) -> int:
         install_from_env()
     setup_logging(args.log_level or cfg.log_level, log_file=cfg.log_file, log_format=cfg.log_format,
                   max_bytes=cfg.log_file_max_size_bytes, backups=cfg.log_file_backups, bookie_id=cfg.bookie_id)
-    return eventloop.run(serve(cfg))
+    return eventloop.run(serve(cfg, config_source=(args.conf, args.overrides)))
 
 
 def raise_open_files_limit() -> tuple[int, int]:
@@ -79,7 +79,7 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, hard
 
 
-async def serve(cfg: BookieConfig) -> int:
+async def serve(cfg: BookieConfig, config_source: tuple | None = None) -> int:
     from bk.server import BookieServer
 
     from .stopping import EXIT_CLEAN, EXIT_UNCLEAN, StopControl
@@ -87,6 +87,8 @@ async def serve(cfg: BookieConfig) -> int:
     if cfg.raise_open_files_limit:
         raise_open_files_limit()
     server = BookieServer(cfg)
+    # (config file, --set overrides) it was built from: HTTP expand_storage reads them again
+    server.config_source = config_source
 
     def status() -> int:
         """Clean only once a final checkpoint cleared the unclean-shutdown flag (or the storage

@@ -11,7 +11,11 @@ Rules kept here for every endpoint:
   404, mutations disabled 403, a missing or wrong token 401, anything else 500;
   no handler's failure reaches the bookie;
 - nothing blocks the loop: metadata goes through bk.meta's async API, files and
-  statvfs through asyncio.to_thread;
+  statvfs through the admin's own one-thread executor (`run_blocking`, never the
+  default executor the read path uses); an answer that can be large (ledger/list,
+  entry_log_usage) is paged with BookKeeper's `page` parameter (PAGE_SIZE items a
+  page, as its LIST_LEDGER_BATCH_SIZE) and streamed as compact JSON a chunk at a
+  time (JsonStream), the loop serving adds between chunks;
 - PUT/POST/DELETE (the mutating methods) answer 403 unless
   http_server_mutations_enabled; with http_server_token set, every endpoint but
   the probes (/heartbeat, /api/v1/bookie/is_ready) and /metrics needs
@@ -32,6 +36,7 @@ import errno
 import hmac
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -42,6 +47,8 @@ log = logging.getLogger(__name__)
 MUTATING = frozenset({"PUT", "POST", "DELETE"})
 OPEN_PATHS = frozenset({"/heartbeat", "/api/v1/bookie/is_ready", "/metrics"})
 ROUTES: dict[str, dict[str, object]] = {}  # path -> {method: handler}; see bk.server.http_handlers
+PAGE_SIZE = 100  # items a page of a paged answer (BookKeeper's ListLedgerService.LIST_LEDGER_BATCH_SIZE)
+STREAM_FLUSH_BYTES = 64 * 1024  # a streamed answer is written (and the loop yields) every this many bytes
 
 
 def route(path: str, *methods: str):
@@ -100,6 +107,84 @@ def param_bool(request: web.Request, name: str, default: bool = False) -> bool:
     raise HttpError(400, f"parameter {name} must be true or false, got {text!r}")
 
 
+def param_page(request: web.Request) -> int | None:
+    """BookKeeper's `page` (1 = the first PAGE_SIZE items); None when absent (everything)."""
+    return param_int(request, "page", 0, lowest=1) or None
+
+
+def page_slice(items: list, page: int | None) -> list:
+    if page is None:
+        return items
+    return items[(page - 1) * PAGE_SIZE:page * PAGE_SIZE]
+
+
+class JsonStream:
+    """A JSON answer written piece by piece: each piece is encoded on its own (compact, as
+    BookKeeper's JsonUtil writes) and the loop yields every STREAM_FLUSH_BYTES, so a large
+    answer never holds the loop that serves adds for more than one piece's encoding.
+    Headers are sent at the first flush: a failure after that cannot become a JSON error,
+    so `abort()` cuts the connection (the client sees a truncated transfer, never a
+    well-formed partial answer)."""
+
+    def __init__(self, request: web.Request):
+        self.request = request
+        self.response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
+        self._parts: list[str] = []
+        self._size = 0
+        self._first = [True]  # one flag per open object/array: no comma before its first member
+
+    async def write(self, text: str) -> None:
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size >= STREAM_FLUSH_BYTES:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.response.prepared:
+            await self.response.prepare(self.request)
+        if self._parts:
+            data, self._parts, self._size = "".join(self._parts).encode(), [], 0
+            await self.response.write(data)
+        await asyncio.sleep(0)  # the adds waiting on the loop go first
+
+    async def open(self, bracket: str) -> None:
+        await self.write(bracket)
+        self._first.append(True)
+
+    async def close(self, bracket: str) -> None:
+        self._first.pop()
+        await self.write(bracket)
+
+    def _comma(self) -> str:
+        if self._first[-1]:
+            self._first[-1] = False
+            return ""
+        return ","
+
+    async def key(self, name: str) -> None:
+        """Start member `name` of the open object (its value written next)."""
+        await self.write(self._comma() + json.dumps(name) + ":")
+
+    async def members(self, mapping: dict) -> None:
+        """Every member of `mapping` into the open object."""
+        if mapping:
+            await self.write(self._comma() + json.dumps(mapping, default=str)[1:-1])
+
+    async def items(self, values: list) -> None:
+        """Every value of `values` into the open array."""
+        if values:
+            await self.write(self._comma() + json.dumps(values, default=str)[1:-1])
+
+    async def finish(self) -> web.StreamResponse:
+        await self.flush()
+        await self.response.write_eof()
+        return self.response
+
+    def abort(self) -> None:
+        if self.request.transport is not None:
+            self.request.transport.abort()
+
+
 async def json_body(request: web.Request) -> dict:
     """The request body as a JSON object ({} when empty); 400 when it is not one."""
     raw = await request.read()
@@ -119,7 +204,7 @@ class HttpAdminServer:
     """Serves ROUTES for one BookieServer (`self.server`)."""
 
     def __init__(self, server, config):
-        from . import http_handlers  # noqa: F401 - fills ROUTES
+        from . import http_handlers, http_ops  # noqa: F401 - fill ROUTES
 
         self.server = server
         self.config = config
@@ -130,6 +215,9 @@ class HttpAdminServer:
         self._client = None  # a bk.client.BookKeeper, made on first use (ledger reads, recovery)
         self._client_lock = asyncio.Lock()
         self.tasks: dict[str, asyncio.Task] = {}  # background operations (recovery, decommission)
+        # Files and statvfs for the admin API: one thread of its own, so a slow answer
+        # (300 entry logs read) never takes a default-executor thread from the read path.
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="bk-http-admin")
 
     @property
     def url(self) -> str:
@@ -184,6 +272,11 @@ class HttpAdminServer:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run_blocking(self, fn, *args):
+        """fn(*args) on the admin's own thread, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def client(self):
         """The admin's own BookKeeper client (own metadata session), started once."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 
 from aiohttp import web
@@ -20,7 +21,10 @@ from bk.meta.ledger_metadata import metadata_dict
 from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
 from .admin import gc_calls
-from .http_admin import HttpError, json_body, json_response, param_bool, param_int, route
+from .http_admin import (PAGE_SIZE, HttpError, JsonStream, json_body, json_response, page_slice, param_bool,
+                         param_int, param_page, route)
+
+log = logging.getLogger(__name__)
 
 FREE_AND_TOTAL = BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY  # GetBookieInfo's requested bits
 BOOKIE_INFO_TIMEOUT_S = 5.0
@@ -40,20 +44,10 @@ def _disk_space(dirs) -> tuple[int, int]:
     return free, total
 
 
-# ---------------------------------------------------------------- heartbeat, config, metrics
+# ---------------------------------------------------------------- heartbeat, metrics (config: bk.server.http_ops)
 @route("/heartbeat", "GET")
 async def heartbeat(admin, request):
     return web.Response(text="OK\n")
-
-
-@route("/api/v1/config/server_config", "GET")
-async def server_config(admin, request):
-    import dataclasses
-
-    values = dataclasses.asdict(admin.config)
-    if values.get("http_server_token"):
-        values["http_server_token"] = "<set>"
-    return json_response(values)
 
 
 @route("/metrics", "GET")
@@ -67,7 +61,7 @@ async def metrics_page(admin, request):
 # ---------------------------------------------------------------- this bookie
 @route("/api/v1/bookie/info", "GET")
 async def bookie_info(admin, request):
-    free, total = await asyncio.to_thread(_disk_space, admin.config.ledger_dirs)
+    free, total = await admin.run_blocking(_disk_space, admin.config.ledger_dirs)
     return json_response({"freeSpace": free, "totalSpace": total})
 
 
@@ -127,10 +121,14 @@ async def repair_status(admin, request):
 
 @route("/api/v1/bookie/last_log_mark", "GET")
 async def last_log_mark(admin, request):
-    """Per journal directory, its current log mark (what a checkpoint would persist now)."""
-    journals = admin.server.bookie.journals
-    return json_response({j.journal_dir: {"logFileId": j.last_mark().file_id, "logFileOffset": j.last_mark().offset}
-                          for j in journals})
+    """BookKeeper's GetLastLogMarkService answer: per journal, its current log mark (what a
+    checkpoint would persist now) as {"LastLogMark: Journal Id - <id>(<id in hex>.txn)":
+    "Pos - <offset>"}."""
+    out = {}
+    for journal in admin.server.bookie.journals:
+        mark = journal.last_mark()
+        out[f"LastLogMark: Journal Id - {mark.file_id}({mark.file_id:x}.txn)"] = f"Pos - {mark.offset}"
+    return json_response(out)
 
 
 def _list_disk_files(config, kinds) -> dict:
@@ -164,7 +162,7 @@ async def list_disk_file(admin, request):
     kinds = ("journal", "entrylog", "index")
     if kind and kind not in kinds:
         raise HttpError(400, f"file_type must be one of {', '.join(kinds)}, got {kind!r}")
-    return json_response(await asyncio.to_thread(_list_disk_files, admin.config, (kind,) if kind else kinds))
+    return json_response(await admin.run_blocking(_list_disk_files, admin.config, (kind,) if kind else kinds))
 
 
 # ---------------------------------------------------------------- GC (docs/GC.md)
@@ -215,9 +213,15 @@ async def gc_compact(admin, request):
     return json_response(await gc_calls(collector).call(collector.compact_logs, ids))
 
 
-def _entry_log_usage(config) -> dict:
-    from bk.entrylog.usage import entry_log_usage_rows
-    return {d: entry_log_usage_rows(d) for d in config.ledger_dirs}
+def _entry_logs(config) -> list[tuple[str, str]]:
+    """(ledger dir, path) of every entry log, by dir then log id."""
+    from bk.entrylog.usage import list_entry_logs
+    return [(d, path) for d in config.ledger_dirs for _log_id, path in list_entry_logs(d)]
+
+
+def _usage_rows(paths: list[str]) -> list[dict]:
+    from bk.entrylog.usage import log_usage_row
+    return [log_usage_row(p) for p in paths]
 
 
 @route("/api/v1/bookie/entry_log_usage", "GET")
@@ -225,9 +229,34 @@ async def entry_log_usage(admin, request):
     """Every entry log's usage read from the files (ledgers map, or a walk of the records
     when the log has none), bk's own endpoint for analytics on a Spark cluster that cannot
     read this bookie's disks (spark/sources.py bk_remote_entry_logs; docs/ANALYTICS.md):
-    {"bookie_id", "ledger_dirs": {dir: [usage row, ...]}}. Read-only; files only, no lock."""
-    dirs = await asyncio.to_thread(_entry_log_usage, admin.config)
-    return json_response({"bookie_id": admin.server.bookie_id, "ledger_dirs": dirs})
+    {"bookie_id", "ledger_dirs": {dir: [usage row, ...]}}. Read-only; files only, no lock.
+    `page` N (from 1) answers the Nth PAGE_SIZE logs (by dir, then log id); every dir is a
+    key even when the page has none of its logs. Files are read on the admin's own thread
+    PAGE_SIZE logs at a time and each batch is streamed as it is read."""
+    page = param_page(request)
+    logs = page_slice(await admin.run_blocking(_entry_logs, admin.config), page)
+    out = JsonStream(request)
+    try:
+        await out.open("{")
+        await out.members({"bookie_id": admin.server.bookie_id})
+        await out.key("ledger_dirs")
+        await out.open("{")
+        for d in admin.config.ledger_dirs:
+            paths = [p for dd, p in logs if dd == d]
+            await out.key(d)
+            await out.open("[")
+            for start in range(0, len(paths), PAGE_SIZE):
+                await out.items(await admin.run_blocking(_usage_rows, paths[start:start + PAGE_SIZE]))
+            await out.close("]")
+        await out.close("}")
+        await out.close("}")
+        return await out.finish()
+    except Exception:
+        if not out.response.prepared:
+            raise
+        log.exception("GET %s failed after part of the answer was sent: connection cut", request.path_qs)
+        out.abort()
+        return out.response
 
 
 # ---------------------------------------------------------------- the cluster
@@ -297,22 +326,41 @@ def _ledger_id(request) -> int:
 
 @route("/api/v1/ledger/list", "GET")
 async def ledger_list(admin, request):
+    """BookKeeper's {"ledgerId": metadata or null}, by ledger id. `page` N (from 1) answers the
+    Nth PAGE_SIZE ledgers (BookKeeper pages only with print_metadata; bk pages both), no
+    `page` all of them. Metadata is read PAGE_SIZE ledgers at a time, concurrently (as
+    BookKeeper's batches), and each batch is streamed as it comes (JsonStream)."""
     from bk.meta.ledger_manager import LedgerManager
 
     with_metadata = param_bool(request, "print_metadata")
+    page = param_page(request)
     lm = LedgerManager(admin.server.store)
-    ids = sorted(await lm.list_ledger_ids())
-    out = {}
-    for ledger_id in ids:
-        if not with_metadata:
-            out[str(ledger_id)] = None
-            continue
-        try:
-            md, version = await lm.read_ledger_metadata(ledger_id)
-        except NoSuchLedgerMetadataError:
-            continue  # deleted meanwhile
-        out[str(ledger_id)] = metadata_dict(ledger_id, md, version)
-    return json_response(out)
+    ids = page_slice(sorted(await lm.list_ledger_ids()), page)
+    out = JsonStream(request)
+    try:
+        await out.open("{")
+        for start in range(0, len(ids), PAGE_SIZE):
+            batch = ids[start:start + PAGE_SIZE]
+            if not with_metadata:
+                await out.members(dict.fromkeys(map(str, batch)))
+                continue
+            found = await asyncio.gather(*(lm.read_ledger_metadata(i) for i in batch), return_exceptions=True)
+            members = {}
+            for ledger_id, got in zip(batch, found):
+                if isinstance(got, NoSuchLedgerMetadataError):
+                    continue  # deleted meanwhile
+                if isinstance(got, BaseException):
+                    raise got
+                members[str(ledger_id)] = metadata_dict(ledger_id, *got)
+            await out.members(members)
+        await out.close("}")
+        return await out.finish()
+    except Exception:
+        if not out.response.prepared:
+            raise  # nothing sent yet: the guard answers a JSON error
+        log.exception("GET %s failed after part of the answer was sent: connection cut", request.path_qs)
+        out.abort()
+        return out.response
 
 
 @route("/api/v1/ledger/metadata", "GET")

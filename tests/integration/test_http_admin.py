@@ -94,7 +94,9 @@ def test_bookie_endpoints(cluster):
     assert status == 200 and set(infos) == {*cluster.bookie_ids, "clusterInfo"}
     assert infos["clusterInfo"]["total"] == sum(infos[b]["total"] for b in cluster.bookie_ids)
     status, _, marks = call(cluster, 0, "/api/v1/bookie/last_log_mark")
-    assert status == 200 and len(marks) == 1 and list(marks.values())[0]["logFileId"] >= 1
+    (mark, pos), = marks.items()  # BookKeeper's GetLastLogMarkService shape
+    assert status == 200 and mark.startswith("LastLogMark: Journal Id - ") and mark.endswith(".txn)"), marks
+    assert pos.startswith("Pos - ") and int(pos[6:]) >= 0, marks
     status, _, files = call(cluster, 0, "/api/v1/bookie/list_disk_file")
     assert status == 200 and files["journal files"].endswith(".txn") and "index files" in files
     assert set(call(cluster, 0, "/api/v1/bookie/list_disk_file?file_type=journal")[2]) == {"journal files"}
