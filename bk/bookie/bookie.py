@@ -703,12 +703,9 @@ class Bookie:
             limbo_before = desc.limbo
             try:
                 if self._ring is not None:  # its steps look in the caches first, here on the loop
-                    ahead = self._ring.read_aheads.covering(ledger_id, entry_id)
+                    ahead = self.read_ahead_for(ledger_id, entry_id)
                     if ahead is not None:  # a read-ahead in flight brings it: wait, not read it twice
-                        if not ahead[3]:  # a scan: what follows the run is read now (RingReads.follow)
-                            self._ring.follow(ahead, storage.read_steps(ledger_id, ahead[1] + 1),
-                                              storage.read_ahead_span)
-                        await asyncio.wait((ahead[2],))
+                        await asyncio.wait((ahead,))
                         entry = storage.get_cached(ledger_id, entry_id)
                         if entry is not None:
                             return entry
@@ -727,6 +724,19 @@ class Bookie:
             if not limbo_before:
                 raise NoSuchEntryError(ledger_id=ledger_id, entry_id=entry_id)
             # limbo was cleared during the lookup: what the repair stored is visible now
+
+    def read_ahead_for(self, ledger_id: int, entry_id: int) -> asyncio.Future | None:
+        """The future of a read-ahead in flight that will bring entry_id into the read cache, or
+        None. A reader waiting on one is a scan: the read of what follows the run starts now
+        (RingReads.follow, once per run). Only with the ring (read_io): the read threads' path
+        reads its entry itself."""
+        ring = self._ring
+        run = ring.read_aheads.covering(ledger_id, entry_id) if ring is not None else None
+        if run is None:
+            return None
+        if not run[3]:
+            ring.follow(run, self.storage.read_steps(ledger_id, run[1] + 1), self.storage.read_ahead_span)
+        return run[2]
 
     async def read_span(self, ledger_id: int, entry_id: int, max_count: int, max_bytes: int):
         """Entries entry_id.. that only the entry logs hold, back to back in one log, as a span of

@@ -166,18 +166,24 @@ class RequestProcessor:
                 conn.run_read(start_task, req)
             else:
                 start_task(req, conn)
+        start.task = start_task  # for a request counted already (_resume)
         return start
 
     def _spawn_read(self, req: ReadRequest, conn) -> None:
         # A plain read of a cached entry is answered without a task, while the client
         # reads its answers (else the read waits for room in a read slot).
-        single_reads.serve_run((req,), conn, self.bookie.read_cached, self._uncached)
+        single_reads.serve_run((req,), conn, self.bookie, self._uncached, self._resume)
 
     def read_run(self, reqs: list, conn) -> None:
         """The requests of one socket read, all v2 READs or all v3 requests (READs mostly: a
         client's readEntries): the plain READs of cached entries answered at once, together
         (bk.server.single_reads), every other one as dispatch would, in order."""
-        single_reads.serve_run(reqs, conn, self.bookie.read_cached, self._uncached)
+        single_reads.serve_run(reqs, conn, self.bookie, self._uncached, self._resume)
+
+    def _resume(self, req, conn) -> None:
+        """A plain READ that waited for a read-ahead and still has to read (counted already):
+        its read in one of the connection's read slots."""
+        conn.run_read(self._spawn_gated_read.task if type(req) is ReadRequest else self.v3._start_gated, req)
 
     def _uncached(self, req, conn) -> None:
         if type(req) is not ReadRequest:

@@ -22,6 +22,7 @@ per read as one by one (each answer gathered counts against the room before the 
 """
 from __future__ import annotations
 
+from functools import partial
 from time import monotonic
 
 from bk import _native, metrics
@@ -65,10 +66,13 @@ def _queue(conn, kind: int, rows: list) -> None:
     conn.send(v3_read_answers(rows) if kind == _V3 else read_answers(rows, v2_header(kind)))
 
 
-def serve_run(reqs, conn, read_cached, slow) -> None:
-    """Answer the plain READs of `reqs` (v2 ReadRequests, v3 Requests) that a cache holds; hand
-    every other request to `slow(req, conn)` in its turn."""
+def serve_run(reqs, conn, bookie, slow, resume) -> None:
+    """Answer the plain READs of `reqs` (v2 ReadRequests, v3 Requests) that a cache holds; a
+    plain READ whose entry a read-ahead in flight brings waits for it as a callback (counted
+    as a read in progress; then answered from the read cache, or `resume(req, conn)`: its
+    read in a read slot); hand every other request to `slow(req, conn)` in its turn."""
     start = monotonic()
+    read_cached = bookie.read_cached
     room = conn.room()
     rows: list = []
     kind = 0
@@ -90,6 +94,13 @@ def serve_run(reqs, conn, read_cached, slow) -> None:
             if rows:
                 _queue(conn, kind, rows)
                 rows = []
+            if room >= 0 and (k == _V3 and ids is not None or k != _V3 and not req.flags & FLAG_DO_FENCING
+                              and req.entry_id >= 0):
+                lid, eid = ids if k == _V3 else (req.ledger_id, req.entry_id)
+                ahead = bookie.read_ahead_for(lid, eid)
+                if ahead is not None and conn.begin_read():  # refused: slow() answers the refusal
+                    ahead.add_done_callback(partial(_ahead_done, req, lid, eid, conn, bookie, resume, monotonic()))
+                    continue
             slow(req, conn)
             room = conn.room()
             continue
@@ -122,6 +133,32 @@ def serve_run(reqs, conn, read_cached, slow) -> None:
         _READ_BYTES.inc(nbytes)
 
 
+def _ahead_done(req, ledger_id: int, entry_id: int, conn, bookie, resume, start: float, _fut) -> None:
+    """The read-ahead a plain READ waited for is done (or failed): the entry from the read cache
+    while the output has room, else the READ's ordinary read in a read slot (already counted)."""
+    if conn.closed:
+        conn.end_read()
+        return
+    entry = bookie.read_cached(ledger_id, entry_id) if conn.has_room() else None
+    if entry is None:
+        conn.run_read(resume, req)
+        return
+    conn.end_read()
+    conn.send(_answer(req, ledger_id, entry_id, entry))
+    _READ_REQUEST.success((monotonic() - start) * 1000.0)
+    _READ_BYTES.inc(len(entry))
+
+
+def _answer(req, ledger_id: int, entry_id: int, entry):
+    """The EOK answer to one plain READ (v2 or v3): bytes, or [head, entry] for a large entry."""
+    if type(req) is not ReadRequest:
+        return v3_answer(req, ledger_id, entry_id, entry)
+    n = len(entry)
+    if n >= PART_MIN_ENTRY_BYTES:
+        return [_v2_head(req, n), entry]
+    return read_answers(((ledger_id, entry_id, entry),), v2_header(req.version))
+
+
 def answer_cached(req, conn, read_cached) -> bool:
     """A READ that went the ordinary way (it missed the caches, or waited for room) gets its turn
     in a read slot: if it is plain and a cache holds its entry by now (brought in by a read-ahead
@@ -139,17 +176,11 @@ def answer_cached(req, conn, read_cached) -> bool:
     entry = read_cached(*ids)
     if entry is None:
         return False
-    n = len(entry)
-    if type(req) is ReadRequest:
-        answer = [_v2_head(req, n), entry] if n >= PART_MIN_ENTRY_BYTES else \
-            read_answers(((ids[0], ids[1], entry),), v2_header(req.version))
-    else:
-        answer = v3_answer(req, ids[0], ids[1], entry)
     conn.end_read()
-    conn.send(answer)
+    conn.send(_answer(req, ids[0], ids[1], entry))
     conn.read_answered()
     _READ_REQUEST.success((monotonic() - start) * 1000.0)
-    _READ_BYTES.inc(n)
+    _READ_BYTES.inc(len(entry))
     return True
 
 

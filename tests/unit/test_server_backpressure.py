@@ -25,6 +25,9 @@ class _Bookie:
     def read_cached(self, ledger_id, entry_id):
         return bytes([entry_id % 256]) * ENTRY_BYTES if entry_id % 2 == 0 else None
 
+    def read_ahead_for(self, ledger_id, entry_id):
+        return None  # no read-ahead in flight
+
     async def read_entry(self, ledger_id, entry_id):
         await asyncio.sleep(0)
         return bytes([entry_id % 256]) * ENTRY_BYTES

@@ -5,6 +5,7 @@ by one (a miss: ENOENTRY, or EUNKNOWNLEDGERSTATE in limbo), the room limit holds
 connection answers nothing. In process: a real Bookie, a connection on a stand-in transport."""
 import asyncio
 import random
+import threading
 
 import pytest
 
@@ -288,9 +289,50 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
                     break
                 await asyncio.sleep(0.005)
             assert bytes(b.storage.get_cached(LEDGER, 150)) == entries[150]  # read ahead of the reader
+            # the client reads on (140..179) while the next read-ahead (200..) is in flight: those
+            # of its READs that it brings wait for it as callbacks, no task each
+            more = [encode_request(ReadRequest(0, LEDGER, e)) if proto == "v2" else _v3_read(e + 1, e)
+                    for e in range(140, 240)]
+            gate, read_ahead = threading.Event(), b.storage._read_ahead
+
+            def held_read_ahead(ledger_id, entry_id, *rest):  # in flight until the client asked
+                if entry_id >= 200:
+                    gate.wait(10)
+                return read_ahead(ledger_id, entry_id, *rest)
+            b.storage._read_ahead = held_read_ahead
+            conn.data_received(b"".join(more[:61]))  # 140..199 from the cache; 200 misses and reads ahead
+            for _ in range(400):
+                if b._ring.read_aheads.covering(LEDGER, 210) is not None:
+                    break
+                await asyncio.sleep(0.001)
+            assert b._ring.read_aheads.covering(LEDGER, 210) is not None
+            before = set(proc._tasks)
+            conn.data_received(b"".join(more[61:]))  # 201..239: being read ahead right now
+            assert not set(proc._tasks) - before
+            gate.set()
+            got = []
+            for _ in range(400):
+                await asyncio.sleep(0.005)
+                got += [(_v2 if proto == "v2" else _v3)(f) for f in decoder.feed(b"".join(transport.out))]
+                transport.out.clear()
+                if len(got) == 100:
+                    break
+            assert sorted(g[-1] for g in got) == sorted(entries[140:240])
+            assert preads == []
             assert (conn.pending, conn._reads_running, len(conn._reads_waiting)) == (0, 0, 0)
             await proc.drain()
         finally:
             await b.stop()
     eventloop.run(write())
     eventloop.run(read())
+
+
+def test_a_read_waiting_for_a_read_ahead_on_a_lost_connection_is_only_uncounted(tmp_path):
+    from bk.server import single_reads
+
+    async def body(bookie, proc, conn, transport, answers):
+        assert conn.begin_read()  # as serve_run counts a READ that waits for a read-ahead
+        conn.connection_lost(None)
+        single_reads._ahead_done(ReadRequest(0, LEDGER, 1), LEDGER, 1, conn, bookie, proc._resume, 0.0, None)
+        assert (conn.pending, proc.limits.reads, transport.out, proc._tasks) == (0, 0, [], set())
+    _run(tmp_path, body)
