@@ -65,13 +65,7 @@ async def scenario(cluster: LocalCluster, rack_of: dict[str, str]) -> None:
         async def moved():
             md = await bkc.get_ledger_metadata(lh.ledger_id)
             return md if set(md.segments[0][1]) != set(rack0) else None
-        md = await until(moved, "the ledger moved off its one rack", WAIT_S)
-        urm = LedgerUnderreplicationManager(bkc.store)
-        try:
-            await until(lambda: _no_marker_or_lock(urm, bkc), "marker and lock gone", WAIT_S)
-        finally:
-            await urm.close()
-        md = await bkc.get_ledger_metadata(lh.ledger_id)
+        md = await repaired(bkc, lh.ledger_id, moved, "the ledger moved off its one rack")
         ensemble = md.segments[0][1]
         assert md.is_closed and md.last_entry_id == 199 and len(md.segments) == 1
         assert {rack_of[b] for b in ensemble} == {"/rack0", "/rack1"}
@@ -83,8 +77,18 @@ async def scenario(cluster: LocalCluster, rack_of: dict[str, str]) -> None:
         assert "auditor_PLACEMENT_POLICY_CHECK_TIME" in page
 
 
-async def _no_marker_or_lock(urm, bkc) -> bool:
-    return not await urm.list_underreplicated_ledgers() and not await bkc.store.children(urm.paths.ur_locks)
+async def repaired(bkc, ledger_id: int, condition, what: str):
+    """Wait for `condition()` on the ledger's metadata, then for no marker and no lock left; the metadata."""
+    await until(condition, what, WAIT_S)
+    urm = LedgerUnderreplicationManager(bkc.store)
+
+    async def idle() -> bool:
+        return not await urm.list_underreplicated_ledgers() and not await bkc.store.children(urm.paths.ur_locks)
+    try:
+        await until(idle, "marker and lock gone", WAIT_S)
+    finally:
+        await urm.close()
+    return await bkc.get_ledger_metadata(ledger_id)
 
 
 def _metrics(url: str) -> str:
@@ -138,13 +142,7 @@ async def lost_rack_scenario(cluster: LocalCluster, rack_of: dict[str, str], scr
             md = await bkc.get_ledger_metadata(lh.ledger_id)
             return md if b[0] not in md.bookies() and b[3] not in md.bookies() else None
         # bookie 3 takes bookie 0's place (its own bookie: /rack1 beside /rack1), then the check moves it on
-        md = await until(settled, "bookie 0 replaced, and bookie 3 moved off again", WAIT_S)
-        urm = LedgerUnderreplicationManager(bkc.store)
-        try:
-            await until(lambda: _no_marker_or_lock(urm, bkc), "marker and lock gone", WAIT_S)
-        finally:
-            await urm.close()
-        md = await bkc.get_ledger_metadata(lh.ledger_id)
+        md = await repaired(bkc, lh.ledger_id, settled, "bookie 0 replaced, and bookie 3 moved off again")
         assert md.segments == ((0, (b[5], b[1], b[4], b[2])),)
         assert bkc.placement.is_ensemble_adhering(md.segments[0][1], 2, 2) == "MEETS_STRICT"
         await raw_entries_ok(bkc, lh.ledger_id, data)

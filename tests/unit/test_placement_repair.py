@@ -67,46 +67,49 @@ async def test_placement_check_counts_closed_ledgers_and_marks_failing_ones_only
             await auditor.stop()
 
 
-@run_async
-async def test_the_audit_trigger_also_runs_the_placement_check_when_it_is_on():
+@contextlib.asynccontextmanager
+async def repairing_auditor():
+    """8 fake bookies in two racks, a client that knows them, and an Auditor whose placement check (with
+    repair) ran its first pass at start; the next periodic one is an hour away."""
     async with FakeCluster(8) as cluster:
         ids = [b.bookie_id for b in cluster.bookies]
         async with BookKeeper(cluster.metadata_uri, network_topology_mapping=racks(ids)) as bkc:
             urm = LedgerUnderreplicationManager(bkc.store)
             auditor = await Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
                                     placement_check_interval_s=3600, repair_placement=True).start()
-            await until(lambda: auditor.last_placement_check is not None, "first check")
-            bad, _ = await one_rack_ledger(bkc, ids)  # written after the check: the next one is a day away
-            assert await marked(urm) == {}
-            await trigger_audit(urm)
-            await until(lambda: marked(urm), "the trigger ran the placement check")
-            assert await marked(urm) == {bad.ledger_id: ()}
-            await auditor.stop()
+            try:
+                await until(lambda: auditor.last_placement_check is not None, "first check")
+                yield ids, bkc, urm, auditor
+            finally:
+                await auditor.stop()
+
+
+@run_async
+async def test_the_audit_trigger_also_runs_the_placement_check_when_it_is_on():
+    async with repairing_auditor() as (ids, bkc, urm, auditor):
+        bad, _ = await one_rack_ledger(bkc, ids)  # written after the check: the next one is an hour away
+        assert await marked(urm) == {}
+        await trigger_audit(urm)
+        await until(lambda: marked(urm), "the trigger ran the placement check")
+        assert await marked(urm) == {bad.ledger_id: ()}
 
 
 @run_async
 async def test_a_failed_triggered_placement_check_leaves_the_trigger_working():
-    async with FakeCluster(8) as cluster:
-        ids = [b.bookie_id for b in cluster.bookies]
-        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=racks(ids)) as bkc:
-            urm = LedgerUnderreplicationManager(bkc.store)
-            auditor = await Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
-                                    placement_check_interval_s=3600, repair_placement=True).start()
-            await until(lambda: auditor.last_placement_check is not None, "first check")
-            bad, _ = await one_rack_ledger(bkc, ids)
-            audits = auditor.audits
+    async with repairing_auditor() as (ids, bkc, urm, auditor):
+        bad, _ = await one_rack_ledger(bkc, ids)
+        audits = auditor.audits
 
-            async def broken(bookies):
-                raise MetadataStoreError("rack layout unreadable")
-            bkc.placement.resolve_bookies = broken
-            await trigger_audit(urm)
-            await until(lambda: auditor.audits > audits and not auditor._lock.locked(), "triggered audit ran")
-            assert await marked(urm) == {}
-            del bkc.placement.resolve_bookies
-            await trigger_audit(urm)  # the watch is still there
-            await until(lambda: marked(urm), "the next trigger checked placement")
-            assert await marked(urm) == {bad.ledger_id: ()}
-            await auditor.stop()
+        async def broken(bookies):
+            raise MetadataStoreError("rack layout unreadable")
+        bkc.placement.resolve_bookies = broken
+        await trigger_audit(urm)
+        await until(lambda: auditor.audits > audits and not auditor._lock.locked(), "triggered audit ran")
+        assert await marked(urm) == {}
+        del bkc.placement.resolve_bookies
+        await trigger_audit(urm)  # the watch is still there
+        await until(lambda: marked(urm), "the next trigger checked placement")
+        assert await marked(urm) == {bad.ledger_id: ()}
 
 
 async def start_worker(bkc, bookie_id, **options):
