@@ -27,7 +27,7 @@ from bk.errors import BKError, ConfigError
 COMMANDS = {}
 # modules of more commands (bk.cli.<name>): add yours here, one line
 SHELL_MODULES = ("shell_recovery", "shell_ops", "shell_local", "shell_integrity", "shell_cookie", "shell_gc", "shell_format",
-                 "shell_compact")
+                 "shell_compact", "shell_meta", "shell_close", "shell_index")
 
 
 def _at_least(lowest: int):

@@ -1,6 +1,7 @@
 """`bk shell` commands for garbage collection and compaction (registered by bk.cli.shell).
 
     listfilesondisc [--ledger-dirs DIR ...] [--index-dir DIR]     entry logs from the files
+    listfilesondisc -txn|-log|-idx [--journal-dirs DIR ...]       BookKeeper's: paths of those files
     readlogmetadata LOG [--ledger-dirs DIR ...] [--index-dir DIR]  one log's ledgers
     triggergc [--force-major] [--force-minor] [--socket PATH]      run a GC pass on a running bookie
     gcstatus [--socket PATH]                                       its last pass and totals
@@ -40,7 +41,14 @@ def add_parsers(cmds) -> None:
             c.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait (default 3600)")
         c.set_defaults(func=run)
 
-    c = cmds.add_parser("listfilesondisc", help="list a bookie's entry logs: total and live bytes, usage")
+    c = cmds.add_parser("listfilesondisc", help="list a bookie's entry logs: total and live bytes, usage",
+                        description="Without a switch: every entry log with its total and live bytes. With "
+                                    "BookKeeper's switches: the paths of the journal files (-txn), entry logs "
+                                    "(-log) and index files (-idx), sorted, each kind under its heading.")
+    c.add_argument("-txn", "--journal", dest="list_journal", action="store_true", help="list the journal files")
+    c.add_argument("-log", "--entrylog", dest="list_entrylog", action="store_true", help="list the entry log files")
+    c.add_argument("-idx", "--index", dest="list_index", action="store_true", help="list the index files")
+    c.add_argument("--journal-dirs", nargs="+", metavar="DIR", help="the bookie's journal dirs (for -txn)")
     common(c, True)
     c = cmds.add_parser("readlogmetadata", help="one entry log's ledgers and their bytes")
     c.add_argument("log", help="log id (hex, as in the file name) or the log file's path")
@@ -125,8 +133,30 @@ def _indexed_entries(cfg, log_ids) -> dict[int, int]:
         idx.close()
 
 
+def _file_lists(args, cfg) -> dict:
+    """BookKeeper's listfilesondisc -txn/-log/-idx: the files' real paths, sorted, per kind."""
+    from bk.journal.records import list_files
+    kinds = {}
+    if args.list_journal:
+        dirs = args.journal_dirs or list(cfg.journal_dirs)
+        kinds["journal"] = sorted(os.path.realpath(p) for d in dirs for _, p in list_files(d))
+    if args.list_entrylog:
+        kinds["entrylog"] = sorted(os.path.realpath(p) for _, p in _logs(cfg))
+    if args.list_index:
+        d = cfg.resolved_index_dir
+        kinds["index"] = sorted(os.path.realpath(os.path.join(d, n)) for n in (os.listdir(d) if os.path.isdir(d)
+                                                                                else ()))
+    titles = {"journal": "Journal Files", "entrylog": "EntryLog Files", "index": "Index Files"}
+    lines = []
+    for kind, paths in kinds.items():
+        lines += [f"--------- {titles[kind]} ---------", *paths, ""]
+    return {"ok": True, **{f"{k}_files": v for k, v in kinds.items()}, "text": "\n".join(lines).rstrip()}
+
+
 def listfilesondisc(args) -> dict:
     cfg = _config(args)
+    if args.list_journal or args.list_entrylog or args.list_index:
+        return _file_lists(args, cfg)
     live, basis = _live_ledgers(cfg)
     rows = []
     for log_id, path in _logs(cfg):
