@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from bk.client.placement import EnsemblePlacementPolicy
+from bk.client.placement import OneBookiePlacement
 from bk.errors import BKError, IncorrectParameterError
 from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
@@ -128,19 +128,6 @@ async def cmd_whatisinstanceid(uri, args):
     return {"instance_id": instance, "text": f"instance id: {instance}"}
 
 
-class _OneBookie(EnsemblePlacementPolicy):
-    """A placement that always picks one bookie (bookiesanity)."""
-
-    def __init__(self, bookie_id: str):
-        super().__init__()
-        self.bookie_id = bookie_id
-
-    def new_ensemble(self, ensemble_size, writable, exclude=(), **_) -> list[str]:
-        if self.bookie_id not in set(writable):
-            raise BKError(f"bookie {self.bookie_id} is not registered as writable")
-        return [self.bookie_id]
-
-
 @command("bookiesanity")
 async def cmd_bookiesanity(uri, args):
     from bk.client import BookKeeper
@@ -154,7 +141,7 @@ async def cmd_bookiesanity(uri, args):
     if args.entries < 1:
         raise IncorrectParameterError("--entries must be at least 1")
     payloads = [os.urandom(64) for _ in range(args.entries)]
-    async with BookKeeper(uri, placement=_OneBookie(bookie), add_timeout_s=10) as bkc:
+    async with BookKeeper(uri, placement=OneBookiePlacement(bookie), add_timeout_s=10) as bkc:
         lh = await bkc.create_ledger(1, 1, 1)
         try:
             for p in payloads:

@@ -82,33 +82,14 @@ async def server_config(admin, request):
 
 
 # ---------------------------------------------------------------- sanity
-class _ThisBookieOnly:
-    """BookKeeper's LocalBookieEnsemblePlacementPolicy: every ensemble is this bookie alone."""
-
-    def __init__(self, bookie_id: str):
-        from bk.client.placement import EnsemblePlacementPolicy
-
-        self.policy = EnsemblePlacementPolicy()
-        self.bookie_id = bookie_id
-        self.policy.new_ensemble = self.new_ensemble
-
-    def new_ensemble(self, ensemble_size, writable, exclude=(), **_):
-        from bk.errors import NotEnoughBookiesError
-
-        if ensemble_size != 1:
-            raise NotEnoughBookiesError("the sanity check writes to this bookie alone (ensemble 1)")
-        if self.bookie_id not in set(writable) or self.bookie_id in set(exclude):
-            raise NotEnoughBookiesError(f"this bookie {self.bookie_id} is not registered as writable")
-        return [self.bookie_id]
-
-
 async def sanity_check(config, bookie_id: str) -> None:
     """BookKeeper's bookie sanity test: a ledger of ensemble 1 on this bookie, SANITY_ENTRIES
     entries written, closed, opened again (its last entry must be the last written), read back
     and compared, then deleted. Raises on any failure."""
     from bk.client import BookKeeper
+    from bk.client.placement import OneBookiePlacement
 
-    bkc = await BookKeeper.for_bookie(config, placement=_ThisBookieOnly(bookie_id).policy).start()
+    bkc = await BookKeeper.for_bookie(config, placement=OneBookiePlacement(bookie_id)).start()
     ledger_id = None
     try:
         lh = await bkc.create_ledger(1, 1, 1, digest_type="MAC", password=b"")

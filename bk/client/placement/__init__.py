@@ -4,9 +4,10 @@ there too; the rack- and region-aware ones (with isolation groups and disk weigh
 `topology_aware`; the constrained search in `search`; where racks come from in bk.client.topology.
 """
 from .base import (
-    DefaultEnsemblePlacementPolicy, EnsemblePlacementPolicy, PlacementPolicyAdherence, PlacementSettings,
+    DefaultEnsemblePlacementPolicy, EnsemblePlacementPolicy, OneBookiePlacement, PlacementPolicyAdherence,
+    PlacementSettings,
 )
 from .topology_aware import RackawareEnsemblePlacementPolicy, RegionAwareEnsemblePlacementPolicy
 
-__all__ = ["DefaultEnsemblePlacementPolicy", "EnsemblePlacementPolicy", "PlacementPolicyAdherence",
+__all__ = ["DefaultEnsemblePlacementPolicy", "EnsemblePlacementPolicy", "OneBookiePlacement", "PlacementPolicyAdherence",
            "PlacementSettings", "RackawareEnsemblePlacementPolicy", "RegionAwareEnsemblePlacementPolicy"]

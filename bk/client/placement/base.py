@@ -245,3 +245,19 @@ class EnsemblePlacementPolicy:
 
 
 DefaultEnsemblePlacementPolicy = EnsemblePlacementPolicy
+
+
+class OneBookiePlacement(EnsemblePlacementPolicy):
+    """BookKeeper's LocalBookieEnsemblePlacementPolicy: every ensemble is one given bookie
+    (the sanity checks: `bk shell bookiesanity`, HTTP /api/v1/bookie/sanity)."""
+
+    def __init__(self, bookie_id: str):
+        super().__init__()
+        self.bookie_id = bookie_id
+
+    def new_ensemble(self, ensemble_size, writable, exclude=(), **_) -> list[str]:
+        if ensemble_size != 1:
+            raise NotEnoughBookiesError(f"ensembles are bookie {self.bookie_id} alone (ensemble size 1)")
+        if self.bookie_id not in set(writable) or self.bookie_id in set(exclude):
+            raise NotEnoughBookiesError(f"bookie {self.bookie_id} is not registered as writable")
+        return [self.bookie_id]
