@@ -115,9 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-size", type=positive_int, default=1024, help="entry size of the read rows")
     p.add_argument("--no-reads", action="store_true", help="with a Java system: skip the read rows")
     p.add_argument("--no-java-client", action="store_true", help="with a Java system: skip the Java client rows")
-    p.add_argument("--warm-up-s", type=float, default=5.0,
+    p.add_argument("--warm-up-s", type=float, default=15.0,
                    help="with a Java system: seconds of 1 KiB adds on every paired cluster before the first"
-                        " measurement, not counted (the JVMs' JIT; bk's bookies get the same)")
+                        " measurement, not counted (the JVMs' JIT: at load 10 on 2 cores C2 still took 40%% of"
+                        " a Java bookie's CPU 9-15 s into its adds; bk's bookies get the same)")
     p.add_argument("--java-client-entries", type=positive_int, default=100_000,
                    help="adds per Java client run (it reads them back, recovers, reads again)")
     return p
