@@ -171,9 +171,10 @@ class JsonStream:
             await self.write(self._comma() + json.dumps(mapping, default=str)[1:-1])
 
     async def items(self, values: list) -> None:
-        """Every value of `values` into the open array."""
-        if values:
-            await self.write(self._comma() + json.dumps(values, default=str)[1:-1])
+        """Every value of `values` into the open array, each encoded on its own (one entry
+        log's usage row can name a thousand ledgers: a list of them at once would not be)."""
+        for value in values:
+            await self.write(self._comma() + json.dumps(value, default=str))
 
     async def finish(self) -> web.StreamResponse:
         await self.flush()
