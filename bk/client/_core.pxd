@@ -67,6 +67,7 @@ cdef class AddCore:
     cdef public object raise_refused, raise_too_large, send_again, add_failure, wake_drain
 
     cdef _check(self, data)
+    cdef _payload(self, data)
     cdef _add(self, data, callback)
     cdef _add_response_c(self, bookie, response, err)
     cdef _deliver_c(self)

@@ -276,20 +276,28 @@ cdef class AddCore:
         if n > self.max_payload_bytes:
             self.raise_too_large(n)
 
-    cdef _add(self, data, callback):
-        cdef PendingAdd op
-        cdef int64_t entry_id, lac, length
-        cdef Py_ssize_t n
-        cdef tuple pair
+    def checked_payload(self, data):
+        """`data` as bytes once the checks of an add passed (see core_py.AddCore.checked_payload)."""
+        return self._payload(data)
+
+    cdef _payload(self, data):
         if self.refuse is not None or self.bk.closed:
             self.raise_refused()
         if type(data) is not bytes:
             if not isinstance(data, (bytearray, memoryview)):
                 raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
             data = bytes(data)
+        if len(<bytes>data) > self.max_payload_bytes:
+            self.raise_too_large(len(<bytes>data))
+        return data
+
+    cdef _add(self, data, callback):
+        cdef PendingAdd op
+        cdef int64_t entry_id, lac, length
+        cdef Py_ssize_t n
+        cdef tuple pair
+        data = self._payload(data)
         n = len(<bytes>data)
-        if n > self.max_payload_bytes:
-            self.raise_too_large(n)
         entry_id = self.last_add_pushed + 1
         self.last_add_pushed = entry_id
         self.length_pushed += n

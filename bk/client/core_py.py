@@ -329,16 +329,23 @@ class AddCore:
         if n > self.max_payload_bytes:
             self.raise_too_large(n)
 
-    def _add(self, data, callback):
+    def checked_payload(self, data):
+        """`data` as bytes once the checks of an add passed: the handle takes adds (else
+        raise_refused raises), the payload is bytes-like and not too large. For adds framed
+        outside the core (LedgerHandleAdv)."""
         if self.refuse is not None or self.bk.closed:
             self.raise_refused()
         if type(data) is not bytes:
             if not isinstance(data, (bytearray, memoryview)):
                 raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
             data = bytes(data)
+        if len(data) > self.max_payload_bytes:
+            self.raise_too_large(len(data))
+        return data
+
+    def _add(self, data, callback):
+        data = self.checked_payload(data)
         n = len(data)
-        if n > self.max_payload_bytes:
-            self.raise_too_large(n)
         entry_id = self.last_add_pushed + 1
         self.last_add_pushed = entry_id
         length = self.length_pushed = self.length_pushed + n

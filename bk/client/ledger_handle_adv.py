@@ -104,17 +104,10 @@ class LedgerHandleAdv(LedgerHandle):
 
     def _add_at(self, entry_id, data, callback):
         core = self._core
-        if core.refuse is not None or self._bk.closed:
-            self._raise_refused()
+        data = core.checked_payload(data)  # refused handle, payload type and size: as every add
         if isinstance(entry_id, bool) or not isinstance(entry_id, int) or not 0 <= entry_id <= MAX_ENTRY_ID:
             raise IncorrectParameterError(f"entry id must be an int in 0..{MAX_ENTRY_ID}, got {entry_id!r}")
-        if type(data) is not bytes:
-            if not isinstance(data, (bytearray, memoryview)):
-                raise IncorrectParameterError(f"entry data must be bytes-like, not {type(data).__name__}")
-            data = bytes(data)
         n = len(data)
-        if n > core.max_payload_bytes:
-            self._too_large(n)
         pending = core.pending
         i = bisect.bisect_left(pending, entry_id, key=_entry_id_of)
         if entry_id <= core.last_add_acked or (i < len(pending) and pending[i].entry_id == entry_id):
