@@ -151,6 +151,12 @@ def _flags(body: dict, major: str, minor: str) -> tuple[bool, bool]:
     return values[0], values[1]
 
 
+def _said(verb: str, major: bool, minor: bool, bookie_id: str) -> str:
+    """BookKeeper's answer: "<verb> majorGC on BookieServer: <id>, <verb> minorGC on ..."."""
+    return ", ".join(f"{verb} {kind}GC on BookieServer: {bookie_id}"
+                     for kind, asked in (("major", major), ("minor", minor)) if asked)
+
+
 @route("/api/v1/bookie/gc/suspend_compaction", "GET", "PUT")
 async def suspend_compaction(admin, request):
     """GET: {"isMajorGcSuspended": "true"|"false", "isMinorGcSuspended": ...} (strings, as
@@ -164,12 +170,7 @@ async def suspend_compaction(admin, request):
     if not major and not minor:
         raise HttpError(400, "No suspendMajor or suspendMinor params found")
     collector.suspend_compaction(major=major, minor=minor)
-    said = []
-    if major:
-        said.append(f"Suspend majorGC on BookieServer: {admin.server.bookie_id}")
-    if minor:
-        said.append(f"Suspend minorGC on BookieServer: {admin.server.bookie_id}")
-    return json_response(", ".join(said))
+    return json_response(_said("Suspend", major, minor, admin.server.bookie_id))
 
 
 @route("/api/v1/bookie/gc/resume_compaction", "PUT")
@@ -181,12 +182,7 @@ async def resume_compaction(admin, request):
         raise HttpError(400, "No resumeMajor or resumeMinor params found")
     major, minor = _flags(body, "resumeMajor", "resumeMinor")
     collector.resume_compaction(major=major, minor=minor)
-    said = []
-    if major:
-        said.append(f"Resume majorGC on BookieServer: {admin.server.bookie_id}")
-    if minor:
-        said.append(f"Resume minorGC on BookieServer: {admin.server.bookie_id}")
-    return json_response(", ".join(said))
+    return json_response(_said("Resume", major, minor, admin.server.bookie_id))
 
 
 # ---------------------------------------------------------------- storage expansion
