@@ -5,6 +5,8 @@ half (a SIGKILLed bookie after force) is tests/integration/test_deferred_adv.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import functools
 import random
 
@@ -12,8 +14,9 @@ import pytest
 
 from bk.client import BookKeeper
 from bk.errors import (
-    DuplicateEntryIdError, IncorrectParameterError, LedgerClosedError, LedgerExistsError, LedgerFencedError,
+    BookieIOError, DuplicateEntryIdError, IncorrectParameterError, LedgerClosedError, LedgerExistsError, LedgerFencedError,
 )
+from bk.testing.diskfaults import DiskFaults
 from bk.testing.inprocess import InProcessCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -152,12 +155,20 @@ async def test_adv_chosen_ledger_id_and_recovery_by_another_client(tmp_path):
             await lh.add_entry(5, b"after recovery")
 
 
-@run
-async def test_bookie_acknowledges_deferred_adds_before_the_journal_fsync_and_force_waits_for_it(tmp_path):
-    from bk.testing.diskfaults import DiskFaults
-
+@contextlib.contextmanager
+def disk_faults():
+    """This process's disk-fault injector (bk.testing.diskfaults), healed and removed afterwards."""
     faults = DiskFaults.install()
     try:
+        yield faults
+    finally:
+        faults.heal()
+        DiskFaults.uninstall()
+
+
+@run
+async def test_bookie_acknowledges_deferred_adds_before_the_journal_fsync_and_force_waits_for_it(tmp_path):
+    with disk_faults() as faults:
         async with InProcessCluster(tmp_path, bookies=3) as cluster, \
                 BookKeeper(cluster.metadata_uri, protocol="v3") as bkc:
             deferred = await bkc.create_ledger(3, 3, 2, write_flags={"DEFERRED_SYNC"})
@@ -175,20 +186,11 @@ async def test_bookie_acknowledges_deferred_adds_before_the_journal_fsync_and_fo
             faults.heal(hang)
             await asyncio.wait_for(force, 10)
             assert deferred.last_add_confirmed == 10 and await asyncio.wait_for(blocked, 10) == 1
-    finally:
-        faults.heal()
-        DiskFaults.uninstall()
 
 
 @run
 async def test_force_fails_when_the_journal_lost_deferred_adds(tmp_path):
-    import errno
-
-    from bk.errors import BookieIOError
-    from bk.testing.diskfaults import DiskFaults
-
-    faults = DiskFaults.install()
-    try:
+    with disk_faults() as faults:
         async with InProcessCluster(tmp_path, bookies=3) as cluster, \
                 BookKeeper(cluster.metadata_uri, protocol="v3") as bkc:
             lh = await bkc.create_ledger(3, 3, 3, write_flags={"DEFERRED_SYNC"})
@@ -200,9 +202,6 @@ async def test_force_fails_when_the_journal_lost_deferred_adds(tmp_path):
             with pytest.raises(BookieIOError, match=r"force\(\) failed.*EIO"):
                 await lh.force()
             assert lh.last_add_confirmed == 0  # the LAC stays at what is durable
-    finally:
-        faults.heal()
-        DiskFaults.uninstall()
 
 
 @run
