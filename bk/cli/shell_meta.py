@@ -3,6 +3,7 @@
     updateledgers -bookieId hostname|ip          this bookie's id in every ledger: old form -> new form
     updatebookieinledger -srcBookie A -destBookie B   bookie A -> bookie B in every ledger's ensembles
     endpointinfo -b BOOKIE_ID                    the endpoints and properties a bookie registered
+    forceauditchecks [-calc] [-ppc] [-rc]        the auditor's next start runs those checks at once
 
 The two update commands are BookKeeper's UpdateLedgerOp: every ledger whose ensembles
 name the old bookie gets it replaced, one compare-and-set metadata write per ledger (a
@@ -66,6 +67,16 @@ def add_parsers(cmds) -> None:
                                     "registration (bookie-rpc, http, ...). Fails for an unknown bookie, or one "
                                     "that published no endpoint (it may be down).")
     c.add_argument("-b", "-bookieid", "--bookieid", dest="bookie", required=True, metavar="BOOKIE_ID")
+    c = cmds.add_parser(
+        "forceauditchecks", help="make the auditor's next start run the chosen periodic checks at once",
+        description="BookKeeper's forceauditchecks: set the recorded last run of the chosen auditor checks 21 "
+                    "days back, so the auditor runs them as soon as it (re)starts; restart the auditor (its "
+                    "AutoRecovery) afterwards. bk's auditor also runs the placement check at each start and has "
+                    "no replicas check: -ppc and -rc set the znodes BookKeeper's own auditors read.")
+    c.add_argument("-calc", "--checkallledgerscheck", dest="calc", action="store_true",
+                   help="the ledger check (every ledger's bookies probed)")
+    c.add_argument("-ppc", "--placementpolicycheck", dest="ppc", action="store_true", help="the placement check")
+    c.add_argument("-rc", "--replicascheck", dest="rc", action="store_true", help="the replicas check")
 
 
 def _confirm(args, question: str) -> bool:
@@ -227,3 +238,31 @@ async def cmd_endpointinfo(uri, args):
               f"{' extensions ' + ','.join(e['extensions']) if e['extensions'] else ''}" for e in endpoints]
     return {"ok": True, "bookie_id": args.bookie, "properties": dict(info.properties), "endpoints": endpoints,
             "text": "\n".join(lines)}
+
+
+FORCED_CHECK_AGE_MS = 21 * 24 * 3600 * 1000  # BookKeeper's: longer than any check's usual interval
+
+
+@command("forceauditchecks")
+async def cmd_forceauditchecks(uri, args):
+    from bk.meta.underreplication import LedgerUnderreplicationManager
+    chosen = [name for name, on in (("checkallledgers", args.calc), ("placementpolicycheck", args.ppc),
+                                    ("replicascheck", args.rc)) if on]
+    if not chosen:
+        raise ConfigError("choose at least one check: -calc, -ppc and/or -rc (nothing was changed)")
+    ctime = int(time.time() * 1000) - FORCED_CHECK_AGE_MS
+    store = await _open(uri)
+    try:
+        urm = LedgerUnderreplicationManager(store)
+        try:
+            for name in chosen:
+                await urm.set_check_ctime(name, ctime)
+                log.info("auditor check %s: last run set to %s", name, time.strftime(
+                    "%Y-%m-%d %H:%M:%S", time.localtime(ctime / 1000)))
+        finally:
+            await urm.close()
+    finally:
+        await store.close()
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ctime / 1000))
+    return {"ok": True, "checks": chosen, "ctime_ms": ctime,
+            "text": f"last run of {', '.join(chosen)} set to {when}: restart the auditor to run them now"}

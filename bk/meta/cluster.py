@@ -80,6 +80,11 @@ class MetadataPaths:
     def lost_bookie_recovery_delay(self) -> str:
         return self._p("underreplication", "lostBookieRecoveryDelay")
 
+    def check_ctime(self, check: str) -> str:
+        """The znode of an auditor check's last run: check is checkallledgers, placementpolicycheck
+        or replicascheck (BookKeeper's names)."""
+        return self._p("underreplication", f"{check}ctime")
+
     def writable_bookie(self, bookie_id: str) -> str:
         return self._p("available", check_bookie_id(bookie_id))
 

@@ -83,6 +83,12 @@ def _build_file() -> descriptor_pb2.FileDescriptorProto:
     _field(cookie, "instanceId", 4, OPTIONAL, STRING)
     _field(cookie, "indexDirs", 5, OPTIONAL, STRING)
 
+    # the auditor's last run of each periodic check (ms since the epoch), as BookKeeper keeps them
+    for name, fieldname in (("CheckAllLedgersFormat", "checkAllLedgersCTime"),
+                            ("PlacementPolicyCheckFormat", "placementPolicyCheckCTime"),
+                            ("ReplicasCheckFormat", "replicasCheckCTime")):
+        _field(fdp.message_type.add(name=name), fieldname, 1, OPTIONAL, INT64)
+
     bsi = fdp.message_type.add(name="BookieServiceInfoFormat")
     ep = bsi.nested_type.add(name="Endpoint")
     _field(ep, "id", 1, REQUIRED, STRING)
@@ -115,6 +121,9 @@ LockDataFormat = _cls("LockDataFormat")
 AuditorVoteFormat = _cls("AuditorVoteFormat")
 CookieFormat = _cls("CookieFormat")
 BookieServiceInfoFormat = _cls("BookieServiceInfoFormat")
+CheckAllLedgersFormat = _cls("CheckAllLedgersFormat")
+PlacementPolicyCheckFormat = _cls("PlacementPolicyCheckFormat")
+ReplicasCheckFormat = _cls("ReplicasCheckFormat")
 
 
 # ---------------------------------------------------------------------- codecs

@@ -339,8 +339,10 @@ class LedgerUnderreplicationManager:
     async def set_lost_bookie_recovery_delay(self, delay_s: int) -> None:
         if isinstance(delay_s, bool) or not isinstance(delay_s, int) or delay_s < 0:
             raise MetadataStoreError(f"lost bookie recovery delay must be a non-negative int, not {delay_s!r}")
-        path = self.paths.lost_bookie_recovery_delay
-        data = str(delay_s).encode("ascii")
+        await self._put(self.paths.lost_bookie_recovery_delay, str(delay_s).encode("ascii"))
+
+    async def _put(self, path: str, data: bytes) -> None:
+        """Set the znode, creating it (and its parents) when missing."""
         while True:
             try:
                 await self.store.set(path, data)
@@ -352,6 +354,33 @@ class LedgerUnderreplicationManager:
                 return
             except MetadataExistsError:
                 continue
+
+    # The auditor's periodic checks and the field of their last-run znode (BookKeeper's
+    # CheckAllLedgersFormat & co.): `bk shell forceauditchecks` sets them back, the auditor
+    # reads them at its start to run an overdue check at once.
+    CHECKS = {"checkallledgers": ("CheckAllLedgersFormat", "checkAllLedgersCTime"),
+              "placementpolicycheck": ("PlacementPolicyCheckFormat", "placementPolicyCheckCTime"),
+              "replicascheck": ("ReplicasCheckFormat", "replicasCheckCTime")}
+
+    async def get_check_ctime(self, check: str) -> int | None:
+        """When the auditor last finished `check` (ms since the epoch), None if never recorded."""
+        msg_name, field_name = self.CHECKS[check]
+        path = self.paths.check_ctime(check)
+        try:
+            data, _ = await self.store.get(path)
+        except MetadataNotFoundError:
+            return None
+        try:
+            msg = formats.from_binary(getattr(formats, msg_name), data)
+        except MetadataFormatError as e:
+            raise MetadataFormatError(f"{path}: {e}") from None
+        return getattr(msg, field_name) if msg.HasField(field_name) else None
+
+    async def set_check_ctime(self, check: str, ctime_ms: int) -> None:
+        msg_name, field_name = self.CHECKS[check]
+        msg = getattr(formats, msg_name)()
+        setattr(msg, field_name, int(ctime_ms))
+        await self._put(self.paths.check_ctime(check), formats.to_binary(msg))
 
     async def lost_bookie_recovery_delay_watched(self, default_s: int = 0) -> tuple[int, asyncio.Future]:
         """(current delay, future of the next change event) for the auditor."""

@@ -23,11 +23,15 @@ Periodic work: the bookie check (every `auditor_periodic_bookie_check_interval_s
 first at start, through the delay rules above) marks the ledgers of every bookie
 named in some ledger's metadata but not registered; the ledger check (every
 `auditor_periodic_check_interval_s`) probes every bookie's share of every
-segment (LedgerChecker) and marks ledgers whose bookies lost entries.
+segment (LedgerChecker) and marks ledgers whose bookies lost entries. Its last
+run is kept in `underreplication/checkallledgersctime` (BookKeeper's znode): an
+auditor that starts waits only what is left of the interval since then, and runs
+the check at once when it is overdue (`bk shell forceauditchecks -calc` sets it 21
+days back); with no run recorded it waits a whole interval.
 
 The placement check (every `auditor_periodic_placement_policy_check_interval_s`,
 first at start; off by default as in BookKeeper; also after each trigger when
-it is on) asks the placement policy about every segment of every closed ledger
+it is on; each run recorded in `placementpolicycheckctime`) asks the placement policy about every segment of every closed ledger
 (bk.replication.placement), exports how many ledgers FAIL or only MEETS_SOFT,
 and with `repaired_placement_policy_not_adhering_bookie_enable` marks the
 failing ones under-replicated with no missing bookie, as BookKeeper does: the
@@ -100,12 +104,12 @@ class Auditor:
             self._spawn(self._periodic(self.bookie_check_interval_s, self._startup_bookie_check,
                                        self.check_all_bookies, first_now=True), "auditor-bookie-check")
         if self.check_interval_s > 0:
-            self._spawn(self._periodic(self.check_interval_s, None, self.check_all_ledgers, first_now=False),
-                        "auditor-ledger-check")
+            self._spawn(self._periodic(self.check_interval_s, None, self.check_all_ledgers, first_now=False,
+                                       check="checkallledgers", resume=True), "auditor-ledger-check")
         if self.placement_check_interval_s > 0:
             # BookKeeper runs it at once when no earlier run is recorded; bk records none across auditors
-            self._spawn(self._periodic(self.placement_check_interval_s, None, self.check_placement, first_now=True),
-                        "auditor-placement-check")
+            self._spawn(self._periodic(self.placement_check_interval_s, None, self.check_placement, first_now=True,
+                                       check="placementpolicycheck"), "auditor-placement-check")
         log.info("auditor %s started; available bookies: %s", self.bookie_id, sorted(self.available))
         return self
 
@@ -345,13 +349,36 @@ class Auditor:
                      " %d marked", result.closed_ledgers, not_adhering, soft, result.marked)
             return result
 
-    async def _periodic(self, interval_s: float, first, every, *, first_now: bool) -> None:
+    async def _periodic(self, interval_s: float, first, every, *, first_now: bool, check: str | None = None,
+                        resume: bool = False) -> None:
+        """Run `every` each interval (`first` first when first_now). `check` names the znode
+        that records each run; with `resume` a recorded run sets the first wait to what is
+        left of the interval since it (0 when overdue), as BookKeeper's auditor does."""
         step = (first or every) if first_now else None
+        if resume:
+            due = await self._due_in(check, interval_s)
+            if due is not None:
+                log.info("auditor: next %s in %.0f s (by its recorded last run)", check, due)
+                await asyncio.sleep(due)
+                step = every
         while True:
             if step is not None:
                 try:
                     await step()
+                    if check is not None:
+                        await self.urm.set_check_ctime(check, int(time.time() * 1000))
                 except BKError as e:
                     log.warning("auditor: periodic check failed: %s", e)
             step = every
             await asyncio.sleep(interval_s)
+
+    async def _due_in(self, check: str, interval_s: float) -> float | None:
+        """Seconds until `check` is due by its recorded last run, None if none is recorded."""
+        try:
+            ctime_ms = await self.urm.get_check_ctime(check)
+        except BKError as e:
+            log.warning("auditor: cannot read %s's last run (%s): waiting a whole interval", check, e)
+            return None
+        if ctime_ms is None:
+            return None
+        return max(0.0, interval_s - max(0.0, time.time() - ctime_ms / 1000))

@@ -8,8 +8,7 @@ the old bookie is registered), so no bookie needs to move.
 """
 from __future__ import annotations
 
-import json
-import os
+import time
 import uuid
 
 import pytest
@@ -121,6 +120,22 @@ def test_updateledgers_hostname_and_back(cluster, tmp_path):
                       "ledger_dirs": [str(tmp_path / "l")], "journal_dirs": [str(tmp_path / "j")]})
     d = js(bk("--conf", conf, "updateledgers", "-bookieId", "ip", "-updatespersec", "50", "--force", "--json"))
     assert d["updated"] == [lid] and segments(cluster, lid) == [["127.0.0.1:4998", *others]]
+
+
+def test_forceauditchecks(cluster):
+    from bk.meta.underreplication import LedgerUnderreplicationManager
+    uri = cluster.metadata_uri
+    failed(bk("--metadata-uri", uri, "forceauditchecks"), "choose at least one check")
+    before = int(time.time() * 1000)
+    d = js(bk("--metadata-uri", uri, "forceauditchecks", "-calc", "-ppc", "-rc", "--json"))
+    assert d["checks"] == ["checkallledgers", "placementpolicycheck", "replicascheck"]
+
+    async def read(store):
+        urm = LedgerUnderreplicationManager(store)
+        return {c: await urm.get_check_ctime(c) for c in urm.CHECKS}
+    got = meta_call(cluster, lambda lm: read(lm.store))
+    day = 24 * 3600 * 1000
+    assert all(before - 21 * day - 60_000 <= v <= before - 21 * day + 60_000 for v in got.values()), got
 
 
 def test_closeledger_when_recovery_refuses(cluster):
