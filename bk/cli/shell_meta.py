@@ -4,6 +4,7 @@
     updatebookieinledger -srcBookie A -destBookie B   bookie A -> bookie B in every ledger's ensembles
     endpointinfo -b BOOKIE_ID                    the endpoints and properties a bookie registered
     forceauditchecks [-calc] [-ppc] [-rc]        the auditor's next start runs those checks at once
+    initbookie                                   this bookie (--conf) may start as a new one
 
 The two update commands are BookKeeper's UpdateLedgerOp: every ledger whose ensembles
 name the old bookie gets it replaced, one compare-and-set metadata write per ledger (a
@@ -67,6 +68,13 @@ def add_parsers(cmds) -> None:
                                     "registration (bookie-rpc, http, ...). Fails for an unknown bookie, or one "
                                     "that published no endpoint (it may be down).")
     c.add_argument("-b", "-bookieid", "--bookieid", dest="bookie", required=True, metavar="BOOKIE_ID")
+    cmds.add_parser(
+        "initbookie", help="check that this bookie (--conf) can start as a new one: empty dirs, no cookie",
+        description="BookKeeper's initbookie: succeeds only when the bookie's journal, ledger and index "
+                    "directories are missing or empty, the cluster is initialised, and its bookie id is neither "
+                    "registered (running) nor has a cookie in the metadata store. It changes nothing: the bookie "
+                    "creates its directories and cookie at its first start. To reuse a bookie id, "
+                    "`bookieformat --delete-cookie` first.")
     c = cmds.add_parser(
         "forceauditchecks", help="make the auditor's next start run the chosen periodic checks at once",
         description="BookKeeper's forceauditchecks: set the recorded last run of the chosen auditor checks 21 "
@@ -266,3 +274,42 @@ async def cmd_forceauditchecks(uri, args):
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ctime / 1000))
     return {"ok": True, "checks": chosen, "ctime_ms": ctime,
             "text": f"last run of {', '.join(chosen)} set to {when}: restart the auditor to run them now"}
+
+
+@command("initbookie")
+async def cmd_initbookie(uri, args):
+    import os
+
+    from bk.config import load_config
+    from bk.errors import MetadataNotFoundError
+    from bk.meta.cluster import is_initialized
+    from bk.meta.cookie import CookieStore
+    from bk.meta.registration import RegistrationManager
+    if not args.conf:
+        raise ConfigError("initbookie checks one bookie: `bk shell --conf bookie.toml initbookie`")
+    cfg = load_config(args.conf)
+    dirs = [("journal dir", d) for d in cfg.journal_dirs] + [("ledger dir", d) for d in cfg.ledger_dirs]
+    if cfg.index_dir:
+        dirs.append(("index dir", cfg.index_dir))
+    for kind, d in dirs:
+        if os.path.isdir(d) and os.listdir(d):
+            raise BKError(f"{kind} {d} exists and is not empty: format the bookie first (bookieformat)")
+    bookie = cfg.bookie_id
+    store = await _open(uri)
+    try:
+        if not await is_initialized(store):
+            raise BKError(f"the cluster at {uri} is not initialised: run initnewcluster first")
+        rm = RegistrationManager(store)
+        if bookie in set(await rm.writable_bookies()) | set(await rm.readonly_bookies()):
+            raise BKError(f"bookie {bookie} is registered: if a bookie process runs with this id, stop it first")
+        try:
+            await CookieStore(store).read(bookie)
+        except MetadataNotFoundError:
+            pass
+        else:
+            raise BKError(f"bookie {bookie} still has a cookie in the metadata store: format the bookie first "
+                          "(bookieformat --delete-cookie)")
+    finally:
+        await store.close()
+    return {"ok": True, "bookie_id": bookie, "directories": [d for _, d in dirs],
+            "text": f"bookie {bookie} can start as a new bookie: its directories are empty and it has no cookie"}

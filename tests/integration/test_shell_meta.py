@@ -8,6 +8,7 @@ the old bookie is registered), so no bookie needs to move.
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -180,3 +181,21 @@ def test_closeledger_when_recovery_refuses(cluster):
     assert md.is_closed and md.last_entry_id == 4 and md.length == sum(len(b"entry-%d" % i) for i in range(5))
     failed(bk("--metadata-uri", uri, "closeledger", str(lid), "--at-entry", "3", "--i-accept-data-loss"),
            "already closed")
+
+
+def test_initbookie(cluster, tmp_path):
+    """Runs after closeledger's test stopped bookies 1 and 2: their ids keep their cookies."""
+    uri = cluster.metadata_uri
+    failed(bk("--conf", cluster.bookies[0].conf_path, "initbookie"), "is not empty")
+
+    def conf(name: str, port: int) -> str:
+        path = str(tmp_path / f"{name}.toml")
+        write_toml(path, {"metadata_service_uri": uri, "bookie_port": port, "advertised_address": "127.0.0.1",
+                          "ledger_dirs": [str(tmp_path / name / "l")], "journal_dirs": [str(tmp_path / name / "j")]})
+        return path
+    live_port, stopped_port = (int(cluster.bookie_ids[i].rsplit(":", 1)[1]) for i in (0, 1))
+    failed(bk("--conf", conf("live", live_port), "initbookie"), "is registered")
+    failed(bk("--conf", conf("stopped", stopped_port), "initbookie"), "still has a cookie")
+    d = js(bk("--conf", conf("new", 4997), "initbookie", "--json"))
+    assert d["ok"] and d["bookie_id"] == "127.0.0.1:4997"
+    assert not os.path.exists(tmp_path / "new"), "initbookie changes nothing"
