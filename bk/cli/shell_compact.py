@@ -21,6 +21,8 @@ import urllib.request
 
 from bk.errors import BKError, ConfigError
 
+from .progress import progress_bar
+
 COMMANDS: dict = {}
 COMPACT_PATH = "/api/v1/bookie/gc/compact"
 
@@ -141,8 +143,22 @@ async def cmd_compact(uri, args):
         return {"ok": bool(r.get("ok")), "log_ids": plan[bookie], "outcome": outcome,
                 "bytes_freed": r.get("bytes_freed", 0), "bytes_rewritten": r.get("bytes_rewritten", 0),
                 "ledgers_deleted": len(r.get("ledgers_deleted") or ()), "errors": r.get("errors") or []}
-    results = await asyncio.gather(*(asyncio.to_thread(one, b) for b in plan))
-    by_bookie = dict(zip(plan, results))
+    by_bookie: dict = {}
+    total = sum(len(ids) for ids in plan.values())
+
+    async def named(bookie: str):
+        return bookie, await asyncio.to_thread(one, bookie)
+    with progress_bar(total=total, desc="compaction", unit="log", quiet=args.json) as bar:
+        # bookies compact at once; the bar (and, without a terminal, a line) moves as each ends
+        for fut in asyncio.as_completed([named(b) for b in plan]):
+            bookie, r = await fut
+            by_bookie[bookie] = r
+            logs = sum(len(plan[b]) for b in by_bookie)
+            freed = sum(x.get("bytes_freed", 0) for x in by_bookie.values())
+            bar.update_to(logs, postfix=f"{freed} bytes freed")
+            bar.note(f"compaction: {bookie} {'done' if r['ok'] else 'FAILED'} ({len(by_bookie)}/{len(plan)} "
+                     f"bookies, {logs}/{total} logs)")
+    by_bookie = {b: by_bookie[b] for b in plan}
     lines = [f"compaction plan at threshold {threshold:.2f}: {sum(len(v) for v in plan.values())} logs on "
              f"{len(plan)} bookies"]
     for b, r in by_bookie.items():

@@ -246,8 +246,42 @@ def _when(ms) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "never"
 
 
+def _pass_with_progress(args) -> dict:
+    """gc_trigger (it answers when the pass is over); on a terminal a tqdm line meanwhile,
+    its figures from gc_status polled on a second connection (a failed poll is skipped)."""
+    import threading
+
+    from .progress import progress_bar
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["out"] = _call(args, "gc_trigger", force_major=args.force_major, force_minor=args.force_minor)
+        except BaseException as e:  # handed to the caller's thread
+            done["error"] = e
+    worker = threading.Thread(target=run, name="triggergc", daemon=True)
+    start = time.monotonic()
+    worker.start()
+    with progress_bar(desc="GC pass", unit="s", quiet=args.json) as bar:
+        while worker.is_alive():
+            worker.join(0.5)
+            if bar.tty and worker.is_alive():
+                try:
+                    from bk.server.admin import admin_call
+                    st = admin_call(_socket(args), "gc_status", timeout_s=2.0)
+                    left = st.get("candidates_left")
+                    postfix = (f"compacting {st.get('compacting_logs')} logs"
+                               + (f", {left} deleted-ledger candidates left" if left is not None else ""))
+                except Exception:  # noqa: BLE001 - only the display is lost
+                    postfix = None
+                bar.update_to(int(time.monotonic() - start), postfix=postfix)
+    if "error" in done:
+        raise done["error"]
+    return done["out"]
+
+
 def triggergc(args) -> dict:
-    out = _call(args, "gc_trigger", force_major=args.force_major, force_minor=args.force_minor)
+    out = _pass_with_progress(args)
     lines = [f"GC pass at {_when(out.get('start_ms'))} took {out.get('duration_ms')} ms",
              f"  ledgers deleted   {len(out.get('ledgers_deleted', []))} "
              f"({len(out.get('over_replicated_deleted', []))} over-replicated)",
