@@ -186,6 +186,22 @@ class JsonStream:
             self.request.transport.abort()
 
 
+async def stream_json(request: web.Request, body: dict | list) -> web.StreamResponse:
+    """A dict or list already in memory but possibly large, streamed PAGE_SIZE members at a time."""
+    out = JsonStream(request)
+    if isinstance(body, dict):
+        await out.open("{")
+        keys = list(body)
+        for start in range(0, len(keys), PAGE_SIZE):
+            await out.members({k: body[k] for k in keys[start:start + PAGE_SIZE]})
+        await out.close("}")
+    else:
+        await out.open("[")
+        await out.items(body)
+        await out.close("]")
+    return await out.finish()
+
+
 async def json_body(request: web.Request) -> dict:
     """The request body as a JSON object ({} when empty); 400 when it is not one."""
     raw = await request.read()

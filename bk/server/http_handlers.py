@@ -22,7 +22,7 @@ from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_
 
 from .admin import gc_calls
 from .http_admin import (PAGE_SIZE, HttpError, JsonStream, json_body, json_response, page_slice, param_bool,
-                         param_int, param_page, route)
+                         param_int, param_page, route, stream_json)
 
 log = logging.getLogger(__name__)
 
@@ -445,9 +445,9 @@ async def list_under_replicated(admin, request):
         rows = await list_underreplicated(urm, missing_replica=missing)
         if excluding:
             rows = [r for r in rows if excluding not in r.missing_replicas]
-        if with_replicas:
-            return json_response({str(r.ledger_id): list(r.missing_replicas) for r in rows})
-        return json_response([r.ledger_id for r in rows])
+        if with_replicas:  # one entry per under-replicated ledger: streamed, there may be many
+            return await stream_json(request, {str(r.ledger_id): list(r.missing_replicas) for r in rows})
+        return await stream_json(request, [r.ledger_id for r in rows])
     return await _with_urm(admin, go)
 
 
