@@ -29,10 +29,13 @@ auditor that starts waits only what is left of the interval since then, and runs
 the check at once when it is overdue (`bk shell forceauditchecks -calc` sets it 21
 days back); with no run recorded it waits a whole interval.
 
-The placement check (every `auditor_periodic_placement_policy_check_interval_s`,
-first at start; off by default as in BookKeeper; also after each trigger when
-it is on; each run recorded in `placementpolicycheckctime`) asks the placement policy about every segment of every closed ledger
-(bk.replication.placement), exports how many ledgers FAIL or only MEETS_SOFT,
+The placement check (every `auditor_periodic_placement_policy_check_interval_s`;
+off by default as in BookKeeper; also after each trigger when it is on) asks the
+placement policy about every segment of every closed ledger
+(bk.replication.placement). Each periodic run is recorded in
+`placementpolicycheckctime`: a starting auditor runs it at once when none is
+recorded or it is overdue (`forceauditchecks -ppc`), else when the interval since
+the recorded run ends, as BookKeeper's does. It exports how many ledgers FAIL or only MEETS_SOFT,
 and with `repaired_placement_policy_not_adhering_bookie_enable` marks the
 failing ones under-replicated with no missing bookie, as BookKeeper does: the
 replication workers then move those segments (ReplicationWorker).
@@ -107,9 +110,9 @@ class Auditor:
             self._spawn(self._periodic(self.check_interval_s, None, self.check_all_ledgers, first_now=False,
                                        check="checkallledgers", resume=True), "auditor-ledger-check")
         if self.placement_check_interval_s > 0:
-            # BookKeeper runs it at once when no earlier run is recorded; bk records none across auditors
+            # as BookKeeper's: at once when no run is recorded (first_now), else when the recorded run is due
             self._spawn(self._periodic(self.placement_check_interval_s, None, self.check_placement, first_now=True,
-                                       check="placementpolicycheck"), "auditor-placement-check")
+                                       check="placementpolicycheck", resume=True), "auditor-placement-check")
         log.info("auditor %s started; available bookies: %s", self.bookie_id, sorted(self.available))
         return self
 

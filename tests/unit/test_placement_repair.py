@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from test_client_support import FakeCluster, run_async, until
 from test_replication import payloads, raw_entries_ok, write_ledger
@@ -195,3 +196,28 @@ async def test_a_worker_without_repair_only_clears_the_marker_and_a_failed_copy_
         await until(lambda: plain.ledgers_replicated == 1, "marker cleared")
         await plain.stop()
         assert (await bkc.get_ledger_metadata(lh.ledger_id)).segments == original
+
+
+@run_async
+async def test_a_new_auditor_resumes_the_placement_check_by_its_recorded_last_run():
+    async with FakeCluster(8) as cluster:
+        ids = [b.bookie_id for b in cluster.bookies]
+        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=racks(ids)) as bkc:
+            bad, _ = await one_rack_ledger(bkc, ids)
+            urm = LedgerUnderreplicationManager(bkc.store)
+            options = dict(check_interval_s=0, bookie_check_interval_s=0, placement_check_interval_s=3600,
+                           repair_placement=True)
+            await urm.set_check_ctime("placementpolicycheck", int(time.time() * 1000))  # ran just now
+            auditor = await Auditor(bkc, urm, "auditor:1", **options).start()
+            await asyncio.sleep(0.3)
+            assert auditor.last_placement_check is None and await marked(urm) == {}
+            await auditor.stop()
+            # forceauditchecks -ppc sets the record 21 days back: overdue, so the next auditor runs it at once
+            await urm.set_check_ctime("placementpolicycheck", int((time.time() - 21 * 86400) * 1000))
+            auditor = await Auditor(bkc, urm, "auditor:1", **options).start()
+            await until(lambda: auditor.last_placement_check is not None, "overdue check run at start")
+            assert await marked(urm) == {bad.ledger_id: ()}
+            async def recorded():
+                return await urm.get_check_ctime("placementpolicycheck") > time.time() * 1000 - 60_000
+            await until(recorded, "the run recorded")
+            await auditor.stop()
