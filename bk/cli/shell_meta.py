@@ -79,8 +79,8 @@ def add_parsers(cmds) -> None:
         "forceauditchecks", help="make the auditor's next start run the chosen periodic checks at once",
         description="BookKeeper's forceauditchecks: set the recorded last run of the chosen auditor checks 21 "
                     "days back, so the auditor runs them as soon as it (re)starts; restart the auditor (its "
-                    "AutoRecovery) afterwards. bk's auditor also runs the placement check at each start and has "
-                    "no replicas check: -ppc and -rc set the znodes BookKeeper's own auditors read.")
+                    "AutoRecovery) afterwards. bk's auditor has no replicas check: -rc sets the znode "
+                    "BookKeeper's own auditors read.")
     c.add_argument("-calc", "--checkallledgerscheck", dest="calc", action="store_true",
                    help="the ledger check (every ledger's bookies probed)")
     c.add_argument("-ppc", "--placementpolicycheck", dest="ppc", action="store_true", help="the placement check")
