@@ -141,6 +141,27 @@ def _keep_aside(kind: str, path: str) -> None:
     _track_event(kind, path, shadow)
 
 
+def track_in_place(path: str, synced_end: int) -> None:
+    """Tracking only: `path` is written in place (a format 2 journal file) and is durable
+    as it stands now, its data up to `synced_end`. A copy is kept aside, so a power-loss
+    test can put back, over any bytes written after the last fsync, what the file held
+    there before (zeros, or a recycled file's old records) instead of cutting the file."""
+    want = os.environ.get("BK_FSYNC_TRACK_FILE")
+    if not want:
+        return
+    import itertools
+    import shutil
+    global _shadow_ids
+    if _shadow_ids is None:
+        _shadow_ids = itertools.count()
+    shadow_dir = want + ".shadow"
+    os.makedirs(shadow_dir, exist_ok=True)
+    shadow = os.path.join(shadow_dir, f"{os.getpid()}-{next(_shadow_ids)}")
+    shutil.copyfile(path, shadow)
+    _track_event("P", path, shadow)
+    _track(path, synced_end)
+
+
 def _track_listing(path: str) -> str | None:
     if not os.environ.get("BK_FSYNC_TRACK_FILE"):
         return None

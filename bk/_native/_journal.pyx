@@ -1,8 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Journal byte kernel (native): record framing and validation.
 
-A journal record is `length u32 BE | crc32c(body) u32 BE | body`. Pure twin:
-bk/_native/journal_py.py (same functions, same results).
+A journal record is `length u32 BE | crc32c(seed, body) u32 BE | body`: format 1
+files use seed 0, format 2 files a seed made from the file id (records.py), so a
+record left in a recycled file from its previous life fails its CRC. Every
+function takes `seed` (default 0). Pure twin: bk/_native/journal_py.py (same
+functions, same results).
 
 frame_records(bodies) -> bytes
     One buffer with every body framed, in order. Pointers and lengths are
@@ -59,19 +62,19 @@ cdef inline uint32_t _get_u32(const unsigned char *p) noexcept nogil:
     return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
 
 
-cdef void _frame_into(char *out, const char **ptrs, Py_ssize_t *lens, Py_ssize_t n) noexcept nogil:
+cdef void _frame_into(char *out, const char **ptrs, Py_ssize_t *lens, Py_ssize_t n, uint32_t seed) noexcept nogil:
     cdef Py_ssize_t i, ln
     cdef char *p = out
     for i in range(n):
         ln = lens[i]
         _put_u32(p, <uint32_t>ln)
-        _put_u32(p + 4, bk_crc32c_extend(0, ptrs[i], <size_t>ln))
+        _put_u32(p + 4, bk_crc32c_extend(seed, ptrs[i], <size_t>ln))
         memcpy(p + 8, ptrs[i], <size_t>ln)
         p += 8 + ln
 
 
-def frame_records(bodies):
-    """Frame every body (bytes-like) as `length | crc32c | body`, back to back."""
+def frame_records(bodies, unsigned long long seed=0):
+    """Frame every body (bytes-like) as `length | crc32c(seed, body) | body`, back to back."""
     cdef tuple items = tuple(bodies)  # pins every body for the GIL-free copy
     cdef Py_ssize_t n = PyTuple_GET_SIZE(items)
     cdef Py_ssize_t i, total = 0, ln, nviews = 0
@@ -81,6 +84,8 @@ def frame_records(bodies):
     cdef Py_buffer *views = NULL
     cdef bytes out
     cdef char *dst
+    if seed > _MAX_U32:
+        raise ValueError("seed must fit in 32 bits")
     if n == 0:
         return b""
     ptrs = <const char **>malloc(n * sizeof(char *))
@@ -112,9 +117,9 @@ def frame_records(bodies):
         dst = PyBytes_AS_STRING(out)
         if total >= _NOGIL_MIN_BYTES:
             with nogil:
-                _frame_into(dst, ptrs, lens, n)
+                _frame_into(dst, ptrs, lens, n, <uint32_t>seed)
         else:
-            _frame_into(dst, ptrs, lens, n)
+            _frame_into(dst, ptrs, lens, n, <uint32_t>seed)
         return out
     finally:
         for i in range(nviews):
@@ -124,15 +129,15 @@ def frame_records(bodies):
         free(lens)
 
 
-cdef void _headers_into(char *out, const char **ptrs, Py_ssize_t *lens, Py_ssize_t n) noexcept nogil:
+cdef void _headers_into(char *out, const char **ptrs, Py_ssize_t *lens, Py_ssize_t n, uint32_t seed) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
         _put_u32(out + 8 * i, <uint32_t>lens[i])
-        _put_u32(out + 8 * i + 4, bk_crc32c_extend(0, ptrs[i], <size_t>lens[i]))
+        _put_u32(out + 8 * i + 4, bk_crc32c_extend(seed, ptrs[i], <size_t>lens[i]))
 
 
-def frame_headers(bodies):
-    """The `length | crc32c` header of every body (bytes-like), back to back."""
+def frame_headers(bodies, unsigned long long seed=0):
+    """The `length | crc32c(seed, body)` header of every body (bytes-like), back to back."""
     cdef tuple items = tuple(bodies)  # pins every body for the GIL-free CRCs
     cdef Py_ssize_t n = PyTuple_GET_SIZE(items)
     cdef Py_ssize_t i, total = 0, ln, nviews = 0
@@ -142,6 +147,8 @@ def frame_headers(bodies):
     cdef Py_buffer *views = NULL
     cdef bytes out
     cdef char *dst
+    if seed > _MAX_U32:
+        raise ValueError("seed must fit in 32 bits")
     if n == 0:
         return b""
     ptrs = <const char **>malloc(n * sizeof(char *))
@@ -173,9 +180,9 @@ def frame_headers(bodies):
         dst = PyBytes_AS_STRING(out)
         if total >= _NOGIL_MIN_BYTES:
             with nogil:
-                _headers_into(dst, ptrs, lens, n)
+                _headers_into(dst, ptrs, lens, n, <uint32_t>seed)
         else:
-            _headers_into(dst, ptrs, lens, n)
+            _headers_into(dst, ptrs, lens, n, <uint32_t>seed)
         return out
     finally:
         for i in range(nviews):
@@ -186,7 +193,7 @@ def frame_headers(bodies):
 
 
 cdef inline int _check_one(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end,
-                           uint64_t max_len, Py_ssize_t *body_len) noexcept nogil:
+                           uint64_t max_len, Py_ssize_t *body_len, uint32_t seed) noexcept nogil:
     """Status of the record at `pos` (0 = valid); sets body_len when the length is sane."""
     cdef uint32_t ln, crc
     if end - pos < 8:
@@ -197,20 +204,24 @@ cdef inline int _check_one(const unsigned char *b, Py_ssize_t pos, Py_ssize_t en
     if <uint64_t>(end - pos - 8) < <uint64_t>ln:
         return 1
     crc = _get_u32(b + pos + 4)
-    if bk_crc32c_extend(0, b + pos + 8, ln) != crc:
+    if bk_crc32c_extend(seed, b + pos + 8, ln) != crc:
         return 3
     body_len[0] = ln
     return 0
 
 
-cdef void _check_range(Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_bytes) except *:
+cdef void _check_range(Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_bytes,
+                       unsigned long long seed) except *:
+    if seed > _MAX_U32:
+        raise ValueError("seed must fit in 32 bits")
     if start < 0 or end < start or end > size:
         raise ValueError(f"bad scan range [{start}, {end}) for a buffer of {size} bytes")
     if max_record_bytes <= 0:
         raise ValueError("max_record_bytes must be positive")
 
 
-def scan_records(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_bytes):
+def scan_records(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_bytes,
+                 unsigned long long seed=0):
     """Validate records in buf[start:end]; see the module docstring for the result."""
     cdef Py_buffer view
     cdef Py_ssize_t pos, body_len = 0, count = 0, cap = 0, k
@@ -221,12 +232,12 @@ def scan_records(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_by
     cdef uint64_t max_len = <uint64_t>max_record_bytes
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
-        _check_range(view.len, start, end, max_record_bytes)
+        _check_range(view.len, start, end, max_record_bytes, seed)
         b = <const unsigned char *>view.buf
         pos = start
         with nogil:
             while pos < end:
-                status = _check_one(b, pos, end, max_len, &body_len)
+                status = _check_one(b, pos, end, max_len, &body_len, <uint32_t>seed)
                 if status != 0:
                     break
                 if count == cap:
@@ -249,7 +260,8 @@ def scan_records(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_by
         PyBuffer_Release(&view)
 
 
-def find_valid_record(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_bytes):
+def find_valid_record(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_bytes,
+                      unsigned long long seed=0):
     """First offset in [start, end) holding a whole valid record, or -1."""
     cdef Py_buffer view
     cdef Py_ssize_t pos, body_len = 0, hit = -1
@@ -257,12 +269,12 @@ def find_valid_record(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_reco
     cdef uint64_t max_len = <uint64_t>max_record_bytes
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
-        _check_range(view.len, start, end, max_record_bytes)
+        _check_range(view.len, start, end, max_record_bytes, seed)
         b = <const unsigned char *>view.buf
         with nogil:
             pos = start
             while pos + 8 < end:
-                if _check_one(b, pos, end, max_len, &body_len) == 0:
+                if _check_one(b, pos, end, max_len, &body_len, <uint32_t>seed) == 0:
                     hit = pos
                     break
                 pos += 1

@@ -26,6 +26,12 @@ never copied in user space (same bytes on disk). Records that arrive during the 
 wait is counted from the previous drain, so after a slow fsync the next group
 is flushed at once (adaptive grouping, no per-record timestamps).
 
+In place (format 2, the default: bk/journal/inplace.py). Records are framed
+with the file's CRC seed, a PADDING record ends every group on a
+`journal_alignment_size` boundary, the file is zeroed ahead in
+`journal_pre_alloc_size_mb` steps before records go there, and a rotated file
+ends with a durable FILE_END record before the next file is created.
+
 Failure (docs/DISK-FAULTS.md). A failed fsync, an I/O error on write or a failed
 rotation fails the group's callbacks and puts the journal in a failed state: every
 queued and later record fails with StorageError; nothing is acknowledged after an
@@ -49,13 +55,16 @@ from bk._native import load
 from bk.config import BookieConfig
 from bk.errors import BadRequestError, DiskFullError, StorageError
 from bk.fileio import IOV_MAX, DurableFile, ensure_dir, remove_file
+from bk.journal import inplace
 from bk.journal.records import (
+    FORMAT_V1,
     HEADER_BYTES,
     MIN_BODY_BYTES,
     LogMark,
     current_dir,
     encode_header,
     file_path,
+    file_seed,
     list_files,
     max_record_bytes,
 )
@@ -107,6 +116,12 @@ class Journal:
         self._max_record_bytes = max_record_bytes(config)
         self._kernel = load("journal")
         self._frame = self._kernel.frame_records
+        self._version = config.journal_format_version_to_write
+        self._alignment = config.journal_alignment_size
+        self._prealloc_bytes = config.journal_pre_alloc_size_mb * 1024 * 1024
+        self._reuse_files = config.journal_reuse_files
+        self._seed = 0  # the current file's CRC seed (0 in format 1)
+        self._alloc_end = 0  # format 2: the current file is zeroed and durable up to here
 
         self._queue: list = []  # flat: body, cb, ctx, body, cb, ctx, ...
         # Records the writer took from the queue (counted BEFORE taking them) and records
@@ -263,7 +278,10 @@ class Journal:
         for file_id, path in list_files(self.journal_dir):
             if file_id >= keep_from:
                 break
-            remove_file(path)
+            if self._reuse_files and self._version != FORMAT_V1:
+                inplace.retire(self.journal_dir, path, file_id)
+            else:
+                remove_file(path)
             removed += 1
         return removed
 
@@ -281,8 +299,19 @@ class Journal:
         # a log() that raced with stop() may have queued after the writer's last drain
         self._fail_queued(self._reject)
         if self._file is not None:
+            if self._version != FORMAT_V1 and self._failed is None:
+                self._close_in_place(self._file)
             self._file.close()
             self._file = None
+
+    def _close_in_place(self, f: DurableFile) -> None:
+        """A clean stop ends the file with FILE_END (the next start writes a later file);
+        if that fails, replay finds the zeroed or stale tail instead, as after a crash."""
+        try:
+            f.write(inplace.file_end_record(self._frame, self._seed))
+            f.fsync()
+        except StorageError as e:
+            logger.warning("journal %s: cannot end %s cleanly: %s", self.journal_dir, f.path, e)
 
     @property
     def failed(self) -> BaseException | None:
@@ -375,10 +404,10 @@ class Journal:
         bodies = taken[0::FIELDS]
         try:
             if sum(map(len, bodies)) < SPLIT_MIN_BODY_BYTES * len(bodies):
-                buf = frame(bodies)
+                buf = frame(bodies, self._seed)
                 buffers.append(buf)
                 return len(buf)
-            heads = memoryview(self._kernel.frame_headers(bodies))
+            heads = memoryview(self._kernel.frame_headers(bodies, self._seed))
             nbytes = len(heads)
             for i, body in enumerate(bodies):
                 buffers += (heads[8 * i:8 * i + 8], body)
@@ -390,7 +419,7 @@ class Journal:
         for i in range(0, len(taken), FIELDS):
             record = taken[i:i + FIELDS]
             try:
-                parts.append(frame([record[0]]))
+                parts.append(frame([record[0]], self._seed))
                 good += record
             except (TypeError, ValueError, BufferError) as e:
                 self._deliver(record, BadRequestError(f"journal record body is not bytes-like: {e}"))
@@ -407,6 +436,14 @@ class Journal:
         group_start = f.size
         started = time.monotonic()
         try:
+            if self._version != FORMAT_V1:
+                pad = inplace.padding_for(group_start + group_bytes, self._alignment, self._frame, self._seed)
+                if pad:
+                    buffers = buffers + [pad]
+                end = group_start + group_bytes + len(pad)
+                if end > self._alloc_end:  # zero the next step(s) first: fsync commits data only
+                    step = -(-(end - self._alloc_end) // self._prealloc_bytes) * self._prealloc_bytes
+                    self._alloc_end = inplace.extend(f, self._alloc_end, self._alloc_end + step)
             if len(buffers) == 1:
                 f.write(buffers[0])
             else:
@@ -460,6 +497,7 @@ class Journal:
             logger.error("journal %s: cannot cut %s back to %d after a full disk: %s",
                          self.journal_dir, f.path, size, e)
             return False
+        self._alloc_end = min(self._alloc_end, size)
         self._mark = LogMark(self._file_id, size)
         return True
 
@@ -498,12 +536,25 @@ class Journal:
     def _rotate(self) -> None:
         """Open the next file first: when that fails the old one stays current."""
         old = self._file
+        if self._version != FORMAT_V1:
+            # durable before the next file exists: replay of this file stops exactly here
+            old.write(inplace.file_end_record(self._frame, self._seed))
+            old.fsync()
         self._open_file(self._file_id + 1)
         old.close()
 
     def _open_file(self, file_id: int) -> None:
         """Create journal file `file_id` with its header, durable before any record.
         On failure the file is removed again: a header-less newest file would stop replay."""
+        if self._version != FORMAT_V1:
+            f, self._alloc_end = inplace.open_file(
+                self.journal_dir, file_id, self._alignment, self._prealloc_bytes,
+                reuse=self._reuse_files, sync_data=self._sync_data)
+            self._file = f
+            self._file_id = file_id
+            self._seed = file_seed(file_id)
+            self._mark = LogMark(file_id, f.size)
+            return
         path = file_path(self.journal_dir, file_id)
         f = None
         try:
@@ -521,6 +572,7 @@ class Journal:
             raise
         self._file = f
         self._file_id = file_id
+        self._seed = 0
         self._mark = LogMark(file_id, HEADER_BYTES)
 
     def _enter_failed(self, exc: StorageError) -> None:

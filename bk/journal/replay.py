@@ -8,6 +8,16 @@ there and the cut reported as `path@offset`. Anything else (a later file exists,
 or valid records follow the bad bytes) is corruption: CorruptedStorageError
 naming the file and offset, and the bookie does not start.
 
+Format 2 files (records.py) are written in place, so their tail holds zeros or,
+in a recycled file, records from its previous life; records are checked with the
+file's CRC seed, so old ones fail like garbage and are never replayed. A file
+ends at its FILE_END record. The last file may lack one (the bookie crashed, or
+stopped: its writer never rotated): its data ends at the first record that
+fails, under the same torn-tail rule, and replay closes it with a durable
+FILE_END there (the next start writes a later file). Stopping at a zeroed tail
+is how such a file normally ends, so that is no cut and is not reported.
+PADDING and FILE_END records are never handed to `on_record`.
+
 Files are read in chunks with pread, so `on_record` receives memoryviews of
 private bytes objects that stay valid after the callback returns.
 """
@@ -21,11 +31,16 @@ from typing import Callable, NamedTuple
 from bk.errors import CorruptedStorageError, StorageError
 from bk.fileio import DurableFile
 from bk.journal.records import (
+    FILE_END,
+    FILLER_LEDGER,
+    FORMAT_V1,
     HEADER_BYTES,
     MIN_BODY_BYTES,
     RECORD_HEADER_BYTES,
+    V2_HEADER_BYTES,
     LogMark,
     check_header,
+    file_seed,
     list_files,
     parse_ids,
 )
@@ -60,7 +75,7 @@ def replay_journal(journal_dir: str, mark: LogMark, on_record: OnRecord, *,
         start = mark.offset if file_id == mark.file_id else 0
         reader = _FileReplay(path, file_id, is_last=i == len(files) - 1,
                              kernel=kernel, max_record_bytes=max_record_bytes)
-        count, end_offset, cut = reader.run(max(start, HEADER_BYTES), on_record)
+        count, end_offset, cut = reader.run(start, on_record)
         records += count
         end_mark = LogMark(file_id, end_offset)
         if cut is not None:
@@ -73,11 +88,11 @@ def scan_journal_file(path: str, file_id: int, on_record: OnRecord, *, kernel,
     """Read one journal file's records WITHOUT changing it (admin tools: `bk shell readjournal`):
     (records, offset after the last valid one, "path@offset (why)" where bad data starts, or None)."""
     return _ReadOnlyFileReplay(path, file_id, is_last=True, kernel=kernel,
-                               max_record_bytes=max_record_bytes).run(HEADER_BYTES, on_record)
+                               max_record_bytes=max_record_bytes).run(0, on_record)
 
 
 class _FileReplay:
-    __slots__ = ("path", "file_id", "is_last", "kernel", "max_record_bytes")
+    __slots__ = ("path", "file_id", "is_last", "kernel", "max_record_bytes", "version", "seed")
 
     def __init__(self, path: str, file_id: int, *, is_last: bool, kernel, max_record_bytes: int):
         self.path = path
@@ -85,6 +100,8 @@ class _FileReplay:
         self.is_last = is_last
         self.kernel = kernel
         self.max_record_bytes = max_record_bytes
+        self.version = FORMAT_V1
+        self.seed = 0
 
     def run(self, start: int, on_record: OnRecord) -> tuple[int, int, str | None]:
         """(records replayed, offset after the last valid record, cut report or None)."""
@@ -101,7 +118,16 @@ class _FileReplay:
                     check_header(os.pread(fd, HEADER_BYTES, 0), self.file_id, self.path)
                 # an interrupted file creation: the header never became durable
                 return 0, 0, self._cut(0, f"truncated file header ({size} bytes)")
-            check_header(os.pread(fd, HEADER_BYTES, 0), self.file_id, self.path)
+            self.version, data_start = check_header(os.pread(fd, V2_HEADER_BYTES, 0), self.file_id, self.path)
+            if self.version != FORMAT_V1:
+                self.seed = file_seed(self.file_id)
+                if size < data_start:
+                    if not self.is_last:
+                        raise CorruptedStorageError(
+                            f"journal file {self.path}: {size} bytes, shorter than its header block "
+                            f"({data_start})", path=self.path, offset=size)
+                    return 0, 0, self._cut(0, "truncated header block")
+            start = max(start, data_start)
             if start > size:
                 logger.warning("journal log mark %s@%d is beyond the end of the file (%d bytes); "
                                "nothing to replay from it", self.path, start, size)
@@ -112,12 +138,13 @@ class _FileReplay:
 
     def _scan(self, fd: int, pos: int, size: int, on_record: OnRecord) -> tuple[int, int, str | None]:
         scan = self.kernel.scan_records
+        seed = self.seed
         count = 0
         want = CHUNK_BYTES
         while pos < size:
             data = _pread_all(fd, min(want, size - pos), pos, self.path)
             want = CHUNK_BYTES
-            found, stop, status = scan(data, 0, len(data), self.max_record_bytes)
+            found, stop, status = scan(data, 0, len(data), self.max_record_bytes, seed)
             view = memoryview(data)
             for body_offset, body_len in found:
                 body = view[body_offset:body_offset + body_len]
@@ -128,8 +155,12 @@ class _FileReplay:
                         f"{pos + body_offset - RECORD_HEADER_BYTES} is too short for ledger and entry ids",
                         path=self.path, offset=pos + body_offset - RECORD_HEADER_BYTES)
                 ledger_id, entry_id = parse_ids(body)
+                if ledger_id == FILLER_LEDGER:  # format 2 filler: padding, or the file's end
+                    if entry_id == FILE_END:
+                        return count, pos + body_offset - RECORD_HEADER_BYTES, None
+                    continue
                 on_record(ledger_id, entry_id, body)
-            count += len(found)
+                count += 1
             if status == 0:
                 pos += stop
                 continue
@@ -139,8 +170,45 @@ class _FileReplay:
                 if len(data) - stop >= 4:
                     want = max(CHUNK_BYTES, RECORD_HEADER_BYTES + int.from_bytes(data[stop:stop + 4], "big"))
                 continue
+            if self.version != FORMAT_V1:
+                return count, pos + stop, self._end_v2(fd, pos + stop, size, data, stop, status)
             return count, pos + stop, self._bad_record(fd, pos + stop, size, _WHY[status])
+        if self.version != FORMAT_V1:  # the data fills the file, and no FILE_END
+            return count, pos, self._end_v2(fd, pos, size, b"", 0, 0)
         return count, pos, None
+
+    def _end_v2(self, fd: int, offset: int, size: int, data: bytes, stop: int, status: int) -> str | None:
+        """A format 2 file's data stops at `offset` without a FILE_END record."""
+        zeros = status == 2 and data[stop:stop + RECORD_HEADER_BYTES] == bytes(RECORD_HEADER_BYTES)
+        why = "end of the data" if status == 0 else "zeroed tail" if zeros else _WHY[status]
+        if not self.is_last:
+            raise CorruptedStorageError(
+                f"journal file {self.path}: {why} at offset {offset} without its end record, "
+                f"and later journal files exist", path=self.path, offset=offset)
+        follow = _find_valid_after(fd, self.path, offset + 1, size, self.kernel, self.max_record_bytes, self.seed)
+        if follow >= 0:
+            raise CorruptedStorageError(
+                f"journal file {self.path}: {why} at offset {offset}, "
+                f"but a valid record follows at offset {follow}",
+                path=self.path, offset=offset)
+        return self._close_v2(fd, offset, size, why, report=not (status == 0 or zeros))
+
+    def _close_v2(self, fd: int, offset: int, size: int, why: str, report: bool = True) -> str | None:
+        """Write a durable FILE_END at `offset` (the file is done: a later one follows)."""
+        from bk.journal.inplace import file_end_record
+        f = DurableFile(self.path, create=False)
+        try:
+            f.size = offset
+            f.write(file_end_record(self.kernel.frame_records, self.seed))
+            f.fsync()
+        finally:
+            f.close()
+        if not report:
+            return None
+        report_at = f"{self.path}@{offset}"
+        logger.warning("journal: torn tail at %s (%s) closed with an end record; records from there "
+                       "were never acknowledged", report_at, why)
+        return report_at
 
     def _bad_record(self, fd: int, offset: int, size: int, why: str) -> str:
         """Cut a torn tail at `offset` and return its report, or raise for corruption."""
@@ -175,6 +243,14 @@ class _ReadOnlyFileReplay(_FileReplay):
     def _bad_record(self, fd: int, offset: int, size: int, why: str) -> str:
         return self._cut(offset, why)
 
+    def _end_v2(self, fd: int, offset: int, size: int, data: bytes, stop: int, status: int) -> str | None:
+        if status == 0 or (status == 2 and data[stop:stop + RECORD_HEADER_BYTES] == bytes(RECORD_HEADER_BYTES)):
+            return None  # the zeroed tail of a file still being written
+        return self._cut(offset, _WHY[status])
+
+    def _close_v2(self, fd: int, offset: int, size: int, why: str, report: bool = True) -> str | None:
+        return self._cut(offset, why)
+
     def _cut(self, offset: int, why: str) -> str:
         return f"{self.path}@{offset} ({why})"
 
@@ -201,7 +277,8 @@ def _pread_all(fd: int, n: int, offset: int, path: str) -> bytes:
     return data
 
 
-def _find_valid_after(fd: int, path: str, start: int, size: int, kernel, max_record_bytes: int) -> int:
+def _find_valid_after(fd: int, path: str, start: int, size: int, kernel, max_record_bytes: int,
+                      seed: int = 0) -> int:
     """Offset of the first valid record in [start, size), or -1 (maps the file, no copy)."""
     if size - start < RECORD_HEADER_BYTES + 1:
         return -1
@@ -210,6 +287,6 @@ def _find_valid_after(fd: int, path: str, start: int, size: int, kernel, max_rec
     except OSError as e:
         _io_error(e, "mapping", path)
     try:
-        return kernel.find_valid_record(mm, start, size, max_record_bytes)
+        return kernel.find_valid_record(mm, start, size, max_record_bytes, seed)
     finally:
         mm.close()

@@ -15,8 +15,7 @@ from bk import fileio
 from bk._native import load
 from bk.entrylog import format as fmt
 from bk.entrylog.files import LogScan
-from bk.journal.records import HEADER_BYTES as JOURNAL_HEADER_BYTES
-from bk.journal.records import RECORD_HEADER_BYTES, list_files, parse_ids
+from bk.journal.records import FILE_END, FILLER_LEDGER, RECORD_HEADER_BYTES, check_header, list_files, parse_ids
 
 _PARTS = ("payload", "ids", "size")
 
@@ -156,15 +155,15 @@ def journal_records(journal_dirs, ledger_id: int, entry_id: int) -> list[tuple[s
     """Every journal record of the entry: (path, record offset, body size)."""
     found = []
     for d in journal_dirs:
-        for _fid, path in list_files(d):
+        for fid, path in list_files(d):
             with open(path, "rb") as fh:
                 data = fh.read()
-            pos = JOURNAL_HEADER_BYTES
+            _version, pos = check_header(data, fid, path)  # records start after the header (block)
             while pos + RECORD_HEADER_BYTES <= len(data):
                 n = int.from_bytes(data[pos:pos + 4], "big")
                 body = data[pos + RECORD_HEADER_BYTES:pos + RECORD_HEADER_BYTES + n]
-                if n < 16 or len(body) < n:
-                    break
+                if n < 16 or len(body) < n or parse_ids(body) == (FILLER_LEDGER, FILE_END):
+                    break  # (a format 2 file's zeroed or stale tail: nothing of this file's)
                 if parse_ids(body) == (ledger_id, entry_id):
                     found.append((path, pos, n))
                 pos += RECORD_HEADER_BYTES + n

@@ -11,6 +11,9 @@ as a power cut could:
 - directory entries: in a directory with a logged listing, a name created since its
   last fsync is removed (a file, or a whole directory tree), a file unlinked since is
   put back, and a file renamed over since gets its old contents back (rename undone);
+- a file written in place (a format 2 journal file, fileio.track_in_place) gets back,
+  after its last fsynced data end, what it held when last made durable whole (zeros,
+  or a recycled file's old records): every write since that fsync is lost;
 - a file that was fsynced is truncated to its last fsynced size, and with
   `tear=True` keeps a random part of the next page of lost data (a torn write)
   or gets garbage there; a file never fsynced is emptied when its name is durable,
@@ -57,6 +60,7 @@ class TrackLog:
     listings: dict[str, tuple[int, set]] = field(default_factory=dict)  # dir -> (seq, names)
     aside: list[tuple[int, str, str, str]] = field(default_factory=list)  # (seq, kind, path, link)
     index_copies: dict[str, str] = field(default_factory=dict)   # data.mdb -> its last synced copy
+    in_place: dict[str, str] = field(default_factory=dict)   # file written in place -> its durable copy
 
 
 def read_track_log(track_file: str) -> TrackLog:
@@ -80,6 +84,8 @@ def read_track_log(track_file: str) -> TrackLog:
                     out.aside.append((seq, kind[1], path, extra))
                 elif kind == "#M":
                     out.index_copies[path] = extra
+                elif kind == "#P":
+                    out.in_place[path] = extra
                 continue
             path, sep, size = line.rpartition("\t")
             if sep and size.isdigit():
@@ -144,6 +150,9 @@ def simulate_power_loss(track_file: str, roots: list[str], *, tear: bool = False
                         shutil.copyfile(copy, path)  # the index as of its last sync
                         report.index_rolled_back.append(path)
                     continue  # else synced at every commit (index_sync = true)
+                if path in log.in_place:
+                    _restore_in_place(path, log.in_place[path], synced.get(path, 0), tear, rng, report)
+                    continue
                 size = os.path.getsize(path)
                 durable = synced.get(path)
                 if durable is None:
@@ -173,6 +182,37 @@ def simulate_power_loss(track_file: str, roots: list[str], *, tear: bool = False
                         report.torn.append(path)
                 report.truncated[path] = (size, durable)
     return report
+
+
+def _restore_in_place(path: str, copy: str, durable: int, tear: bool, rng: random.Random,
+                      report: PowerLossReport) -> None:
+    """A file written in place (fileio.track_in_place): bytes after its last fsynced data
+    end get back what the copy (the file as last made durable whole) holds there: every
+    write since the last fsync is lost, the zeros or old records under it come back. The
+    file's size is the copy's (its last fsynced size). With `tear`, part of the next page
+    of lost data survives, or garbage lands there."""
+    if not os.path.exists(copy):
+        return
+    with open(copy, "rb") as fh:
+        old = fh.read()
+    with open(path, "r+b") as fh:
+        now = fh.read()
+        if now[:durable] + old[durable:] == now and len(now) == len(old):
+            return
+        page_end = (durable // PAGE_BYTES + 1) * PAGE_BYTES
+        out = bytearray(now[:durable] + old[durable:])
+        if tear:
+            lost = now[durable:min(page_end, len(now), len(old))]
+            keep = rng.randrange(0, len(lost) + 1)
+            tail = lost[:keep]
+            if rng.random() < 0.5:
+                tail = bytes(rng.getrandbits(8) for _ in range(keep))
+            out[durable:durable + keep] = tail
+            report.torn.append(path)
+        fh.seek(0)
+        fh.write(out)
+        fh.truncate(len(old))
+    report.truncated[path] = (len(now), durable)
 
 
 # ---------------------------------------------------------------------------- the index model

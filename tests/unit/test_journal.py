@@ -34,7 +34,10 @@ _ids = struct.Struct(">qq")
 
 # ---------------------------------------------------------------- shared helpers
 def make_config(**overrides):
-    base = {"journal_max_group_wait_ms": 1.0, "journal_flush_when_queue_empty": True}
+    # format 1 (appended; still written on request and always read): these tests know its
+    # byte layout. Format 2 (in place, the default) has tests/unit/test_journal_inplace.py.
+    base = {"journal_max_group_wait_ms": 1.0, "journal_flush_when_queue_empty": True,
+            "journal_format_version_to_write": 1}
     base.update(overrides)
     return load_config(env={}, overrides=base)
 
