@@ -38,51 +38,58 @@ async def one_rack_ledger(bkc, ids, n=40, seed=1):
     return await write_ledger(bkc, n, 4, 2, 2, ensemble=ids[:4], seed=seed)
 
 
-@run_async
-async def test_placement_check_counts_closed_ledgers_and_marks_failing_ones_only_when_repair_is_on():
+@contextlib.asynccontextmanager
+async def racked_cluster():
+    """8 fake bookies in two racks; a writer's client and a worker's client that know the racks."""
     async with FakeCluster(8) as cluster:
         ids = [b.bookie_id for b in cluster.bookies]
-        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=racks(ids)) as bkc:
-            bad, _ = await one_rack_ledger(bkc, ids)
-            good, _ = await write_ledger(bkc, 10, 4, 2, 2, ensemble=[ids[0], ids[4], ids[1], ids[5]], seed=2)
-            still_open, _ = await write_ledger(bkc, 5, ensemble=ids[:3], close=False, seed=3)
-            assert await adherence(bkc, bad.ledger_id) == [PlacementPolicyAdherence.FAIL]
-            assert await adherence(bkc, good.ledger_id) == [PlacementPolicyAdherence.MEETS_STRICT]
-            urm = LedgerUnderreplicationManager(bkc.store)
-            # repair off: counted, not marked
-            auditor = Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
-                              placement_check_interval_s=3600)
-            result = await auditor.check_placement()
-            assert result.closed_ledgers == 2 and result.not_adhering == [bad.ledger_id]
-            assert result.softly_adhering == 0 and result.marked == 0 and await marked(urm) == {}
-            assert metrics.AUDITOR_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY.fn() == 1
-            assert metrics.AUDITOR_NUM_LEDGERS_SOFTLY_ADHERING_TO_PLACEMENT_POLICY.fn() == 0
-            page = metrics.exposition()[0].decode()
-            assert "auditor_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY 1" in page
-            assert "auditor_PLACEMENT_POLICY_CHECK_TIME" in page
-            # repair on, periodic: the failing closed ledger is marked with no missing bookie (BookKeeper's way)
-            auditor = await Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
-                                    placement_check_interval_s=3600, repair_placement=True).start()
-            await until(lambda: auditor.last_placement_check is not None, "first placement check at start")
-            assert await marked(urm) == {bad.ledger_id: ()}
-            await auditor.stop()
+        layout = racks(ids)
+        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=layout) as bkc, \
+                BookKeeper(cluster.metadata_uri, network_topology_mapping=layout) as wbk:
+            yield cluster, ids, layout, bkc, wbk
+
+
+@run_async
+async def test_placement_check_counts_closed_ledgers_and_marks_failing_ones_only_when_repair_is_on():
+    async with racked_cluster() as (cluster, ids, layout, bkc, _):
+        bad, _ = await one_rack_ledger(bkc, ids)
+        good, _ = await write_ledger(bkc, 10, 4, 2, 2, ensemble=[ids[0], ids[4], ids[1], ids[5]], seed=2)
+        still_open, _ = await write_ledger(bkc, 5, ensemble=ids[:3], close=False, seed=3)
+        assert await adherence(bkc, bad.ledger_id) == [PlacementPolicyAdherence.FAIL]
+        assert await adherence(bkc, good.ledger_id) == [PlacementPolicyAdherence.MEETS_STRICT]
+        urm = LedgerUnderreplicationManager(bkc.store)
+        # repair off: counted, not marked
+        auditor = Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
+                          placement_check_interval_s=3600)
+        result = await auditor.check_placement()
+        assert result.closed_ledgers == 2 and result.not_adhering == [bad.ledger_id]
+        assert result.softly_adhering == 0 and result.marked == 0 and await marked(urm) == {}
+        assert metrics.AUDITOR_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY.fn() == 1
+        assert metrics.AUDITOR_NUM_LEDGERS_SOFTLY_ADHERING_TO_PLACEMENT_POLICY.fn() == 0
+        page = metrics.exposition()[0].decode()
+        assert "auditor_NUM_LEDGERS_NOT_ADHERING_TO_PLACEMENT_POLICY 1" in page
+        assert "auditor_PLACEMENT_POLICY_CHECK_TIME" in page
+        # repair on, periodic: the failing closed ledger is marked with no missing bookie (BookKeeper's way)
+        auditor = await Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
+                                placement_check_interval_s=3600, repair_placement=True).start()
+        await until(lambda: auditor.last_placement_check is not None, "first placement check at start")
+        assert await marked(urm) == {bad.ledger_id: ()}
+        await auditor.stop()
 
 
 @contextlib.asynccontextmanager
 async def repairing_auditor():
     """8 fake bookies in two racks, a client that knows them, and an Auditor whose placement check (with
     repair) ran its first pass at start; the next periodic one is an hour away."""
-    async with FakeCluster(8) as cluster:
-        ids = [b.bookie_id for b in cluster.bookies]
-        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=racks(ids)) as bkc:
-            urm = LedgerUnderreplicationManager(bkc.store)
-            auditor = await Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
-                                    placement_check_interval_s=3600, repair_placement=True).start()
-            try:
-                await until(lambda: auditor.last_placement_check is not None, "first check")
-                yield ids, bkc, urm, auditor
-            finally:
-                await auditor.stop()
+    async with racked_cluster() as (cluster, ids, layout, bkc, _):
+        urm = LedgerUnderreplicationManager(bkc.store)
+        auditor = await Auditor(bkc, urm, "auditor:1", check_interval_s=0, bookie_check_interval_s=0,
+                                placement_check_interval_s=3600, repair_placement=True).start()
+        try:
+            await until(lambda: auditor.last_placement_check is not None, "first check")
+            yield ids, bkc, urm, auditor
+        finally:
+            await auditor.stop()
 
 
 @run_async
@@ -118,17 +125,6 @@ async def start_worker(bkc, bookie_id, **options):
     worker = ReplicationWorker(bkc, urm, bookie_id, idle_poll_s=0.05, backoff_first_s=0.05, **options)
     worker.start()
     return worker, urm
-
-
-@contextlib.asynccontextmanager
-async def racked_cluster():
-    """8 fake bookies in two racks; a writer's client and a worker's client that know the racks."""
-    async with FakeCluster(8) as cluster:
-        ids = [b.bookie_id for b in cluster.bookies]
-        layout = racks(ids)
-        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=layout) as bkc, \
-                BookKeeper(cluster.metadata_uri, network_topology_mapping=layout) as wbk:
-            yield cluster, ids, layout, bkc, wbk
 
 
 async def two_segment_ledger(bkc, first_ensemble, second_ensemble, n=60):
@@ -200,24 +196,22 @@ async def test_a_worker_without_repair_only_clears_the_marker_and_a_failed_copy_
 
 @run_async
 async def test_a_new_auditor_resumes_the_placement_check_by_its_recorded_last_run():
-    async with FakeCluster(8) as cluster:
-        ids = [b.bookie_id for b in cluster.bookies]
-        async with BookKeeper(cluster.metadata_uri, network_topology_mapping=racks(ids)) as bkc:
-            bad, _ = await one_rack_ledger(bkc, ids)
-            urm = LedgerUnderreplicationManager(bkc.store)
-            options = dict(check_interval_s=0, bookie_check_interval_s=0, placement_check_interval_s=3600,
-                           repair_placement=True)
-            await urm.set_check_ctime("placementpolicycheck", int(time.time() * 1000))  # ran just now
-            auditor = await Auditor(bkc, urm, "auditor:1", **options).start()
-            await asyncio.sleep(0.3)
-            assert auditor.last_placement_check is None and await marked(urm) == {}
-            await auditor.stop()
-            # forceauditchecks -ppc sets the record 21 days back: overdue, so the next auditor runs it at once
-            await urm.set_check_ctime("placementpolicycheck", int((time.time() - 21 * 86400) * 1000))
-            auditor = await Auditor(bkc, urm, "auditor:1", **options).start()
-            await until(lambda: auditor.last_placement_check is not None, "overdue check run at start")
-            assert await marked(urm) == {bad.ledger_id: ()}
-            async def recorded():
-                return await urm.get_check_ctime("placementpolicycheck") > time.time() * 1000 - 60_000
-            await until(recorded, "the run recorded")
-            await auditor.stop()
+    async with racked_cluster() as (cluster, ids, layout, bkc, _):
+        bad, _ = await one_rack_ledger(bkc, ids)
+        urm = LedgerUnderreplicationManager(bkc.store)
+        options = dict(check_interval_s=0, bookie_check_interval_s=0, placement_check_interval_s=3600,
+                       repair_placement=True)
+        await urm.set_check_ctime("placementpolicycheck", int(time.time() * 1000))  # ran just now
+        auditor = await Auditor(bkc, urm, "auditor:1", **options).start()
+        await asyncio.sleep(0.3)
+        assert auditor.last_placement_check is None and await marked(urm) == {}
+        await auditor.stop()
+        # forceauditchecks -ppc sets the record 21 days back: overdue, so the next auditor runs it at once
+        await urm.set_check_ctime("placementpolicycheck", int((time.time() - 21 * 86400) * 1000))
+        auditor = await Auditor(bkc, urm, "auditor:1", **options).start()
+        await until(lambda: auditor.last_placement_check is not None, "overdue check run at start")
+        assert await marked(urm) == {bad.ledger_id: ()}
+        async def recorded():
+            return await urm.get_check_ctime("placementpolicycheck") > time.time() * 1000 - 60_000
+        await until(recorded, "the run recorded")
+        await auditor.stop()
