@@ -33,8 +33,8 @@ def test_compare_java_bookie_tiny_run(tmp_path, monkeypatch):
     bench_dir = tmp_path / "bench"
     monkeypatch.setenv("BK_BENCH_DIR", str(bench_dir))
     args = compare.parse_args(["--systems", "java-bookie", "--sizes", "1024", "--runs", "1", "--duration-s", "0.5",
-                               "--in-flight", "100", "--read-entries", "300", "--java-client-entries", "500",
-                               "--no-chart", "--out-dir", str(tmp_path / "out")])
+                               "--in-flight", "100", "--warm-up-s", "0.5", "--read-entries", "300",
+                               "--java-client-entries", "500", "--no-chart", "--out-dir", str(tmp_path / "out")])
     assert args.systems == ["bk-1", "java-bookie"]  # the bk system it is compared with comes along
     pids = []
     real_start = java_bookie.Fleet.start
