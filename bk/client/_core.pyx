@@ -364,9 +364,9 @@ cdef class AddCore:
             return  # already completed or failed
         op = head
         if k:
-            if k < n and (<PendingAdd>pending[k]).entry_id == entry_id:
-                op = <PendingAdd>pending[k]  # dense ids: every ledger but create_ledger_adv's
-            else:
+            if k < n:
+                op = <PendingAdd>pending[k]  # dense ids (every ledger but create_ledger_adv's): the entry
+            if k >= n or op.entry_id != entry_id:
                 op = self._find(entry_id, k if k < n else n - 1)
                 if op is None:
                     return  # already failed, or never added
