@@ -13,13 +13,17 @@ split_frames(buf, start, max_frame) -> (list[(body_offset, body_len)], end, err)
     err 0: fine; 1: negative length at `end`; 2: length > max_frame at `end`.
     A bad length is reported as soon as its 4 bytes are present: the body is
     never waited for nor allocated.
-scan_add_requests(buf, start, max_frame, record=tuple) -> (items, end, err, deferred)
+scan_add_requests(buf, start, max_frame, record=tuple, read_record=None) -> (items, end, err, deferred)
     Like split_frames, but a well-formed ADD request (version 0..2, op ADD,
     body >= 56 bytes, ledger id >= 0, entry id >= 0) comes back decoded as a
     `record` of `(flags, master_key, ledger_id, entry_id, entry_bytes, version)`;
     any other frame as a plain `(body_offset, body_len)` tuple, and `deferred`
     lists the indexes of those in `items` (the caller's slow path). Equal
-    master keys in one call share one bytes object.
+    master keys in one call share one bytes object. With `read_record` (a
+    ReadRequest-shaped NamedTuple) a plain READ (version 0..2, 20 bytes, no
+    fencing flag, ledger id >= 0, entry id >= -1) comes back as
+    `(flags, ledger_id, entry_id, None, version)`: what codec.decode_request
+    gives for it (the single READs of a client's readEntries, bk.server.single_reads).
 scan_add_responses(buf, start, max_frame, record=tuple) -> (items, end, err, deferred)
     A 24-byte ADD response (version 0..2) comes back as a `record` of
     `(rc, ledger_id, entry_id)`; any other frame as in scan_add_requests.
@@ -85,7 +89,7 @@ def split_frames(buf, Py_ssize_t start, Py_ssize_t max_frame):
         PyBuffer_Release(&view)
 
 
-def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple):
+def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple, read_record=None):
     cdef Py_buffer view
     cdef const unsigned char *b
     cdef const unsigned char *f
@@ -133,6 +137,26 @@ def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple)
                     _put(rec, 4, PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_ENTRY_OFFSET),
                                                            length - WL_ADD_ENTRY_OFFSET))
                     _put(rec, 5, version)
+                    out.append(rec)
+                    pos += 4 + length
+                    continue
+            elif length == WL_READ_REQUEST_BYTES and read_record is not None:
+                h = _u32(f)
+                version = h >> 24
+                if version == 0:
+                    op, flags = h, 0
+                else:
+                    op, flags = (h >> 16) & 0xff, h & 0xffff
+                ledger_id = _i64(f + WL_HEADER_BYTES)
+                entry_id = _i64(f + WL_HEADER_BYTES + WL_ID_BYTES)
+                if (version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_READ_ENTRY
+                        and not flags & WL_FLAG_DO_FENCING and ledger_id >= 0 and entry_id >= -1):
+                    rec = bk_codec_new_record(read_record, 5)
+                    _put(rec, 0, flags)
+                    _put(rec, 1, ledger_id)
+                    _put(rec, 2, entry_id)
+                    _put(rec, 3, None)
+                    _put(rec, 4, version)
                     out.append(rec)
                     pos += 4 + length
                     continue

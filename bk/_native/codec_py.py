@@ -13,7 +13,8 @@ import google_crc32c
 # The one layout module (a leaf: importing it loads nothing else of bk.proto).
 from bk.proto.layout import (
     ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, ENTRY_HEADER, ENTRY_IDS_LAC,
-    FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, OP_ADD_ENTRY, pack_header,
+    FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, OP_ADD_ENTRY,
+    OP_READ_ENTRY, READ_REQUEST_BYTES, pack_header,
 )
 
 ERR_OK = 0
@@ -21,6 +22,7 @@ ERR_NEGATIVE_LENGTH = 1
 ERR_FRAME_TOO_LARGE = 2
 
 _OP_ADD = OP_ADD_ENTRY
+_OP_READ = OP_READ_ENTRY
 _KEY_LEN = MASTER_KEY_LENGTH
 _ADD_MIN = ADD_REQUEST_MIN_BYTES
 _ADD_RESPONSE = ADD_RESPONSE_BYTES
@@ -31,6 +33,7 @@ _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 _length = FRAME_LENGTH
 # header, master key (skipped), ledger id, entry id: an ADD request body up to the entry's ids
+_read_ids = struct.Struct(">Iqq")  # a READ request's header, ledger id, entry id
 _add_ids = struct.Struct(f">I{ADD_ENTRY_OFFSET - ADD_KEY_OFFSET}xqq")
 _add_response_body = struct.Struct(">Iiqq")  # header rc ledger_id entry_id (ADD_RESPONSE_BYTES)
 
@@ -77,7 +80,9 @@ def split_frames(buf, start: int, max_frame: int):
     return out, pos, err
 
 
-def scan_add_requests(buf, start: int, max_frame: int, record=tuple):
+def scan_add_requests(buf, start: int, max_frame: int, record=tuple, read_record=None):
+    if read_record is not None:
+        _check_record(read_record)
     _check_record(record)
     mv = _view(buf, start, max_frame)
     # Slicing bytes is the cheapest way to copy out keys and bodies in Python.
@@ -104,6 +109,14 @@ def scan_add_requests(buf, start: int, max_frame: int, record=tuple):
                 if k != key:
                     key = k
                 append(_new(record, (flags, key, ledger_id, entry_id, data[off + ADD_ENTRY_OFFSET:pos], version)))
+                continue
+        elif ln == READ_REQUEST_BYTES and read_record is not None:
+            h, ledger_id, entry_id = _read_ids.unpack_from(data, off)
+            version = h >> 24
+            op, flags = (h, 0) if version == 0 else ((h >> 16) & 0xFF, h & 0xFFFF)
+            if version <= _MAX_VERSION and op == _OP_READ and not flags & FLAG_DO_FENCING and ledger_id >= 0 \
+                    and entry_id >= -1:
+                append(_new(read_record, (flags, ledger_id, entry_id, None, version)))
                 continue
         deferred.append(len(out))
         append((off, ln))

@@ -49,7 +49,7 @@ from bk.proto.codec import decode_request, decode_response
 from bk.proto import v3
 from bk.proto.constants import DEFAULT_MAX_FRAME_SIZE_BYTES, V2_STATUS_BY_V3
 from bk.proto.messages import (
-    AddRequest, AddResponse, BadFrameLengthError, RequestDecodeError, ResponseDecodeError,
+    AddRequest, AddResponse, BadFrameLengthError, ReadRequest, RequestDecodeError, ResponseDecodeError,
 )
 
 _codec = _native.load("codec")
@@ -192,13 +192,14 @@ class FrameDecoder:
         """Server side: request messages (or RequestDecodeError instances) completed by `data`.
 
         The kernel decodes every well-formed ADD of the chunk straight into
-        AddRequest records in one pass; only the other frames (reads, malformed
-        adds) go through codec.decode_request.
+        AddRequest records in one pass, and every plain READ into a ReadRequest
+        (what decode_request gives for it); only the other frames (fencing reads,
+        other ops, malformed ones) go through codec.decode_request.
         """
         buf = self._collect(data)
         if buf is None:
             return []
-        items, end, err, deferred = _scan_add_requests(buf, 0, self.max_frame_size_bytes, AddRequest)
+        items, end, err, deferred = _scan_add_requests(buf, 0, self.max_frame_size_bytes, AddRequest, ReadRequest)
         if deferred:
             mv = memoryview(buf)
             for i in deferred:

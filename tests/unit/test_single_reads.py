@@ -336,3 +336,40 @@ def test_a_read_waiting_for_a_read_ahead_on_a_lost_connection_is_only_uncounted(
         single_reads._ahead_done(ReadRequest(0, LEDGER, 1), LEDGER, 1, conn, bookie, proc._resume, 0.0, None)
         assert (conn.pending, proc.limits.reads, transport.out, proc._tasks) == (0, 0, [], set())
     _run(tmp_path, body)
+
+
+@pytest.mark.parametrize("k", ["pure", "native"])
+def test_plain_reads_decode_in_the_kernel_exactly_as_decode_request(k):
+    """The request kernel decodes plain READs (v0..2, no fence) into ReadRequests equal to
+    codec.decode_request's; every other READ frame is deferred to it (fencing, bad ids, a bad
+    length, version 3+), so what the server sees is unchanged."""
+    import struct
+    from bk.proto import AddRequest, RequestDecodeError
+    from bk.proto.codec import decode_request
+
+    mod = _native.load_pure("codec") if k == "pure" else _native.load_native("codec")
+    if mod is None:
+        pytest.skip("bk._native._codec is not built")
+    frames = []
+    for h in (2, 1 << 24 | 2 << 16, 2 << 24 | 2 << 16, 2 << 24 | 2 << 16 | 0x4, 2 << 24 | 2 << 16 | 1,
+              3 << 24 | 2 << 16, 2 << 24 | 1 << 16):
+        for lid, eid in ((0, 0), (7, -1), (7, -2), (-1, 3), (2**63 - 1, 2**63 - 1)):
+            frames.append(struct.pack(">Iqq", h, lid, eid))
+    frames.append(struct.pack(">Iqq", 2 << 24 | 2 << 16 | 1, 7, 3) + KEY)  # a fencing read with its key
+    frames.append(struct.pack(">Iqqi", 2 << 24 | 2 << 16, 7, 3, 0))  # one int too many
+    buf = b"".join(struct.pack(">i", len(f)) + f for f in frames)
+    items, end, err, deferred = mod.scan_add_requests(buf, 0, 1 << 20, AddRequest, ReadRequest)
+    assert (end, err) == (len(buf), 0) and len(items) == len(frames)
+    decoded = 0
+    for i, (item, frame) in enumerate(zip(items, frames)):
+        try:
+            want = decode_request(frame)
+        except RequestDecodeError:
+            want = None
+        if i in deferred:
+            assert item[1] == len(frame)  # (offset, length): decode_request's to decide
+            continue
+        assert type(item) is ReadRequest and item == want and want.master_key is None
+        decoded += 1
+    assert decoded == 12  # ids (0, 0), (7, -1) and the largest, under the 4 plain headers (v0, v1, v2, v2 high priority)
+    assert len(items) - len(deferred) == decoded
