@@ -127,18 +127,23 @@ def _keep_aside(kind: str, path: str) -> None:
     want = os.environ.get("BK_FSYNC_TRACK_FILE")
     if not want or not os.path.isfile(path):
         return
-    import itertools
-    global _shadow_ids
-    if _shadow_ids is None:
-        _shadow_ids = itertools.count()
-    shadow_dir = want + ".shadow"
-    os.makedirs(shadow_dir, exist_ok=True)
-    shadow = os.path.join(shadow_dir, f"{os.getpid()}-{next(_shadow_ids)}")
+    shadow = _shadow_path(want)
     try:
         os.link(path, shadow)
     except OSError:
         return
     _track_event(kind, path, shadow)
+
+
+def _shadow_path(track_file: str) -> str:
+    """A fresh name under `<track file>.shadow/` for a kept-aside file."""
+    import itertools
+    global _shadow_ids
+    if _shadow_ids is None:
+        _shadow_ids = itertools.count()
+    shadow_dir = track_file + ".shadow"
+    os.makedirs(shadow_dir, exist_ok=True)
+    return os.path.join(shadow_dir, f"{os.getpid()}-{next(_shadow_ids)}")
 
 
 def track_in_place(path: str, synced_end: int) -> None:
@@ -149,14 +154,8 @@ def track_in_place(path: str, synced_end: int) -> None:
     want = os.environ.get("BK_FSYNC_TRACK_FILE")
     if not want:
         return
-    import itertools
     import shutil
-    global _shadow_ids
-    if _shadow_ids is None:
-        _shadow_ids = itertools.count()
-    shadow_dir = want + ".shadow"
-    os.makedirs(shadow_dir, exist_ok=True)
-    shadow = os.path.join(shadow_dir, f"{os.getpid()}-{next(_shadow_ids)}")
+    shadow = _shadow_path(want)
     shutil.copyfile(path, shadow)
     _track_event("P", path, shadow)
     _track(path, synced_end)

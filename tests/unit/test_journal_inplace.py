@@ -55,6 +55,17 @@ def crash_copy(src: str, dst: str) -> str:
     return dst
 
 
+def crashed_journal(tmp_path, config, bodies: list[bytes]) -> tuple[str, list[LogMark]]:
+    """A journal that logged `bodies` (one group each), as a kill -9 left it: (dir, marks)."""
+    d = str(tmp_path / "j")
+    j = Journal(d, config)
+    j.start()
+    marks = log_groups(j, bodies)
+    image = crash_copy(d, str(tmp_path / "crash"))
+    j.stop()
+    return image, marks
+
+
 @pytest.mark.parametrize("mode", ["native", "pure"])
 def test_kernels_agree_on_seeded_records(mode, monkeypatch):
     native = load("journal") if mode == "native" else None
@@ -170,13 +181,8 @@ def test_a_recycled_file_never_replays_its_old_valid_records(tmp_path, kernel_mo
 
 def test_zeroed_tail_after_a_crash_is_the_quiet_end(tmp_path, kernel_mode):
     config = cfg()
-    d = str(tmp_path / "j")
-    j = Journal(d, config)
-    j.start()
     bodies = [entry(4, i, 700) for i in range(30)]
-    marks = log_groups(j, bodies)
-    image = crash_copy(d, str(tmp_path / "crash"))
-    j.stop()
+    image, marks = crashed_journal(tmp_path, config, bodies)
     result, got = replay(image, config)
     assert got == bodies and result.cut_tail is None and result.end_mark == marks[-1]
     (fid, path), = list_files(image)
@@ -189,13 +195,8 @@ def test_zeroed_tail_after_a_crash_is_the_quiet_end(tmp_path, kernel_mode):
 @pytest.mark.parametrize("damage", ["torn_record", "garbage"])
 def test_torn_group_is_closed_and_reported(tmp_path, kernel_mode, damage):
     config = cfg()
-    d = str(tmp_path / "j")
-    j = Journal(d, config)
-    j.start()
     bodies = [entry(4, i, 700) for i in range(12)]
-    marks = log_groups(j, bodies)
-    image = crash_copy(d, str(tmp_path / "crash"))
-    j.stop()
+    image, marks = crashed_journal(tmp_path, config, bodies)
     (fid, path), = list_files(image)
     end = marks[-1].offset
     with open(path, "r+b") as fh:  # a group that was being written: part of it made it
@@ -211,12 +212,7 @@ def test_torn_group_is_closed_and_reported(tmp_path, kernel_mode, damage):
 
 def test_valid_record_after_the_stop_is_corruption(tmp_path, kernel_mode):
     config = cfg()
-    d = str(tmp_path / "j")
-    j = Journal(d, config)
-    j.start()
-    marks = log_groups(j, [entry(6, i, 200) for i in range(10)])
-    image = crash_copy(d, str(tmp_path / "crash"))
-    j.stop()
+    image, marks = crashed_journal(tmp_path, config, [entry(6, i, 200) for i in range(10)])
     (fid, path), = list_files(image)
     bad = marks[3].offset
     with open(path, "r+b") as fh:  # flip a bit in record 4's body: records 5.. still valid
@@ -231,12 +227,7 @@ def test_valid_record_after_the_stop_is_corruption(tmp_path, kernel_mode):
 
 def test_a_file_that_is_not_the_last_must_end_with_its_end_record(tmp_path, kernel_mode):
     config = cfg()
-    d = str(tmp_path / "j")
-    j = Journal(d, config)
-    j.start()
-    log_groups(j, [entry(6, i, 200) for i in range(5)])
-    image = crash_copy(d, str(tmp_path / "crash"))  # no FILE_END
-    j.stop()
+    image, _marks = crashed_journal(tmp_path, config, [entry(6, i, 200) for i in range(5)])  # no FILE_END
     later = Journal(image, config)
     later.start()  # without replay (which would close the file): a later file exists
     later.stop()
