@@ -30,7 +30,6 @@ import google_crc32c
 import pyarrow as pa
 
 from bk.entrylog import usage
-from bk.meta.cookie import read_directory_cookie
 from bk.proto.constants import DIGEST_LENGTH_BYTES, ENTRY_HEADER_LENGTH, DigestType
 
 BATCH_ROWS = 65536
@@ -57,7 +56,10 @@ def spark_ddl(schema: pa.Schema) -> str:
 # ---------------------------------------------------------------- which logs
 def bookie_id_of(ledger_dir: str) -> str:
     """The bookie id from the directory's cookie (current/VERSION); without a readable
-    cookie, `unknown:<dir>` so its bytes still count and the report says so."""
+    cookie, `unknown:<dir>` so its bytes still count and the report says so. (bk.meta's
+    cookie format needs protobuf: imported here, on the driver, never on an executor.)"""
+    from bk.meta.cookie import read_directory_cookie
+
     try:
         cookie = read_directory_cookie(ledger_dir)
     except Exception:  # noqa: BLE001 - a malformed cookie is reported, not fatal

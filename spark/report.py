@@ -128,6 +128,27 @@ def _table(rows: list[dict], cols: list[tuple[str, str]], limit: int = 50) -> st
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
 
 
+def _unreadable_html(summary: dict) -> str:
+    u = summary.get("unreadable") or {}
+    if not u.get("count"):
+        return ""
+    what = ("accepted by --allow-unreadable" if u.get("allowed") else "the run FAILED (exit status 1)")
+    return (f'<div class="unreadable"><b>{u["count"]} entry log(s) could not be read</b>: no figure on this page '
+            f"includes their bytes; {html.escape(what)}.</div>"
+            + _table(u["logs"], [("bookie_id", "bookie"), ("log_id", "log"), ("error", "error")], 20))
+
+
+def _unreadable_lines(summary: dict) -> list[str]:
+    u = summary.get("unreadable") or {}
+    if not u.get("count"):
+        return []
+    how = "allowed (--allow-unreadable)" if u.get("allowed") else "ERROR"
+    lines = [f"  UNREADABLE: {u['count']} entry log(s), their bytes in no figure: {how}"]
+    for r in u["logs"][:5]:
+        lines.append(f"    {r['bookie_id']} log {r['log_id']}: {r['error']}")
+    return lines
+
+
 def write_html(summary: dict, out_dir: str) -> str:
     t = summary["totals"]
     p = summary["plan"]
@@ -159,11 +180,13 @@ table {{ border-collapse: collapse; font-size: 12px; margin: 8px 0; }}
 th, td {{ border: 1px solid #ddd; padding: 3px 8px; text-align: left; }} th {{ background: #f0f0f0; }}
 td.num {{ text-align: right; font-variant-numeric: tabular-nums; }} .more {{ color: #666; font-size: 12px; }}
 img {{ max-width: 100%; border: 1px solid #eee; margin: 6px 0; }}
+.unreadable {{ background: #fde8e8; border: 1px solid #e0a0a0; border-radius: 6px; padding: 8px 14px; margin: 12px 0; }}
 </style></head><body>
 <h1>Where the bytes go: garbage collection and compaction</h1>
 <div class="meta">run {html.escape(run["run_id"])} &middot; {html.escape(run["started_at"])} &middot;
 {len(summary["bookies"])} bookies &middot; {len(summary["entry_logs"])} entry logs &middot; mode {html.escape(run["mode"])}
 &middot; {run["duration_s"]:.1f} s on {html.escape(run["spark_master"])}</div>
+{_unreadable_html(summary)}
 <div class="cards">{card_html}</div>
 <h2>Compaction plan (threshold {p["threshold"]:.2f}; recommended {summary["what_if"]["recommended_threshold"]:.2f})</h2>
 <p>{len(p["logs"])} entry logs to compact: frees {human(p["bytes_reclaimed"])}, rewrites {human(p["bytes_rewritten"])}.
@@ -210,6 +233,7 @@ def text_summary(summary: dict, out_dir: str, width: int = 100) -> str:
              f"  plan @ {p['threshold']:.2f} (recommended {w['recommended_threshold']:.2f}): compact "
              f"{len(p['logs'])} logs, frees {human(p['bytes_reclaimed'])}, rewrites {human(p['bytes_rewritten'])}",
              f"  under-replicated segments: {space['under_replicated_count']}",
+             *_unreadable_lines(summary),
              "  bookies with most reclaimable:"]
     for b in sorted(summary["bookies"], key=lambda b: -b["reclaimable_bytes"])[:5]:
         lines.append(f"    {b['bookie_id']:<28} {human(b['reclaimable_bytes']):>10} of {human(b['total_bytes']):>10}")
@@ -220,7 +244,8 @@ def text_summary(summary: dict, out_dir: str, width: int = 100) -> str:
         if s["checksum_failures"] or s["bad_tails"]:
             lines.append(f"  scan {s['bookie_id']}: {s['checksum_failures']} checksum failures, "
                          f"{s['bad_tails']} torn/garbage tails")
-    lines.append(f"  written: {os.path.join(out_dir, 'summary.json')}, report.html, charts, parquet/")
+    lines.append(f"  written: {out_dir.rstrip('/')}/summary.json, report.html, charts"
+                 + (", parquet/" if not summary.get("error") else " (no parquet/ rows for a failed run)"))
     return "\n".join(line[:width] for line in lines)
 
 

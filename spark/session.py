@@ -2,16 +2,26 @@
 
 Local mode by default (`local[*]`, UI off, small driver memory); `master=` any Spark
 master URL (spark://, yarn, k8s://) for a real cluster, or nothing at all under
-spark-submit, which has already chosen one. Spark's Python workers start
-`PYSPARK_PYTHON` (default: `python3` on PATH, which may lack pyarrow and bk): it is set
-to this interpreter unless the operator set it.
+spark-submit, which has already chosen one.
+
+Python on the executors. In local mode they run on this machine: `PYSPARK_PYTHON`
+defaults to this interpreter (it has pyarrow and bk). On a cluster the executors'
+Python is the cluster's business: PYSPARK_PYTHON / spark.pyspark.python as the
+operator set them (Spark's default `python3` otherwise), never this driver's path,
+which need not exist there. What they need of bk is shipped with the job
+(`ship_code`): a zip of the installed `bk` and `spark` packages' Python files (and
+google_crc32c's pure-Python twin), added with SparkContext.addPyFile, so an executor
+needs pyspark and pyarrow and nothing else of bk; no compiled kernel is shipped (the
+analytics use none; a CRC32C without the C extension is google_crc32c's pure twin).
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import tempfile
 import threading
+import zipfile
 
 DEFAULT_MASTER = "local[*]"
 
@@ -20,8 +30,12 @@ def get_session(master: str | None = None, app_name: str = "bk-analytics", drive
                 shuffle_partitions: int | None = None):
     """The process's SparkSession (created once, then reused), with bk's data sources registered."""
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines would interleave with progress
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    # spark-submit starts the JVM first and hands the driver its gateway: its --master stands
+    is_local = (master or DEFAULT_MASTER).startswith("local") and not under_submit
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if is_local:  # executors on this machine: this interpreter (a cluster's Python is its operator's)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -29,25 +43,61 @@ def get_session(master: str | None = None, app_name: str = "bk-analytics", drive
         session = active
     else:
         builder = SparkSession.builder.appName(app_name)
-        # spark-submit starts the JVM first and hands the driver its gateway: its --master stands
-        under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
         if master or not under_submit:
             builder = builder.master(master or DEFAULT_MASTER)
-        is_local = (master or DEFAULT_MASTER).startswith("local") and not under_submit
         builder = (builder.config("spark.ui.enabled", "false")
                    .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
                    .config("spark.sql.session.timeZone", "UTC")
                    .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
-        if is_local:  # a cluster's operator sizes their own driver and shuffle
-            builder = (builder.config("spark.driver.memory", driver_memory)
+        if is_local:  # a cluster's operator sizes their own driver, shuffle and Python
+            builder = (builder.config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+                       .config("spark.driver.memory", driver_memory)
                        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8)))
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")
+    sc = session.sparkContext
+    if not sc.master.startswith("local"):
+        ship_code(sc)
+        # the analytics' shuffles are small (per log, per bookie): as many partitions as the
+        # cluster has task slots, not Spark's 200 (unless the operator chose a number)
+        if not sc.getConf().contains("spark.sql.shuffle.partitions"):
+            session.conf.set("spark.sql.shuffle.partitions", str(sc.defaultParallelism))
     from .sources import register
 
     register(session)
     return session
+
+
+# ---------------------------------------------------------------- code for the executors
+_SHIPPED_PACKAGES = ("bk", "spark", "google_crc32c")
+_shipped: dict[int, str] = {}  # id(SparkContext) -> the zip added to it
+
+
+def code_zip(path: str) -> str:
+    """Write a zip of the installed bk, spark and google_crc32c packages' .py files (no
+    compiled module: executors may run another platform) to `path`; returns it."""
+    import importlib
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in _SHIPPED_PACKAGES:
+            pkg_dir = os.path.dirname(importlib.import_module(name).__file__)
+            root = os.path.dirname(pkg_dir)
+            for dirpath, dirnames, filenames in os.walk(pkg_dir):
+                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+                for f in sorted(filenames):
+                    if f.endswith(".py"):
+                        full = os.path.join(dirpath, f)
+                        zf.write(full, os.path.relpath(full, root))
+    return path
+
+
+def ship_code(sc) -> str:
+    """Add the code zip to a cluster SparkContext once (executors put it on sys.path)."""
+    if id(sc) not in _shipped:
+        path = code_zip(os.path.join(tempfile.mkdtemp(prefix="bk-analytics-"), "bk_analytics.zip"))
+        sc.addPyFile(path)
+        _shipped[id(sc)] = path
+    return _shipped[id(sc)]
 
 
 class StageProgress:

@@ -16,6 +16,16 @@ is most of the work (docs/BENCHMARKS.md). Mode "ledgers_map" (default) gives spa
 `digest_types` a JSON object ledger id -> digest name, e.g. from bk_ledgers, tells
 which digest to check where the data cannot say).
 
+Where the code runs. A data source's reader is planned in a Python worker on the driver's
+host and read in executors, both with the executors' Python (PYSPARK_PYTHON), which on a
+cluster has only what the job ships (spark.session.ship_code: pure modules, no protobuf,
+no ZooKeeper client). So the options that need bk.meta or a bookie's cookie
+(`metadata_uri`, a `ledger_dirs` listing) are for sessions whose workers have bk
+installed (local mode); the job resolves them in the driver process itself and hands the
+sources plain data: `logs` (JSON list of [bookie id, ledger dir, log id, path], what
+spark.logs.list_logs gives) and `bookies` (JSON object bookie id -> HTTP URL), and reads
+the ledger metadata into a DataFrame directly (spark.metadata.read_ledgers).
+
 bk_ledgers: every ledger's metadata (spark.metadata.LEDGERS_META_SCHEMA), read once
 when the reader is planned and shipped to the executors inside the partitions
 (option `partitions`, default 4).
@@ -34,7 +44,6 @@ import urllib.request
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from . import logs as L
-from . import metadata as M
 
 REMOTE_USAGE_PATH = "/api/v1/bookie/entry_log_usage"
 REMOTE_TIMEOUT_S = 600.0
@@ -78,7 +87,11 @@ class EntryLogsDataSource(DataSource):
 
 class EntryLogsReader(DataSourceReader):
     def __init__(self, options, mode: str):
-        self.dirs = L.expand_dirs(_list_option(options, "ledger_dirs") or _list_option(options, "path"))
+        listed = options.get("logs")
+        if listed:  # listed by the driver: no directory walk, no cookie read here
+            self.logs = [(str(b), str(d), int(i), str(p)) for b, d, i, p in json.loads(listed)]
+        else:
+            self.logs = L.list_logs(L.expand_dirs(_list_option(options, "ledger_dirs") or _list_option(options, "path")))
         self.mode = mode
         self.checksums = options.get("checksums", "true").lower() != "false"
         raw = json.loads(options.get("digest_types", "{}") or "{}")
@@ -87,7 +100,7 @@ class EntryLogsReader(DataSourceReader):
         self.max_partitions = max(0, int(options.get("max_partitions", "0")))
 
     def partitions(self):
-        logs = L.list_logs(self.dirs)
+        logs = self.logs
         n = self.per_partition
         if self.max_partitions:
             n = max(n, -(-len(logs) // self.max_partitions))
@@ -116,6 +129,8 @@ class LedgersDataSource(DataSource):
         return "bk_ledgers"
 
     def schema(self):
+        from . import metadata as M
+
         return M.LEDGERS_META_DDL
 
     def reader(self, schema):
@@ -128,6 +143,8 @@ class LedgersReader(DataSourceReader):
         if not uri:
             raise ValueError("bk_ledgers: option metadata_uri is required (zk://host:port/ledgers)")
         self.n = max(1, int(options.get("partitions", "4")))
+        from . import metadata as M
+
         self._rows = M.read_ledgers(uri)  # on the driver, once; not pickled into tasks (see partitions)
 
     def __getstate__(self):
@@ -140,6 +157,8 @@ class LedgersReader(DataSourceReader):
 
     def read(self, partition: _RowsPartition):
         if partition.rows:
+            from . import metadata as M
+
             yield M.rows_to_batch(partition.rows)
 
 
@@ -160,6 +179,19 @@ def fetch_usage(url: str, token: str = "", timeout_s: float = REMOTE_TIMEOUT_S) 
         raise RuntimeError(f"bookie at {url} did not answer {REMOTE_USAGE_PATH}: {e}") from None
 
 
+def registered_urls(metadata_uri: str) -> dict[str, str]:
+    """Every registered bookie's HTTP admin URL; ValueError when one has none (its bytes
+    would be missing from the analysis)."""
+    from . import metadata as M
+
+    found = M.bookie_http_urls(metadata_uri)
+    silent = sorted(b for b, u in found.items() if u is None)
+    if silent:
+        raise ValueError(f"bk_remote_entry_logs: bookies registered without an HTTP endpoint: {silent}"
+                         " (set http_server_enabled, or read their ledger dirs with bk_entry_logs)")
+    return found
+
+
 class RemoteEntryLogsDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -178,15 +210,12 @@ class RemoteEntryLogsReader(DataSourceReader):
         urls = _list_option(options, "urls")
         if urls:
             self.bookies = [(None, u) for u in urls]
+        elif options.get("bookies"):  # resolved by the driver: {bookie id: url}
+            self.bookies = sorted(json.loads(options["bookies"]).items())
         elif options.get("metadata_uri"):
-            found = M.bookie_http_urls(options["metadata_uri"])
-            silent = sorted(b for b, u in found.items() if u is None)
-            if silent:
-                raise ValueError(f"bk_remote_entry_logs: bookies registered without an HTTP endpoint: {silent}"
-                                 " (set http_server_enabled, or read their ledger dirs with bk_entry_logs)")
-            self.bookies = sorted(found.items())
+            self.bookies = sorted(registered_urls(options["metadata_uri"]).items())
         else:
-            raise ValueError("bk_remote_entry_logs: give option urls (http://bookie:8180,...) or metadata_uri")
+            raise ValueError("bk_remote_entry_logs: give option urls (http://bookie:8180,...), bookies or metadata_uri")
 
     def partitions(self):
         return [_BookiePartition(b, u) for b, u in self.bookies] or [_BookiePartition(None, "")]
