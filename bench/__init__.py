@@ -6,6 +6,7 @@
     python -m bench.rawdisk                       the disk alone (write + fdatasync groups)
     python -m bench.redisbench                    Redis alone (appendfsync always)
     python -m bench.overload                      a bookie under abusive clients (docs/OVERLOAD.md)
+    python -m bench.admin_load                    add latency while the admin API's large answers are pulled
 
 Every tool writes where the bookie would: `BK_BENCH_DIR` if set, else
 `<repo>/.bench-tmp` (the work tree's filesystem, not a tmpfs /tmp), so the
