@@ -3,7 +3,8 @@
 An aiohttp application on the bookie's own event loop, started and stopped by
 BookieServer (settings http_server_*; docs/OPERATIONS.md lists the endpoints).
 The routes are one table (`ROUTES`, path -> method -> handler) filled by
-bk.server.http_handlers; a handler is `async def handler(admin, request) -> web.Response`.
+bk.server.http_handlers and bk.server.http_ops (BookKeeper's configuration, sanity,
+compaction suspension and storage expansion services); a handler is `async def handler(admin, request) -> web.Response`.
 
 Rules kept here for every endpoint:
 - errors are JSON `{"error": "...", "status": N}`: an unknown path 404, a method
