@@ -29,8 +29,14 @@ class CountingStore(InMemoryStore):
         super().__init__()
         self.in_flight = 0
         self.most = 0
+        self.fail_after: int | None = None  # reads that succeed before every read fails
+
 
     async def get(self, path, *args, **kwargs):
+        if self.fail_after is not None:
+            if self.fail_after <= 0:
+                raise OSError("the metadata store broke")
+            self.fail_after -= 1
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         try:
@@ -94,6 +100,26 @@ def test_ledger_list_is_paged_streamed_and_reads_metadata_in_concurrent_batches(
         # BookKeeper's batches: up to PAGE_SIZE reads at once, never one ledger at a time
         assert 1 < store.most <= http_admin.PAGE_SIZE, store.most
     run_with_server(tmp_path, body)
+
+
+def test_a_stream_that_fails_midway_is_cut_not_a_wellformed_partial_answer(tmp_path):
+    async def body(s, b, store):
+        store.fail_after = 0  # before anything is sent: a JSON error
+        status, _, err = await get(s, "/api/v1/ledger/list?print_metadata=true")
+        assert status == 500 and "the metadata store broke" in err["error"], err
+        store.fail_after = 550  # the sixth batch fails after the first five (> 64 KiB) went out
+        try:
+            async with s.get("/api/v1/ledger/list?print_metadata=true") as r:
+                assert r.status == 200  # the headers were sent before the failure
+                text = await r.text()
+            json.loads(text)
+            raise AssertionError(f"a partial answer was well-formed: {len(text)} chars")
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ValueError):
+            pass  # cut: never a partial list passed off as the whole
+        store.fail_after = None
+        status, _, everything = await get(s, "/api/v1/ledger/list?print_metadata=true")
+        assert status == 200 and len(everything) == 600  # the server goes on
+    run_with_server(tmp_path, body, ledgers=600)
 
 
 def test_entry_log_usage_is_paged(tmp_path, monkeypatch):
