@@ -145,7 +145,8 @@ class JsonStream:
             await self.response.prepare(self.request)
         if self._parts:
             data, self._parts, self._size = "".join(self._parts).encode(), [], 0
-            await self.response.write(data)
+            if self.request.method != "HEAD":  # HEAD: the headers alone (a body would corrupt the connection)
+                await self.response.write(data)
         await asyncio.sleep(0)  # the adds waiting on the loop go first
 
     async def open(self, bracket: str) -> None:

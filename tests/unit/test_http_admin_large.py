@@ -90,6 +90,9 @@ def test_ledger_list_is_paged_streamed_and_reads_metadata_in_concurrent_batches(
         assert status == 200 and list(last) == [str(i) for i in range(200, LEDGERS)]
         assert last["249"]["ledger_id"] == 249 and last["249"]["ensemble_size"] == 1, last["249"]
         assert (await get(s, "/api/v1/ledger/list?page=4"))[2] == {}
+        async with s.head("/api/v1/ledger/list") as r:  # headers only, the connection stays usable
+            assert r.status == 200 and await r.read() == b""
+        assert (await get(s, "/api/v1/ledger/list?page=3"))[0] == 200
         for bad in ("page=0", "page=x", "page=-1"):
             status, _, err = await get(s, "/api/v1/ledger/list?" + bad)
             assert status == 400 and "page" in err["error"], err
