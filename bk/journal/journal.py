@@ -118,7 +118,10 @@ class Journal:
         self._frame = self._kernel.frame_records
         self._version = config.journal_format_version_to_write
         self._alignment = config.journal_alignment_size
-        self._prealloc_bytes = config.journal_pre_alloc_size_mb * 1024 * 1024
+        # a step never much beyond the file's size limit: a small journal_max_size_bytes
+        # (tests, tiny disks) does not zero 16 MiB per file
+        self._prealloc_bytes = min(config.journal_pre_alloc_size_mb * 1024 * 1024,
+                                   -(-config.journal_max_size_bytes // self._alignment) * self._alignment)
         self._reuse_files = config.journal_reuse_files
         self._seed = 0  # the current file's CRC seed (0 in format 1)
         self._alloc_end = 0  # format 2: the current file is zeroed and durable up to here
