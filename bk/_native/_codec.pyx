@@ -113,53 +113,48 @@ def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple,
             if st != 0:
                 break
             f = b + pos + 4
-            if length >= WL_ADD_REQUEST_MIN_BYTES:
+            if length >= WL_ADD_REQUEST_MIN_BYTES or (length == WL_READ_REQUEST_BYTES and read_record is not None):
                 h = _u32(f)
                 version = h >> 24  # layout.split_header
                 if version == 0:
                     op, flags = h, 0
                 else:
                     op, flags = (h >> 16) & 0xff, h & 0xffff
-                ledger_id = _i64(f + WL_ADD_ENTRY_OFFSET)
-                entry_id = _i64(f + WL_ADD_ENTRY_OFFSET + WL_ID_BYTES)
-                if (version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_ADD_ENTRY
-                        and ledger_id >= 0 and entry_id >= 0):
-                    # Adds of one connection nearly always carry one ledger's key.
-                    if key is None or memcmp(PyBytes_AS_STRING(key), f + WL_ADD_KEY_OFFSET,
-                                             WL_MASTER_KEY_LENGTH) != 0:
-                        key = PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_KEY_OFFSET),
-                                                        WL_MASTER_KEY_LENGTH)
-                    rec = bk_codec_new_record(record, 6)
-                    _put(rec, 0, flags)
-                    _put(rec, 1, key)
-                    _put(rec, 2, ledger_id)
-                    _put(rec, 3, entry_id)
-                    _put(rec, 4, PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_ENTRY_OFFSET),
-                                                           length - WL_ADD_ENTRY_OFFSET))
-                    _put(rec, 5, version)
-                    out.append(rec)
-                    pos += 4 + length
-                    continue
-            elif length == WL_READ_REQUEST_BYTES and read_record is not None:
-                h = _u32(f)
-                version = h >> 24
-                if version == 0:
-                    op, flags = h, 0
-                else:
-                    op, flags = (h >> 16) & 0xff, h & 0xffff
-                ledger_id = _i64(f + WL_HEADER_BYTES)
-                entry_id = _i64(f + WL_HEADER_BYTES + WL_ID_BYTES)
-                if (version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_READ_ENTRY
-                        and not flags & WL_FLAG_DO_FENCING and ledger_id >= 0 and entry_id >= -1):
-                    rec = bk_codec_new_record(read_record, 5)
-                    _put(rec, 0, flags)
-                    _put(rec, 1, ledger_id)
-                    _put(rec, 2, entry_id)
-                    _put(rec, 3, None)
-                    _put(rec, 4, version)
-                    out.append(rec)
-                    pos += 4 + length
-                    continue
+                if length >= WL_ADD_REQUEST_MIN_BYTES:
+                    ledger_id = _i64(f + WL_ADD_ENTRY_OFFSET)
+                    entry_id = _i64(f + WL_ADD_ENTRY_OFFSET + WL_ID_BYTES)
+                    if (version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_ADD_ENTRY
+                            and ledger_id >= 0 and entry_id >= 0):
+                        # Adds of one connection nearly always carry one ledger's key.
+                        if key is None or memcmp(PyBytes_AS_STRING(key), f + WL_ADD_KEY_OFFSET,
+                                                 WL_MASTER_KEY_LENGTH) != 0:
+                            key = PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_KEY_OFFSET),
+                                                            WL_MASTER_KEY_LENGTH)
+                        rec = bk_codec_new_record(record, 6)
+                        _put(rec, 0, flags)
+                        _put(rec, 1, key)
+                        _put(rec, 2, ledger_id)
+                        _put(rec, 3, entry_id)
+                        _put(rec, 4, PyBytes_FromStringAndSize(<const char *>(f + WL_ADD_ENTRY_OFFSET),
+                                                               length - WL_ADD_ENTRY_OFFSET))
+                        _put(rec, 5, version)
+                        out.append(rec)
+                        pos += 4 + length
+                        continue
+                else:  # a READ's 20 bytes: header, ledger id, entry id
+                    ledger_id = _i64(f + WL_HEADER_BYTES)
+                    entry_id = _i64(f + WL_HEADER_BYTES + WL_ID_BYTES)
+                    if (version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_READ_ENTRY
+                            and not flags & WL_FLAG_DO_FENCING and ledger_id >= 0 and entry_id >= -1):
+                        rec = bk_codec_new_record(read_record, 5)
+                        _put(rec, 0, flags)
+                        _put(rec, 1, ledger_id)
+                        _put(rec, 2, entry_id)
+                        _put(rec, 3, None)
+                        _put(rec, 4, version)
+                        out.append(rec)
+                        pos += 4 + length
+                        continue
             deferred.append(len(out))
             out.append((pos + 4, length))
             pos += 4 + length
