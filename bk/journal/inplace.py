@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 FREE_SUFFIX = ".free"  # a journal file behind the checkpoint, kept to be recycled
 NEW_SUFFIX = ".txn.new"  # a recycled file getting its new header (not yet a journal file)
 MAX_FREE_FILES = 2  # recycled files kept beyond that are deleted
+ZERO_AHEAD_BYTES = 256 * 1024  # zeros written (and fsynced) at a time while the writer is idle
 _ZERO_CHUNK = bytes(1 << 20)
 
 
@@ -63,6 +64,50 @@ def padding_for(end: int, alignment: int, frame, seed: int) -> bytes:
 
 def file_end_record(frame, seed: int) -> bytes:
     return frame([filler_body(FILE_END, FILLER_BYTES)], seed)
+
+
+def prepare_group(f: DurableFile, buffers: list, group_bytes: int, alignment: int, alloc_end: int,
+                  prealloc_bytes: int, frame, seed: int) -> tuple[list, int]:
+    """A group's buffers with its PADDING record, and the allocated end once the space it
+    goes to is zeroed and durable (whole steps taken now when the idle zeroing fell behind)."""
+    pad = padding_for(f.size + group_bytes, alignment, frame, seed)
+    if pad:
+        buffers = buffers + [pad]
+    end = f.size + group_bytes + len(pad)
+    if end > alloc_end:
+        step = -(-(end - alloc_end) // prealloc_bytes) * prealloc_bytes
+        alloc_end = extend(f, alloc_end, alloc_end + step)
+    return buffers, alloc_end
+
+
+def zero_ahead(f: DurableFile, alloc_end: int, prealloc_bytes: int) -> int:
+    """While less than a whole step lies zeroed ahead of the write position, zero one more
+    ZERO_AHEAD_BYTES piece (the writer calls this when idle: a group then seldom waits for
+    a step's zeros and fsync, tens of ms for 16 MiB; records that come meanwhile wait for
+    one small piece at most). Returns the new allocated end. A failure is left to the next
+    group, which meets it again and fails as it should."""
+    if alloc_end - f.size >= prealloc_bytes:
+        return alloc_end
+    try:
+        return extend(f, alloc_end, alloc_end + ZERO_AHEAD_BYTES)
+    except StorageError as e:
+        logger.warning("journal: cannot zero ahead in %s: %s", f.path, e)
+        return alloc_end
+
+
+def end_file(f: DurableFile, frame, seed: int) -> None:
+    """Write FILE_END at the write position and fsync it: replay of `f` stops exactly here."""
+    f.write(file_end_record(frame, seed))
+    f.fsync()
+
+
+def close_cleanly(f: DurableFile, frame, seed: int) -> None:
+    """A clean stop ends the file (the next start writes a later one); if that fails,
+    replay finds the zeroed or stale tail instead, as after a crash."""
+    try:
+        end_file(f, frame, seed)
+    except StorageError as e:
+        logger.warning("journal: cannot end %s cleanly: %s", f.path, e)
 
 
 def free_files(journal_dir: str) -> list[str]:
@@ -104,7 +149,7 @@ def open_file(journal_dir: str, file_id: int, alignment: int, prealloc_bytes: in
         end = extend(f, alignment, alignment + prealloc_bytes)
     except StorageError:
         f.close()
-        _remove_quietly(path, journal_dir)
+        remove_unfinished(path, journal_dir)
         raise
     return f, end
 
@@ -152,7 +197,8 @@ def extend(f: DurableFile, start: int, end: int) -> int:
     return end
 
 
-def _remove_quietly(path: str, journal_dir: str) -> None:
+def remove_unfinished(path: str, journal_dir: str) -> None:
+    """Remove a journal file whose creation failed: a header-less newest file would stop replay."""
     if os.path.exists(path):
         try:
             remove_file(path)

@@ -26,11 +26,9 @@ never copied in user space (same bytes on disk). Records that arrive during the 
 wait is counted from the previous drain, so after a slow fsync the next group
 is flushed at once (adaptive grouping, no per-record timestamps).
 
-In place (format 2, the default: bk/journal/inplace.py). Records are framed
-with the file's CRC seed, a PADDING record ends every group on a
-`journal_alignment_size` boundary, the file is zeroed ahead in
-`journal_pre_alloc_size_mb` steps before records go there, and a rotated file
-ends with a durable FILE_END record before the next file is created.
+In place (format 2, the default; bk/journal/inplace.py): records framed with the
+file's CRC seed, groups padded to `journal_alignment_size`, written into space zeroed
+ahead; a rotated file ends with a durable FILE_END before the next file exists.
 
 Failure (docs/DISK-FAULTS.md). A failed fsync, an I/O error on write or a failed
 rotation fails the group's callbacks and puts the journal in a failed state: every
@@ -45,7 +43,6 @@ failure, so the bookie can turn read-only and say why.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable
@@ -58,7 +55,6 @@ from bk.fileio import IOV_MAX, DurableFile, ensure_dir, remove_file
 from bk.journal import inplace
 from bk.journal.records import (
     FORMAT_V1,
-    HEADER_BYTES,
     MIN_BODY_BYTES,
     LogMark,
     current_dir,
@@ -75,7 +71,6 @@ logger = logging.getLogger(__name__)
 Callback = Callable[[Any, BaseException | None], None]
 
 SPLIT_MIN_BODY_BYTES = 16 * 1024  # from this average body size a batch is written without copying
-ZERO_AHEAD_BYTES = 256 * 1024  # format 2: zeros written (and fsynced) at a time while the writer is idle
 
 
 FIELDS = 3  # a queued record is `body, cb, ctx`, flat in the queue and in a group's items
@@ -119,8 +114,7 @@ class Journal:
         self._frame = self._kernel.frame_records
         self._version = config.journal_format_version_to_write
         self._alignment = config.journal_alignment_size
-        # a step never much beyond the file's size limit: a small journal_max_size_bytes
-        # (tests, tiny disks) does not zero 16 MiB per file
+        # a step is at most the file size limit: small files do not zero 16 MiB each
         self._prealloc_bytes = min(config.journal_pre_alloc_size_mb * 1024 * 1024,
                                    -(-config.journal_max_size_bytes // self._alignment) * self._alignment)
         self._reuse_files = config.journal_reuse_files
@@ -304,18 +298,9 @@ class Journal:
         self._fail_queued(self._reject)
         if self._file is not None:
             if self._version != FORMAT_V1 and self._failed is None:
-                self._close_in_place(self._file)
+                inplace.close_cleanly(self._file, self._frame, self._seed)
             self._file.close()
             self._file = None
-
-    def _close_in_place(self, f: DurableFile) -> None:
-        """A clean stop ends the file with FILE_END (the next start writes a later file);
-        if that fails, replay finds the zeroed or stale tail instead, as after a crash."""
-        try:
-            f.write(inplace.file_end_record(self._frame, self._seed))
-            f.fsync()
-        except StorageError as e:
-            logger.warning("journal %s: cannot end %s cleanly: %s", self.journal_dir, f.path, e)
 
     @property
     def failed(self) -> BaseException | None:
@@ -341,8 +326,11 @@ class Journal:
             if not queue:
                 if self._stopping:
                     return
-                if self._alloc_end and self._zero_ahead():
-                    continue  # records may have come while it zeroed: look again before parking
+                if self._alloc_end and self._failed is None:  # idle: zero a piece ahead (format 2)
+                    end, self._alloc_end = self._alloc_end, inplace.zero_ahead(
+                        self._file, self._alloc_end, self._prealloc_bytes)
+                    if end != self._alloc_end:
+                        continue  # records may have come while it zeroed: look again before parking
                 self._wake.clear()
                 self._idle = True
                 if not queue and not self._stopping:  # re-check: a log() may have raced
@@ -401,22 +389,6 @@ class Journal:
                 self._write_group(items, buffers, group_bytes, group_oldest)
                 self._processed += len(items) // FIELDS
 
-    def _zero_ahead(self) -> bool:
-        """Format 2, the writer has nothing to do: zero one ZERO_AHEAD_BYTES piece past the
-        allocated end while less than a whole step lies ahead of the write position, so a
-        group seldom has to wait for a step's zeros and fsync (16 MiB: tens of ms); records
-        that come meanwhile wait for one small piece at most. True when it zeroed a piece.
-        A failure is left to the next group, which meets it again and fails as it should."""
-        f = self._file
-        if f is None or self._failed is not None or self._alloc_end - f.size >= self._prealloc_bytes:
-            return False
-        try:
-            self._alloc_end = inplace.extend(f, self._alloc_end, self._alloc_end + ZERO_AHEAD_BYTES)
-        except StorageError as e:
-            logger.warning("journal %s: cannot zero ahead in %s: %s", self.journal_dir, f.path, e)
-            return False
-        return True
-
     def _frame_batch(self, taken: list, frame, buffers: list) -> int:
         """Frame the bodies of `taken` (flat records) onto `buffers`; returns the bytes
         added. Small records are copied into one frame; big ones (SPLIT_MIN_BODY_BYTES
@@ -458,14 +430,10 @@ class Journal:
         group_start = f.size
         started = time.monotonic()
         try:
-            if self._version != FORMAT_V1:
-                pad = inplace.padding_for(group_start + group_bytes, self._alignment, self._frame, self._seed)
-                if pad:
-                    buffers = buffers + [pad]
-                end = group_start + group_bytes + len(pad)
-                if end > self._alloc_end:  # zero the next step(s) first: fsync commits data only
-                    step = -(-(end - self._alloc_end) // self._prealloc_bytes) * self._prealloc_bytes
-                    self._alloc_end = inplace.extend(f, self._alloc_end, self._alloc_end + step)
+            if self._version != FORMAT_V1:  # padded to the alignment, into zeroed space
+                buffers, self._alloc_end = inplace.prepare_group(
+                    f, buffers, group_bytes, self._alignment, self._alloc_end, self._prealloc_bytes,
+                    self._frame, self._seed)
             if len(buffers) == 1:
                 f.write(buffers[0])
             else:
@@ -559,9 +527,7 @@ class Journal:
         """Open the next file first: when that fails the old one stays current."""
         old = self._file
         if self._version != FORMAT_V1:
-            # durable before the next file exists: replay of this file stops exactly here
-            old.write(inplace.file_end_record(self._frame, self._seed))
-            old.fsync()
+            inplace.end_file(old, self._frame, self._seed)  # before the next file exists
         self._open_file(self._file_id + 1)
         old.close()
 
@@ -572,30 +538,22 @@ class Journal:
             f, self._alloc_end = inplace.open_file(
                 self.journal_dir, file_id, self._alignment, self._prealloc_bytes,
                 reuse=self._reuse_files, sync_data=self._sync_data)
-            self._file = f
-            self._file_id = file_id
-            self._seed = file_seed(file_id)
-            self._mark = LogMark(file_id, f.size)
-            return
-        path = file_path(self.journal_dir, file_id)
-        f = None
-        try:
-            f = DurableFile(path, create=True, sync_data=self._sync_data)
-            f.write(encode_header(file_id))
-            f.fsync()
-        except StorageError:
-            if f is not None:
-                f.close()
-            if os.path.exists(path):
-                try:
-                    remove_file(path)
-                except (OSError, StorageError) as e:
-                    logger.error("journal %s: cannot remove the unfinished file %s: %s", self.journal_dir, path, e)
-            raise
+        else:
+            path = file_path(self.journal_dir, file_id)
+            f = None
+            try:
+                f = DurableFile(path, create=True, sync_data=self._sync_data)
+                f.write(encode_header(file_id))
+                f.fsync()
+            except StorageError:
+                if f is not None:
+                    f.close()
+                inplace.remove_unfinished(path, self.journal_dir)
+                raise
         self._file = f
         self._file_id = file_id
-        self._seed = 0
-        self._mark = LogMark(file_id, HEADER_BYTES)
+        self._seed = file_seed(file_id) if self._version != FORMAT_V1 else 0
+        self._mark = LogMark(file_id, f.size)
 
     def _enter_failed(self, exc: StorageError) -> None:
         logger.error("journal %s failed, no more records will be acknowledged: %s", self.journal_dir, exc)

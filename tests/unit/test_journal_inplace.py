@@ -18,7 +18,7 @@ from bk import fileio
 from bk._native import load
 from bk.errors import CorruptedStorageError
 from bk.journal import Journal, LogMark, list_files
-from bk.journal import journal
+from bk.journal import inplace
 from bk.journal import records as rec
 from bk.testing.powerloss import simulate_power_loss
 from test_journal import Completions, entry, kernel_mode, make_config  # noqa: F401
@@ -105,7 +105,7 @@ def test_groups_are_aligned_in_a_preallocated_file(tmp_path, kernel_mode):
     assert all(m.offset % 512 == 0 for m in marks)
     size = os.path.getsize(path)
     # grown by whole steps, or by zero-ahead pieces while idle; never by a group
-    assert size > 512 + MiB and (size - 512) % journal.ZERO_AHEAD_BYTES == 0
+    assert size > 512 + MiB and (size - 512) % inplace.ZERO_AHEAD_BYTES == 0
     j.stop()
     assert os.path.getsize(path) == size  # stop writes FILE_END inside the zeroed space
     result, got = replay(str(tmp_path), config)
