@@ -1,12 +1,14 @@
 """`bk analytics`: storage analytics on Spark (the `spark/` package; docs/ANALYTICS.md).
 
     bk analytics gc --metadata-uri URI (--ledger-dirs DIR... | --remote | --urls URL...) --out DIR
-                    [--master URL] [--threshold T] [--scan]
+                    [--master URL] [--threshold T] [--scan] [--allow-unreadable]
 
 `gc` is spark/gc_job.py (also runnable with spark-submit): where every byte on every
 bookie goes, what GC and compaction would free, and a compaction plan that
 `bk shell compact --plan OUT/summary.json` hands to the bookies. Progress (Spark
-stages done / total) is shown on the terminal while Spark works.
+stages done / total) is shown on the terminal while Spark works. An entry log that
+cannot be read fails the run (exit 1; the summary and report list it) unless
+--allow-unreadable. --out may be a Hadoop URI (hdfs://, s3a://, file:///).
 """
 from __future__ import annotations
 

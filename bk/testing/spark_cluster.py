@@ -17,7 +17,13 @@ and `...deploy.worker.Worker`). The worker is isolated one of two ways (`isolati
   and spark's source is: the executors can only run the code the job ships);
 - "other-user" (where namespaces are refused and this process is root): the worker runs
   as `nobody` (setpriv) and every `hidden` dir is made mode 0700 (owned by root), so
-  opening a file under it fails with EACCES.
+  opening a file under it fails with EACCES. The executors' venv is made from the
+  system's /usr/bin/pythonX.Y (`nobody` cannot run one under /root), the work dir's
+  ancestors get o+x for the time of the run, and the drivers must write their output
+  world-writable (`driver_conf`).
+`BK_SPARK_WORKER_ISOLATION` (either name) forces one, to test the other on a machine
+that offers both; CI (root in a container where `unshare -rm` works) gets the mount
+namespace.
 
 The executors' Python (`python`) is a venv made here from this interpreter's base
 Python with no site-packages of its own but a .pth naming a directory of symlinks to
@@ -70,10 +76,11 @@ def isolation_available() -> str | None:
     return None
 
 
-def make_executor_python(root: str) -> str:
-    """A venv at root/env whose only packages are EXECUTOR_PACKAGES (symlinked from this
+def make_executor_python(root: str, base: str | None = None) -> str:
+    """A venv at root/env from `base` (default: this interpreter's base Python; it must be
+    the same X.Y) whose only packages are EXECUTOR_PACKAGES (symlinked from this
     interpreter's site-packages); returns its python."""
-    base = getattr(sys, "_base_executable", sys.executable)
+    base = base or getattr(sys, "_base_executable", sys.executable)
     env = os.path.join(root, "env")
     subprocess.run([base, "-m", "venv", "--without-pip", env], check=True, capture_output=True, timeout=120)
     only = os.path.join(root, "executor-packages")
@@ -94,7 +101,8 @@ class StandaloneSpark:
                  worker_cores: int = 2, worker_memory: str = "1g"):
         self.work_dir = os.path.abspath(work_dir)
         self.hidden = [os.path.abspath(d) for d in hidden]
-        self.isolation = isolation
+        self.isolation = isolation or os.environ.get("BK_SPARK_WORKER_ISOLATION") or None
+        self._opened: list[tuple[str, int]] = []  # (dir, old mode) given o+x for "other-user"
         self.worker_cores = worker_cores
         self.worker_memory = worker_memory
         self.port = self.ui_port = 0
@@ -126,7 +134,12 @@ class StandaloneSpark:
         if self.isolation is None:
             raise SparkClusterError("cannot isolate the worker: `unshare -rm` is refused and this is not root")
         os.makedirs(self.work_dir, exist_ok=True)
-        self.python = make_executor_python(self.work_dir)
+        base = None
+        if self.isolation == "other-user":
+            self._open_ancestors()  # `nobody` must be able to run it: not one under /root
+            system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+            base = system if os.access(system, os.X_OK) else None
+        self.python = make_executor_python(self.work_dir, base)
         self.check_python()
         self.port, self.ui_port, worker_ui = free_port(), free_port(), free_port()
         spark_class = os.path.join(home, "bin", "spark-class")
@@ -149,6 +162,22 @@ class StandaloneSpark:
         self._spawn("worker", cmd)
         self._wait_for_worker()
         return self
+
+    def driver_conf(self) -> list[str]:
+        """spark-submit --conf pairs a driver needs here: with the worker as another user,
+        the output dirs the driver creates must be writable by it."""
+        if self.isolation == "other-user":
+            return ["--conf", "spark.hadoop.fs.permissions.umask-mode=000"]
+        return []
+
+    def _open_ancestors(self) -> None:
+        d = self.work_dir
+        while d != os.path.dirname(d):
+            mode = os.stat(d).st_mode & 0o7777
+            if not mode & 0o001:
+                os.chmod(d, mode | 0o001)
+                self._opened.append((d, mode))
+            d = os.path.dirname(d)
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(os.path.join(self.work_dir, f"{name}.log"), "ab")
@@ -197,3 +226,6 @@ class StandaloneSpark:
             for d in self.hidden:
                 if os.path.isdir(d):
                     os.chmod(d, 0o755)
+            for d, mode in reversed(self._opened):
+                os.chmod(d, mode)
+            self._opened.clear()

@@ -95,6 +95,9 @@ def _run(cmd, spark_cluster, timeout=600):
     env["PYSPARK_PYTHON"] = spark_cluster.python  # the executors' Python, as a cluster's operator sets it
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable  # spark-submit's driver: bk's own venv
     env["PYTHONPATH"] = REPO  # the driver's own (a checkout): not the executors'
+    conf = spark_cluster.driver_conf()
+    if conf:  # a `bk analytics gc` driver takes spark-submit's arguments from here
+        env["PYSPARK_SUBMIT_ARGS"] = " ".join(conf + ["pyspark-shell"])
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(spark_cluster.work_dir),
                          timeout=timeout)
     return res
@@ -118,8 +121,11 @@ def test_job_on_a_standalone_cluster_without_bk_on_the_executors(spark_cluster, 
 
     # 1. --remote through spark-submit, as docs/ANALYTICS.md says: exact figures
     out = tmp_path / "remote"
+    out.mkdir()
+    out.chmod(0o777)  # executors write the tables; as another user ("other-user" isolation) too
     submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     res = _run([submit, "--master", spark_cluster.master_url, "--conf", "spark.ui.enabled=false",
+                *spark_cluster.driver_conf(),
                 os.path.join(REPO, "spark", "gc_job.py"), "--metadata-uri", bookies.metadata_uri, "--remote",
                 "--out", f"file://{out}", "--json"], spark_cluster)
     assert res.returncode == 0, _said(res) + spark_cluster.logs()
@@ -135,6 +141,8 @@ def test_job_on_a_standalone_cluster_without_bk_on_the_executors(spark_cluster, 
 
     # 2. --ledger-dirs the executors cannot see: a clear error, never a silent zero
     out = tmp_path / "dirs"
+    out.mkdir()
+    out.chmod(0o777)
     cmd = [sys.executable, "-m", "bk.cli.main", "--log-level", "WARNING", "analytics", "gc", "--master",
            spark_cluster.master_url, "--metadata-uri", bookies.metadata_uri, "--ledger-dirs", *dirs,
            "--out", str(out), "--json"]
