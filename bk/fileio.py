@@ -146,19 +146,34 @@ def _shadow_path(track_file: str) -> str:
     return os.path.join(shadow_dir, f"{os.getpid()}-{next(_shadow_ids)}")
 
 
-def track_in_place(path: str, synced_end: int) -> None:
+def track_in_place(path: str, synced_end: int, grown_from: int = 0) -> None:
     """Tracking only: `path` is written in place (a format 2 journal file) and is durable
     as it stands now, its data up to `synced_end`. A copy is kept aside, so a power-loss
     test can put back, over any bytes written after the last fsync, what the file held
-    there before (zeros, or a recycled file's old records) instead of cutting the file."""
+    there before (zeros, or a recycled file's old records) instead of cutting the file.
+    `grown_from`: only bytes from there on are new since this process's last copy of the
+    file; the copy is brought up to date there (what lies below it and past `synced_end`
+    has not been made durable since that copy, so the copy still holds it)."""
     want = os.environ.get("BK_FSYNC_TRACK_FILE")
     if not want:
         return
     import shutil
-    shadow = _shadow_path(want)
-    shutil.copyfile(path, shadow)
-    _track_event("P", path, shadow)
+    key = (want, os.path.abspath(path))
+    shadow = _in_place_copies.get(key)
+    if grown_from and shadow is not None and os.path.exists(shadow):
+        with open(path, "rb") as src, open(shadow, "r+b") as dst:
+            src.seek(grown_from)
+            dst.seek(grown_from)
+            shutil.copyfileobj(src, dst)
+            dst.truncate(src.tell())
+    else:
+        shadow = _in_place_copies[key] = _shadow_path(want)
+        shutil.copyfile(path, shadow)
+        _track_event("P", path, shadow)
     _track(path, synced_end)
+
+
+_in_place_copies: dict[tuple[str, str], str] = {}  # (track file, path) -> its copy (track_in_place)
 
 
 def _track_listing(path: str) -> str | None:

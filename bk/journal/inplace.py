@@ -193,7 +193,7 @@ def extend(f: DurableFile, start: int, end: int) -> int:
         f.pwrite_at(_ZERO_CHUNK if n == len(_ZERO_CHUNK) else _ZERO_CHUNK[:n], pos)
         pos += n
     f.fsync()
-    fileio.track_in_place(f.path, f.size)
+    fileio.track_in_place(f.path, f.size, grown_from=start)
     return end
 
 
