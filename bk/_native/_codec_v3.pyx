@@ -1,11 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Wire codec kernel for v3 (protobuf) ADDs (native). Pure twin: bk/_native/codec_v3_py.py.
 
-scan_v3_add_requests(buf, start, max_frame, record=tuple) -> (items, end, err, deferred)
+scan_v3_add_requests(buf, start, max_frame, record=tuple, read_record=None) -> (items, end, err, deferred)
     As _codec.scan_add_requests for v3 frames: a plain v3 ADD Request comes back as a `record` of
     `(flags, master_key, ledger_id, entry_id, body, 3, txn_id, priority)` (V3AddRequest's
     layout; flags FLAG_RECOVERY_ADD for AddRequest.flag RECOVERY_ADD, | FLAG_DEFERRED_SYNC for
-    writeFlags DEFERRED_SYNC), any other frame as
+    writeFlags DEFERRED_SYNC); with `read_record`, a plain v3 READ Request (header and a
+    readRequest of ledgerId >= 0 and entryId >= 0 alone: no flag, masterKey, previousLAC or
+    timeOut) as a `read_record` of `(ledger_id, entry_id, header)`, header the BKPacketHeader's
+    bytes exactly as the protobuf library re-serializes them (the frame is deferred when its
+    bytes differ: field order, padded varints); any other frame as
     `(body_offset, body_len)` listed in `deferred`.
 scan_v3_add_responses(buf, start, max_frame, status_map, record=tuple) -> (items, end, err, deferred)
     A plain v3 ADD Response comes back as `(rc, ledger_id, entry_id)` with rc =
@@ -44,6 +48,11 @@ cdef enum:
     _TAG_R_LEDGER = (WL_V3_ADD_RESPONSE_LEDGER_ID << 3) | WL_V3_WIRE_VARINT
     _TAG_R_ENTRY = (WL_V3_ADD_RESPONSE_ENTRY_ID << 3) | WL_V3_WIRE_VARINT
     _MAX_VARINT = 10
+    # The READ's numbers (BookkeeperProtocol.proto; the reads kernel names its answer's the same way)
+    _TAG_READ = (100 << 3) | WL_V3_WIRE_LEN  # Request.readRequest
+    _TAG_RD_LEDGER = (1 << 3) | WL_V3_WIRE_VARINT  # ReadRequest.ledgerId, .entryId
+    _TAG_RD_ENTRY = (2 << 3) | WL_V3_WIRE_VARINT
+    _V3_OP_READ_ENTRY = 1  # OperationType.READ_ENTRY
 
 
 cdef inline Py_ssize_t _get_varint(const unsigned char *p, Py_ssize_t n, uint64_t *out) noexcept nogil:
@@ -202,6 +211,64 @@ cdef bint _parse_v3_add_request(const unsigned char *f, Py_ssize_t n, _V3Add *a)
     return (a.seen & (_S_HEADER | _S_ADD)) == (_S_HEADER | _S_ADD) and a.operation == WL_V3_OP_ADD_ENTRY
 
 
+cdef bint _parse_read(const unsigned char *p, Py_ssize_t n, _V3Add *a) noexcept nogil:
+    """A ReadRequest of ledgerId and entryId alone (each once, either order, both >= 0)."""
+    cdef Py_ssize_t pos = 0
+    cdef uint64_t tag, v
+    while pos < n:
+        if not _get_pair(p, n, &pos, &tag, &v):
+            return False
+        if tag == _TAG_RD_LEDGER and _once(a, _S_LEDGER):
+            a.ledger = v
+        elif tag == _TAG_RD_ENTRY and _once(a, _S_ENTRY):
+            a.entry = v
+        else:
+            return False  # flag, masterKey, previousLAC, timeOut, unknown fields: the full path
+    return ((a.seen & (_S_LEDGER | _S_ENTRY)) == (_S_LEDGER | _S_ENTRY)
+            and <int64_t>a.ledger >= 0 and <int64_t>a.entry >= 0)
+
+
+cdef bint _canonical_header(const unsigned char *h, Py_ssize_t n, _V3Add *a) noexcept nogil:
+    """True when the header's bytes h[:n] are what the protobuf library writes for it (fields
+    in number order, shortest varints): the answer echoes them as they came."""
+    cdef unsigned char out[64]
+    cdef unsigned char *p = out
+    if n > 60:
+        return False
+    p = _put_varint(p, _TAG_H_VERSION)
+    p = _put_varint(p, a.version)
+    p = _put_varint(p, _TAG_H_OPERATION)
+    p = _put_varint(p, a.operation)
+    p = _put_varint(p, _TAG_H_TXN)
+    p = _put_varint(p, a.txn)
+    if a.seen & _S_PRIORITY:  # uint32 (_parse_header checked its range): written even when 0
+        p = _put_varint(p, _TAG_H_PRIORITY)
+        p = _put_varint(p, a.priority)
+    return p - out == n and memcmp(out, h, n) == 0
+
+
+cdef bint _parse_v3_read_request(const unsigned char *f, Py_ssize_t n, _V3Add *a) noexcept nogil:
+    """A plain v3 READ Request into *a; a.key / a.key_len point at its header's bytes."""
+    cdef Py_ssize_t pos = 0
+    cdef uint64_t tag, ln
+    a.seen = 0
+    a.priority = 0
+    while pos < n:
+        if not _get_pair(f, n, &pos, &tag, &ln) or (tag != _TAG_HEADER and tag != _TAG_READ):
+            return False
+        if ln > <uint64_t>(n - pos):
+            return False
+        if tag == _TAG_HEADER:
+            if not _once(a, _S_HEADER) or not _parse_header(f + pos, <Py_ssize_t>ln, a):
+                return False
+            a.key, a.key_len = f + pos, <Py_ssize_t>ln
+        elif not _once(a, _S_ADD) or not _parse_read(f + pos, <Py_ssize_t>ln, a):
+            return False
+        pos += <Py_ssize_t>ln
+    return ((a.seen & (_S_HEADER | _S_ADD)) == (_S_HEADER | _S_ADD) and a.operation == _V3_OP_READ_ENTRY
+            and _canonical_header(a.key, a.key_len, a))
+
+
 cdef inline Py_ssize_t _v3_add_response_size(uint64_t status, uint64_t txn, uint64_t priority, uint64_t ledger,
                                               uint64_t entry, Py_ssize_t *header_len,
                                               Py_ssize_t *add_len) noexcept nogil:
@@ -296,7 +363,7 @@ cdef bint _parse_v3_add_response(const unsigned char *f, Py_ssize_t n, _V3Add *a
             and a.operation == WL_V3_OP_ADD_ENTRY)
 
 
-cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_map):
+cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_map, read_record=None):
     """scan_v3_add_requests (status_map None) or scan_v3_add_responses: one walk, one record kind."""
     cdef Py_buffer view
     cdef const unsigned char *b
@@ -310,6 +377,8 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
     cdef object rec, rc
     cdef object eok = status_map.get(0) if status_map is not None else None
     _check_record(record)
+    if read_record is not None:
+        _check_record(read_record)
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         n = view.len
@@ -335,6 +404,11 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
                     _put(rec, 5, WL_PROTOCOL_VERSION_V3)
                     _put(rec, 6, a.txn)
                     _put(rec, 7, a.priority)
+                elif read_record is not None and _parse_v3_read_request(b + pos + 4, length, &a):
+                    rec = bk_codec_new_record(read_record, 3)
+                    _put(rec, 0, <int64_t>a.ledger)
+                    _put(rec, 1, <int64_t>a.entry)
+                    _put(rec, 2, PyBytes_FromStringAndSize(<const char *>a.key, a.key_len))
             elif _parse_v3_add_response(b + pos + 4, length, &a, &status):
                 # the common answer, EOK (0) twice, without two dict lookups
                 rc = eok if status == 0 and a.flag == 0 else (
@@ -354,8 +428,8 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
         PyBuffer_Release(&view)
 
 
-def scan_v3_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple):
-    return _scan_v3(buf, start, max_frame, record, None)
+def scan_v3_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple, read_record=None):
+    return _scan_v3(buf, start, max_frame, record, None, read_record)
 
 
 def scan_v3_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, dict status_map, record=tuple):

@@ -31,6 +31,10 @@ _ADD_RESPONSE_TAGS = {(_L.V3_ADD_RESPONSE_STATUS << 3) | _L.V3_WIRE_VARINT: "sta
                       (_L.V3_ADD_RESPONSE_LEDGER_ID << 3) | _L.V3_WIRE_VARINT: "ledger",
                       (_L.V3_ADD_RESPONSE_ENTRY_ID << 3) | _L.V3_WIRE_VARINT: "entry"}
 _U64 = (1 << 64) - 1
+_TAG_READ = (100 << 3) | _L.V3_WIRE_LEN  # Request.readRequest
+_READ_TAGS = {(1 << 3) | _L.V3_WIRE_VARINT: "ledger",  # ReadRequest.ledgerId, .entryId
+              (2 << 3) | _L.V3_WIRE_VARINT: "entry"}
+_V3_OP_READ_ENTRY = 1  # OperationType.READ_ENTRY
 
 
 class _Defer(Exception):
@@ -77,9 +81,9 @@ def _fields(d, pos: int, end: int, tags: dict, into: dict) -> None:
             into[name] = v
 
 
-def _header_ok(h: dict) -> bool:
+def _header_ok(h: dict, op: int = _L.V3_OP_ADD_ENTRY) -> bool:
     return ("version" in h and "operation" in h and "txn" in h and 1 <= h["version"] <= _L.PROTOCOL_VERSION_V3
-            and h.get("priority", 0) <= 0xFFFFFFFF and h["operation"] == _L.V3_OP_ADD_ENTRY)
+            and h.get("priority", 0) <= 0xFFFFFFFF and h["operation"] == op)
 
 
 def _signed(v: int) -> int:
@@ -110,6 +114,37 @@ def _v3_add_request(d, off: int, end: int):
     return flags, key, ledger, entry, a["body"], h["txn"], h.get("priority", 0)
 
 
+def _v3_read_request(d, off: int, end: int):
+    """(ledger, entry, header bytes) of a plain v3 READ (see _codec_v3.pyx), else _Defer."""
+    top, h, r = {}, {}, {}
+    hb = None
+    pos = off
+    while pos < end:
+        tag, pos = _get_varint(d, pos, end)
+        ln, pos = _get_varint(d, pos, end)
+        if tag not in (_TAG_HEADER, _TAG_READ) or tag in top or ln > end - pos:
+            raise _Defer
+        top[tag] = True
+        if tag == _TAG_HEADER:
+            _fields(d, pos, pos + ln, _HEADER_TAGS, h)
+            hb = d[pos:pos + ln]
+        else:
+            _fields(d, pos, pos + ln, _READ_TAGS, r)
+        pos += ln
+    if len(top) != 2 or not _header_ok(h, _V3_OP_READ_ENTRY) or len(r) != 2:
+        raise _Defer
+    ledger, entry = _signed(r["ledger"]), _signed(r["entry"])
+    if ledger < 0 or entry < 0:
+        raise _Defer
+    v = _put_varint
+    canonical = (v(_L.V3_HEADER_VERSION << 3) + v(h["version"]) + v(_L.V3_HEADER_OPERATION << 3)
+                 + v(h["operation"]) + v(_L.V3_HEADER_TXN_ID << 3) + v(h["txn"])
+                 + (v(_L.V3_HEADER_PRIORITY << 3) + v(h["priority"]) if "priority" in h else b""))
+    if canonical != hb:  # the answer echoes the header as the protobuf library writes it
+        raise _Defer
+    return ledger, entry, bytes(hb)
+
+
 def _walk_frames(buf, start: int, max_frame: int):
     """(data, [(body offset, body end)], end, err): split_frames over an immutable copy."""
     data = buf if type(buf) is bytes else _view(buf, start, max_frame).tobytes()
@@ -117,8 +152,10 @@ def _walk_frames(buf, start: int, max_frame: int):
     return data, [(off, off + ln) for off, ln in frames], end, err
 
 
-def scan_v3_add_requests(buf, start: int, max_frame: int, record=tuple):
+def scan_v3_add_requests(buf, start: int, max_frame: int, record=tuple, read_record=None):
     _check_record(record)
+    if read_record is not None:
+        _check_record(read_record)
     data, frames, end, err = _walk_frames(buf, start, max_frame)
     out, deferred = [], []
     key = None
@@ -127,8 +164,13 @@ def scan_v3_add_requests(buf, start: int, max_frame: int, record=tuple):
         try:
             flags, (k0, k1), ledger, entry, (b0, b1), txn, priority = _v3_add_request(data, off, pos)
         except _Defer:
-            deferred.append(len(out))
-            out.append((off, ln))
+            try:
+                if read_record is None:
+                    raise _Defer
+                out.append(_new(read_record, _v3_read_request(data, off, pos)))
+            except _Defer:
+                deferred.append(len(out))
+                out.append((off, ln))
             continue
         k = data[k0:k1]
         if k != key:

@@ -208,13 +208,15 @@ class FrameDecoder:
 
     def feed_v3_requests(self, data) -> list:
         """Server side while the connection may speak v3: v3 requests (V3AddRequest records for
-        plain ADDs, decoded by the kernel; parsed `Request`s; the answer bytes of a malformed ADD).
+        plain ADDs, V3ReadRequest records for plain READs, decoded by the kernel; parsed `Request`s;
+        the answer bytes of a malformed ADD).
         From the first frame that is no v3 Request on, frames are decoded as v2 as feed_requests
         does, and `v3_failed` is set: the caller uses feed_requests from then on."""
         buf = self._collect(data)
         if buf is None:
             return []
-        items, end, err, deferred = _scan_v3_add_requests(buf, 0, self.max_frame_size_bytes, v3.V3AddRequest)
+        items, end, err, deferred = _scan_v3_add_requests(buf, 0, self.max_frame_size_bytes, v3.V3AddRequest,
+                                                         v3.V3ReadRequest)
         if deferred and _v3_slow_requests(memoryview(buf), items, deferred, end):
             self.v3_failed = True
         return self._settle(buf, end, err, items)

@@ -261,6 +261,27 @@ class V3AddRequest(NamedTuple):
     __repr__ = _safe_repr
 
 
+class V3ReadRequest(NamedTuple):
+    """A plain v3 READ (header and readRequest {ledgerId, entryId} alone) as the codec kernel
+    decodes it, without the protobuf library: `header` is the BKPacketHeader's bytes, which
+    its answer echoes (the kernel takes a frame only when they are what the library writes)."""
+
+    ledger_id: int
+    entry_id: int
+    header: bytes
+    __repr__ = _safe_repr
+
+
+def read_request(rec: V3ReadRequest):
+    """The protobuf Request a V3ReadRequest stands for (the paths other than a cached answer:
+    a miss, a refusal, an unauthenticated connection)."""
+    req = Request()
+    req.header.ParseFromString(rec.header)
+    r = req.readRequest
+    r.ledgerId, r.entryId = rec.ledger_id, rec.entry_id
+    return req
+
+
 def add_record(req, key_cache: list) -> "V3AddRequest | bytes":
     """The V3AddRequest of a parsed ADD Request, or the bytes of its EBADREQ answer.
 

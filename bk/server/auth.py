@@ -112,6 +112,8 @@ class ServerSession:
 
     @staticmethod
     def _refusal(item) -> bytes:
+        if type(item) is v3.V3ReadRequest:  # the kernel's plain READ: the Request it stands for
+            item = v3.read_request(item)
         if isinstance(item, v3.V3AddRequest):
             return v3.encode_add_responses((item,), _EUA)
         if isinstance(item, v3.Request):

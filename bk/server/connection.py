@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 _ADDS_ONLY = {AddRequest}
 _V3_ADDS_ONLY = {V3AddRequest}
 _READS_ONLY = {ReadRequest}
-_V3_REQUESTS_ONLY = {v3.Request}  # READs mostly (a run of them: one client's readEntries)
+# READs mostly (a run of them: one client's readEntries), plain ones decoded by the kernel
+_V3_REQUEST_TYPES = {v3.Request, v3.V3ReadRequest}
 _ADD_TYPES = (AddRequest, V3AddRequest)
 DECODE_SLICE_BYTES = 16 * 1024
 _WHOLE_READ = 1 << 62
@@ -282,7 +283,7 @@ class BookieConnection(asyncio.Protocol):
             add_run(items, self)
             return
         self._slice_bytes = DECODE_SLICE_BYTES
-        if types == _READS_ONLY or types == _V3_REQUESTS_ONLY:  # bk.server.single_reads
+        if types == _READS_ONLY or types and types <= _V3_REQUEST_TYPES:  # bk.server.single_reads
             self.processor.read_run(items, self)
             return
         start = -1  # first add of the current run (a run is all v2 or all v3 adds)

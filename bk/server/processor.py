@@ -88,6 +88,7 @@ class RequestProcessor:
         self._handlers = {
             V3AddRequest: self._add,
             v3.Request: self.v3.dispatch,
+            v3.V3ReadRequest: self._spawn_read,  # a plain v3 READ (bk.server.single_reads)
             AddRequest: self._add,
             ReadRequest: self._spawn_read,
             BatchReadRequest: self._spawn(self._batch_read, read=True, gated=True),

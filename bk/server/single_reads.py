@@ -29,7 +29,7 @@ from bk import _native, metrics
 from bk.proto import ReadRequest, encode_header
 from bk.proto.constants import OpCode
 from bk.proto.layout import FLAG_DO_FENCING
-from bk.proto.v3 import OperationType
+from bk.proto.v3 import OperationType, V3ReadRequest, read_request
 
 _reads = _native.load("reads")
 read_answers, v3_read_answers, v3_read_head = _reads.read_answers, _reads.v3_read_answers, _reads.v3_read_head
@@ -67,7 +67,8 @@ def _queue(conn, kind: int, rows: list) -> None:
 
 
 def serve_run(reqs, conn, bookie, slow, resume) -> None:
-    """Answer the plain READs of `reqs` (v2 ReadRequests, v3 Requests) that a cache holds; a
+    """Answer the plain READs of `reqs` (v2 ReadRequests, v3 Requests, the kernel's
+    V3ReadRequests: those go to `slow`/`resume` as the Requests they stand for) that a cache holds; a
     plain READ whose entry a read-ahead in flight brings waits for it as a callback (counted
     as a read in progress; then answered from the read cache, or `resume(req, conn)`: its
     read in a read slot); hand every other request to `slow(req, conn)` in its turn."""
@@ -81,7 +82,13 @@ def serve_run(reqs, conn, bookie, slow, resume) -> None:
         if conn.transport.is_closing():  # closed earlier in this read (a bad frame): drop the rest
             break
         entry = None
-        if type(req) is ReadRequest:
+        t = type(req)
+        if t is V3ReadRequest:  # plain by construction (the codec kernel's)
+            k = _V3
+            ids = (req.ledger_id, req.entry_id) if room >= 0 else None
+            if ids is not None:
+                entry = read_cached(*ids)
+        elif t is ReadRequest:
             k = req.version
             if not req.flags & FLAG_DO_FENCING and req.entry_id >= 0 and room >= 0:
                 entry = read_cached(req.ledger_id, req.entry_id)
@@ -101,7 +108,7 @@ def serve_run(reqs, conn, bookie, slow, resume) -> None:
                 if ahead is not None and conn.begin_read():  # refused: slow() answers the refusal
                     ahead.add_done_callback(partial(_ahead_done, req, lid, eid, conn, bookie, resume, monotonic()))
                     continue
-            slow(req, conn)
+            slow(read_request(req) if t is V3ReadRequest else req, conn)
             room = conn.room()
             continue
         if rows and k != kind:
@@ -112,7 +119,8 @@ def serve_run(reqs, conn, bookie, slow, resume) -> None:
         served += 1
         nbytes += n
         if k == _V3:
-            header = req.header.SerializeToString()  # echoed as it came (CopyFrom's bytes)
+            # echoed as it came (CopyFrom's bytes; the kernel's record holds exactly those)
+            header = req.header if t is V3ReadRequest else req.header.SerializeToString()
             room -= n + len(header) + _ANSWER_HEAD_MAX  # never more room than one by one
             row = (header, ids[0], ids[1], entry)
         else:
@@ -141,7 +149,7 @@ def _ahead_done(req, ledger_id: int, entry_id: int, conn, bookie, resume, start:
         return
     entry = bookie.read_cached(ledger_id, entry_id) if conn.has_room() else None
     if entry is None:
-        conn.run_read(resume, req)
+        conn.run_read(resume, read_request(req) if type(req) is V3ReadRequest else req)
         return
     conn.end_read()
     conn.send(_answer(req, ledger_id, entry_id, entry))
@@ -187,7 +195,7 @@ def answer_cached(req, conn, read_cached) -> bool:
 def v3_answer(req, ledger_id: int, entry_id: int, entry):
     """The EOK answer to v3 READ `req` carrying `entry`: bytes, or [head, entry] for a large one
     (what the protobuf library writes for Response{header, status, readResponse{status, ids, body}})."""
-    header = req.header.SerializeToString()
+    header = req.header if type(req) is V3ReadRequest else req.header.SerializeToString()
     n = len(entry)
     if n >= PART_MIN_ENTRY_BYTES:
         return [v3_read_head(header, ledger_id, entry_id, n), entry]
