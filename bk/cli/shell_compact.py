@@ -43,6 +43,8 @@ def load_plan(path: str) -> tuple[float, dict[str, list[int]]]:
     try:
         with open(path) as fh:
             doc = json.load(fh)
+        if doc.get("error"):  # a run with a gap (unreadable logs) planned from partial figures
+            raise ConfigError(f"{path} is the summary of a failed run, its plan is not used: {doc['error']}")
         plan = doc["plan"]
         by_bookie: dict[str, list[int]] = {}
         for item in plan["logs"]:

@@ -28,6 +28,7 @@ def test_plan_grouped_by_bookie(tmp_path):
     ({"bookies": []}, "not a bk analytics gc summary"),
     ({"plan": {"threshold": 0.2, "logs": [{"bookie_id": "a", "log_id": -4}]}}, "bad log id"),
     ({"plan": {"threshold": 0.2, "logs": [{"bookie_id": "a", "log_id": "7"}]}}, "bad log id"),
+    ({"error": "2 entry logs could not be read", "plan": {"threshold": 0.2, "logs": []}}, "failed run"),
 ])
 def test_bad_plans_are_refused(tmp_path, doc, why):
     with pytest.raises(ConfigError, match=why):
