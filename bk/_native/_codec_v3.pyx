@@ -106,7 +106,8 @@ cdef struct _V3Add:
     uint64_t version, operation, txn, priority, ledger, entry, flag, write_flags
     const unsigned char *key
     const unsigned char *body
-    Py_ssize_t key_len, body_len
+    const unsigned char *header
+    Py_ssize_t key_len, body_len, header_len
     unsigned int seen
 
 
@@ -189,28 +190,6 @@ cdef bint _parse_add(const unsigned char *p, Py_ssize_t n, _V3Add *a) noexcept n
             and <int64_t>a.ledger >= 0 and <int64_t>a.entry >= 0 and a.key_len == WL_MASTER_KEY_LENGTH)
 
 
-cdef bint _parse_v3_add_request(const unsigned char *f, Py_ssize_t n, _V3Add *a) noexcept nogil:
-    """A plain v3 ADD Request (see above) into *a."""
-    cdef Py_ssize_t pos = 0, k
-    cdef uint64_t tag, ln
-    a.seen = 0
-    a.priority = 0
-    a.flag = 0
-    a.write_flags = 0
-    while pos < n:
-        if not _get_pair(f, n, &pos, &tag, &ln) or (tag != _TAG_HEADER and tag != _TAG_ADD):
-            return False
-        if ln > <uint64_t>(n - pos):
-            return False
-        if tag == _TAG_HEADER:
-            if not _once(a, _S_HEADER) or not _parse_header(f + pos, <Py_ssize_t>ln, a):
-                return False
-        elif not _once(a, _S_ADD) or not _parse_add(f + pos, <Py_ssize_t>ln, a):
-            return False
-        pos += <Py_ssize_t>ln
-    return (a.seen & (_S_HEADER | _S_ADD)) == (_S_HEADER | _S_ADD) and a.operation == WL_V3_OP_ADD_ENTRY
-
-
 cdef bint _parse_read(const unsigned char *p, Py_ssize_t n, _V3Add *a) noexcept nogil:
     """A ReadRequest of ledgerId and entryId alone (each once, either order, both >= 0)."""
     cdef Py_ssize_t pos = 0
@@ -247,26 +226,34 @@ cdef bint _canonical_header(const unsigned char *h, Py_ssize_t n, _V3Add *a) noe
     return p - out == n and memcmp(out, h, n) == 0
 
 
-cdef bint _parse_v3_read_request(const unsigned char *f, Py_ssize_t n, _V3Add *a) noexcept nogil:
-    """A plain v3 READ Request into *a; a.key / a.key_len point at its header's bytes."""
+cdef bint _parse_v3_request(const unsigned char *f, Py_ssize_t n, _V3Add *a, bint read) noexcept nogil:
+    """A plain v3 ADD Request (read False) or plain READ Request (read True, see above) into *a;
+    a.header / a.header_len point at its header's bytes."""
     cdef Py_ssize_t pos = 0
     cdef uint64_t tag, ln
+    cdef uint64_t body_tag = _TAG_READ if read else _TAG_ADD
     a.seen = 0
     a.priority = 0
+    a.flag = 0
+    a.write_flags = 0
     while pos < n:
-        if not _get_pair(f, n, &pos, &tag, &ln) or (tag != _TAG_HEADER and tag != _TAG_READ):
+        if not _get_pair(f, n, &pos, &tag, &ln) or (tag != _TAG_HEADER and tag != body_tag):
             return False
         if ln > <uint64_t>(n - pos):
             return False
         if tag == _TAG_HEADER:
             if not _once(a, _S_HEADER) or not _parse_header(f + pos, <Py_ssize_t>ln, a):
                 return False
-            a.key, a.key_len = f + pos, <Py_ssize_t>ln
-        elif not _once(a, _S_ADD) or not _parse_read(f + pos, <Py_ssize_t>ln, a):
+            a.header, a.header_len = f + pos, <Py_ssize_t>ln
+        elif not _once(a, _S_ADD) or not (_parse_read(f + pos, <Py_ssize_t>ln, a) if read
+                                          else _parse_add(f + pos, <Py_ssize_t>ln, a)):
             return False
         pos += <Py_ssize_t>ln
-    return ((a.seen & (_S_HEADER | _S_ADD)) == (_S_HEADER | _S_ADD) and a.operation == _V3_OP_READ_ENTRY
-            and _canonical_header(a.key, a.key_len, a))
+    if (a.seen & (_S_HEADER | _S_ADD)) != (_S_HEADER | _S_ADD):
+        return False
+    if read:
+        return a.operation == _V3_OP_READ_ENTRY and _canonical_header(a.header, a.header_len, a)
+    return a.operation == WL_V3_OP_ADD_ENTRY
 
 
 cdef inline Py_ssize_t _v3_add_response_size(uint64_t status, uint64_t txn, uint64_t priority, uint64_t ledger,
@@ -391,7 +378,7 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
                 break
             rec = None
             if status_map is None:
-                if _parse_v3_add_request(b + pos + 4, length, &a):
+                if _parse_v3_request(b + pos + 4, length, &a, False):
                     if key is None or memcmp(PyBytes_AS_STRING(key), a.key, WL_MASTER_KEY_LENGTH) != 0:
                         key = PyBytes_FromStringAndSize(<const char *>a.key, WL_MASTER_KEY_LENGTH)
                     rec = bk_codec_new_record(record, 8)
@@ -404,11 +391,11 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
                     _put(rec, 5, WL_PROTOCOL_VERSION_V3)
                     _put(rec, 6, a.txn)
                     _put(rec, 7, a.priority)
-                elif read_record is not None and _parse_v3_read_request(b + pos + 4, length, &a):
+                elif read_record is not None and _parse_v3_request(b + pos + 4, length, &a, True):
                     rec = bk_codec_new_record(read_record, 3)
                     _put(rec, 0, <int64_t>a.ledger)
                     _put(rec, 1, <int64_t>a.entry)
-                    _put(rec, 2, PyBytes_FromStringAndSize(<const char *>a.key, a.key_len))
+                    _put(rec, 2, PyBytes_FromStringAndSize(<const char *>a.header, a.header_len))
             elif _parse_v3_add_response(b + pos + 4, length, &a, &status):
                 # the common answer, EOK (0) twice, without two dict lookups
                 rc = eok if status == 0 and a.flag == 0 else (

@@ -90,19 +90,33 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _v3_add_request(d, off: int, end: int):
-    """(flags, key bounds, ledger, entry, body bounds, txn, priority) of a plain v3 ADD, else _Defer."""
-    top, h, a = {}, {}, {}
+def _request_fields(d, off: int, end: int, body_tag: int, body_tags: dict):
+    """(header fields, body fields, header bytes) of a Request of a header and the body
+    `body_tag` alone, each once (either order), else _Defer."""
+    top, h, body = {}, {}, {}
+    hb = None
     pos = off
     while pos < end:
         tag, pos = _get_varint(d, pos, end)
         ln, pos = _get_varint(d, pos, end)
-        if tag not in (_TAG_HEADER, _TAG_ADD) or tag in top or ln > end - pos:
+        if tag not in (_TAG_HEADER, body_tag) or tag in top or ln > end - pos:
             raise _Defer
         top[tag] = True
-        _fields(d, pos, pos + ln, _HEADER_TAGS if tag == _TAG_HEADER else _ADD_TAGS, h if tag == _TAG_HEADER else a)
+        if tag == _TAG_HEADER:
+            _fields(d, pos, pos + ln, _HEADER_TAGS, h)
+            hb = d[pos:pos + ln]
+        else:
+            _fields(d, pos, pos + ln, body_tags, body)
         pos += ln
-    if len(top) != 2 or not _header_ok(h) or not all(k in a for k in ("ledger", "entry", "key", "body")):
+    if len(top) != 2:
+        raise _Defer
+    return h, body, hb
+
+
+def _v3_add_request(d, off: int, end: int):
+    """(flags, key bounds, ledger, entry, body bounds, txn, priority) of a plain v3 ADD, else _Defer."""
+    h, a, _ = _request_fields(d, off, end, _TAG_ADD, _ADD_TAGS)
+    if not _header_ok(h) or not all(k in a for k in ("ledger", "entry", "key", "body")):
         raise _Defer
     ledger, entry = _signed(a["ledger"]), _signed(a["entry"])
     key = a["key"]
@@ -116,22 +130,8 @@ def _v3_add_request(d, off: int, end: int):
 
 def _v3_read_request(d, off: int, end: int):
     """(ledger, entry, header bytes) of a plain v3 READ (see _codec_v3.pyx), else _Defer."""
-    top, h, r = {}, {}, {}
-    hb = None
-    pos = off
-    while pos < end:
-        tag, pos = _get_varint(d, pos, end)
-        ln, pos = _get_varint(d, pos, end)
-        if tag not in (_TAG_HEADER, _TAG_READ) or tag in top or ln > end - pos:
-            raise _Defer
-        top[tag] = True
-        if tag == _TAG_HEADER:
-            _fields(d, pos, pos + ln, _HEADER_TAGS, h)
-            hb = d[pos:pos + ln]
-        else:
-            _fields(d, pos, pos + ln, _READ_TAGS, r)
-        pos += ln
-    if len(top) != 2 or not _header_ok(h, _V3_OP_READ_ENTRY) or len(r) != 2:
+    h, r, hb = _request_fields(d, off, end, _TAG_READ, _READ_TAGS)
+    if not _header_ok(h, _V3_OP_READ_ENTRY) or len(r) != 2:
         raise _Defer
     ledger, entry = _signed(r["ledger"]), _signed(r["entry"])
     if ledger < 0 or entry < 0:
