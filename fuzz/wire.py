@@ -109,7 +109,8 @@ def v2_response(data: bytes) -> None:
 def v3_request(data: bytes) -> None:
     p, buf = params(data, 3)
     max_frame = _MAX_FRAMES[p[0] & 7]
-    scanned = _codec_v3.same("scan_v3_add_requests", buf, 0, max_frame, v3.V3AddRequest, normalize=plain)
+    scanned = _codec_v3.same("scan_v3_add_requests", buf, 0, max_frame, v3.V3AddRequest, v3.V3ReadRequest,
+                             normalize=plain)
     _codec_v3.same("v3_add_request_from_v2", buf, p[2] * 0x0101010101, normalize=plain)
     _chunked("feed_v3_requests", max_frame, buf, p[1])
     items = scanned[0]
@@ -120,7 +121,11 @@ def v3_request(data: bytes) -> None:
             check(i in scanned[3], "the v3 kernel took a frame the protobuf library refuses")
             continue
         item = v3.request_item(req, [None])
-        if i not in scanned[3]:
+        if i not in scanned[3] and len(items[i]) == len(v3.V3ReadRequest._fields):  # a plain READ (plain tuple)
+            rec = v3.V3ReadRequest(*items[i])  # exactly the library's Request, its header's bytes echoed
+            check(v3.read_request(rec).SerializeToString() == req.SerializeToString()
+                  and rec.header == req.header.SerializeToString(), f"v3 kernel READ {rec!r} != library")
+        elif i not in scanned[3]:
             check(item == items[i], f"v3 kernel ADD {items[i]!r} != library {item!r}")
         if isinstance(item, bytes):
             check(v3.parse(v3.Response, item[4:]).status != 0, "an EBADREQ answer with status EOK")
