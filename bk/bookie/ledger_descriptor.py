@@ -28,6 +28,13 @@ log = logging.getLogger(__name__)
 MASTER_KEY_BYTES = 20
 
 
+def _stored_lac(ledger_id: int, lac_buf: bytes | None) -> int:
+    """The LAC of a stored explicit LAC buffer (`ledger_id(8) lac(8) digest`) naming this ledger, else -1."""
+    if lac_buf is None or len(lac_buf) < 16 or int.from_bytes(lac_buf[:8], "big", signed=True) != ledger_id:
+        return -1
+    return max(-1, int.from_bytes(lac_buf[8:16], "big", signed=True))
+
+
 class LedgerDescriptor:
     __slots__ = ("ledger_id", "master_key", "fenced", "limbo", "explicit_lac", "_lac", "fence_pending", "watchers")
 
@@ -37,7 +44,10 @@ class LedgerDescriptor:
         self.fenced: bool = state.fenced if state else False
         self.limbo: bool = state.limbo if state else False
         self.explicit_lac: bytes | None = state.explicit_lac if state else None
-        self._lac: int = -1  # highest LAC seen piggybacked on an entry (the `lac` property)
+        # highest LAC seen piggybacked on an entry or in a WRITE_LAC (the `lac` property); a loaded
+        # ledger starts at its stored explicit LAC: a clean restart replays no EXPLICIT_LAC record,
+        # and without it a long poll would wait for an add an idle writer never sends
+        self._lac: int = _stored_lac(ledger_id, self.explicit_lac)
         self.fence_pending = None  # future of a fence not yet durable
         self.watchers: dict | None = None  # watcher -> the LAC it waits to see passed (None: none yet)
 

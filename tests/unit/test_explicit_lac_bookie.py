@@ -57,3 +57,28 @@ def test_explicit_lac_survives_replay(tmp_path):
             await b.stop()
     run(write())
     run(check())
+
+
+def test_explicit_lac_known_after_a_clean_restart(tmp_path):
+    """A clean stop checkpoints the journal, so no EXPLICIT_LAC record is replayed: the LAC the
+    bookie knows must come from the stored explicit LAC, or a v3 tailing reader's long poll
+    (previousLAC 1, the idle writer's WRITE_LAC said 2) waits for an add that may never come."""
+    cfg = make_config(tmp_path)
+
+    async def write():
+        b = await started(cfg)
+        for eid in range(3):
+            await b.add_entry(6, eid, entry(6, eid, lac=eid - 1), KEY)
+        await b.write_lac(6, KEY, lac_buf(6, 2))
+        await b.stop()
+
+    async def check():
+        b = await started(cfg)
+        try:
+            assert b.read_lac(6) == lac_buf(6, 2)
+            assert b.last_add_confirmed(6) == 2
+            assert b.wait_for_lac_update(6, 1, lambda lac: None) is None  # answered at once
+        finally:
+            await b.stop()
+    run(write())
+    run(check())
