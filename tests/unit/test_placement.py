@@ -410,3 +410,15 @@ def test_per_ledger_isolation_config_is_read_only_for_pulsars_isolated_policy():
     assert p._isolation_for(config("org.example.OtherPolicy", isolationBookieGroups="a")) is None
     assert p._isolation_for(None) == ({"default-group"}, set())
     assert p._isolation_for({"EnsemblePlacementPolicyConfig": b"[1, 2]"}) == ({"default-group"}, set())
+
+
+def test_per_ledger_isolation_config_with_properties_not_an_object_is_ignored():
+    """Pulsar's JSON whose "properties" is not an object is no config (the client's groups apply);
+    it raised AttributeError out of the placement call, so an ensemble change of such a ledger
+    died and its pending adds waited for ever."""
+    import json
+    p = policy(0, isolation_bookie_groups="default-group")
+    isolated = "org.apache.pulsar.bookie.rackawareness.IsolatedBookieEnsemblePlacementPolicy"
+    for props in (["a"], "a", 5):
+        raw = json.dumps({"policyClass": isolated, "properties": props}).encode()
+        assert p._isolation_for({"EnsemblePlacementPolicyConfig": raw}) == ({"default-group"}, set())

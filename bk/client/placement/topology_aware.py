@@ -128,6 +128,8 @@ class RackawareEnsemblePlacementPolicy(EnsemblePlacementPolicy):
             config = json.loads(bytes(raw).decode())
             isolated = str(config.get("policyClass", "")).endswith("IsolatedBookieEnsemblePlacementPolicy")
             props = (config.get("properties") or {}) if isolated else {}
+            if not isinstance(props, dict):  # else props.get below raised out of an ensemble change
+                raise TypeError(f'"properties" is a {type(props).__name__}, not an object')
         except (ValueError, AttributeError, TypeError) as e:
             self.log_once("bad-policy-config", "ledger custom metadata %s is not Pulsar's JSON (%s): using the"
                           " client's isolation groups", ENSEMBLE_PLACEMENT_POLICY_CONFIG, e)
