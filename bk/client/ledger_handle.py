@@ -360,6 +360,9 @@ class LedgerHandle(ReadHandle):
                     self._fail(type(e), f"ledger {self.ledger_id}: {e}")
                     return
                 log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, start, list(new))
+        except Exception as e:  # a bug (a placement policy's, say): fail the adds, never leave them waiting
+            log.exception("ledger %d: ensemble change failed unexpectedly", self.ledger_id)
+            self._fail(BookieIOError, f"ledger {self.ledger_id}: ensemble change failed: {type(e).__name__}: {e}")
         finally:
             self._change_task = None
             if self._fatal is not None or not self._core.failed_bookies:

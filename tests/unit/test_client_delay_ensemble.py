@@ -117,3 +117,22 @@ async def test_delayed_writer_changes_at_once_when_the_failed_bookies_write_sets
         assert lh.ensemble_changes == 1 and lh.delayed_failures == 0 and victim.bookie_id not in lh.ensemble
         await lh.close()
         assert (await metadata(cluster, lh.ledger_id)).segments[1][0] == 1
+
+
+@run_async
+async def test_an_unexpected_error_in_the_ensemble_change_fails_the_adds_not_hangs_them():
+    """A bug in a placement policy (any exception out of replace_bookies) must fail the writer's
+    adds with a BKError; it killed the ensemble change task and the adds waited for ever."""
+    from bk.errors import BKError
+
+    async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri, connect_timeout_s=1) as bkc:
+        lh = await bkc.create_ledger(3, 3, 2, password=b"pw")
+        await lh.add_entry(b"0")
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("a bug in a placement policy")
+        bkc.placement.replace_bookies = broken
+        await cluster.kill(cluster.by_id(lh.ensemble[2]))
+        adds = asyncio.gather(*(lh.add_entry(b"x") for _ in range(3)), return_exceptions=True)
+        results = await asyncio.wait_for(adds, 30)  # a hang guard only
+        assert all(isinstance(r, BKError) for r in results), results
