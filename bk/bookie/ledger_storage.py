@@ -52,6 +52,16 @@ READ_AHEAD_MAX_BYTES = (1 << 20) + (1 << 18)
 # (POSIX_FADV_WILLNEED), so the scan's next read-ahead finds its bytes in the page cache.
 READ_AHEAD_HINT_BYTES = 4 << 20
 FLUSH_CHUNK_ENTRIES = 65536  # a flush writes and indexes this many entries at a time
+# A flush takes a half's entries out of its dicts this many at a time, and sleeps FLUSH_YIELD_S
+# in between (issue 32): a list extend from a dict is one C loop that never lets go of the GIL,
+# so taking 150k entries in one go held the GIL (and the adds' event loop) for ~6 ms, more than
+# the interpreter's 5 ms switch interval; in steps of 4096 the longest hold measured 0.4-0.7 ms.
+COLUMN_STEP_ENTRIES = 4096
+FLUSH_YIELD_S = 0.00002  # a real sleep: sleep(0) often re-takes the GIL before a waiter wakes
+
+
+def _yield_gil() -> None:
+    time.sleep(FLUSH_YIELD_S)
 
 
 class _PendingFlush:
@@ -324,7 +334,7 @@ class LedgerStorage:
             self._after_checkpoint(p.marks)
 
     def _flush_half(self, p: _PendingFlush) -> None:
-        ledger_ids, entry_ids, entries = p.half.sorted_columns()
+        ledger_ids, entry_ids, entries = p.half.sorted_columns(COLUMN_STEP_ENTRIES, _yield_gil)
         entry_logger = self.entry_logger
         with self.index.write() as w:
             # In chunks: the locations and packed index records of one chunk at a time

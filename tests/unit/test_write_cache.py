@@ -274,3 +274,49 @@ def test_a_read_ahead_reads_what_its_records_need_not_the_whole_cap(tmp_path):
     finally:
         storage.stop()
         storage.close_index()
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_sorted_columns_in_steps_is_the_same_and_pauses_between_steps(step):
+    """Issue 32: a flush takes the columns in steps and lets go of the GIL in between."""
+    wc = WriteCache(1 << 20)
+    rng = random.Random(step)
+    for eid in range(20):
+        wc.put(4, eid, _entry(4, eid))             # in order
+    for eid in rng.sample(range(30), 30):
+        wc.put(2, eid, _entry(2, eid, b"u"))       # out of order: sorted at flush
+    wc.put(9, 0, _entry(9, 0))
+    pauses = []
+    stepped = wc.sorted_columns(step, lambda: pauses.append(1))
+    assert stepped == wc.sorted_columns()
+    big = [n for n in (20, 30, 1) if n > step]
+    assert len(pauses) == sum(-(-n // step) for n in big)
+
+
+def test_checkpoint_flushes_in_small_steps_releasing_the_gil_between(tmp_path, monkeypatch):
+    """Issue 32: a checkpoint never takes a half's entries out of its dicts in one GIL hold:
+    it yields between steps of COLUMN_STEP_ENTRIES, and every entry is indexed and readable after."""
+    from bk.bookie import ledger_storage
+    from bk.bookie.ledger_storage import LedgerStorage
+    from bk.config import load_config
+    yields = []
+    monkeypatch.setattr(ledger_storage, "_yield_gil", lambda: yields.append(1))
+    monkeypatch.setattr(ledger_storage, "COLUMN_STEP_ENTRIES", 100)
+    config = load_config(env={}, overrides={"ledger_dirs": [str(tmp_path / "ledgers")],
+                                            "journal_dirs": [str(tmp_path / "journal")]})
+    storage = LedgerStorage(config)
+    try:
+        for lid in (1, 2):
+            storage.create_ledger(lid)
+        for eid in range(450):
+            for lid in (1, 2):
+                assert storage.put(lid, eid, _entry(lid, eid, b"p"))
+        storage.checkpoint()
+        assert len(yields) == 2 * 5  # each ledger's 450 entries in 5 steps
+        for lid in (1, 2):
+            for eid in range(450):
+                assert storage.index.get_location(lid, eid) is not None
+                assert storage.read_from_storage(lid, eid) == _entry(lid, eid, b"p")
+    finally:
+        storage.stop()
+        storage.close_index()
