@@ -11,12 +11,22 @@ the same one, and the check catches a clash that exists when the port is picked.
 
 A port picked but not yet bound (a cluster picks a bookie's port and its HTTP port
 before it starts the bookie) would pass that check again, so this process never hands
-out the same port twice.
+out the same port twice. Under pytest-xdist (scripts/test runs test files in several worker
+processes at once) that memory is per process, and a worker could pick the port of a bookie
+another worker killed and is about to restart: so each worker draws from a slice of the range
+of its own (PYTEST_XDIST_WORKER gwK of PYTEST_XDIST_WORKER_COUNT), and workers never pick alike.
+
+`well_known_ports()` serialises the tests that start `bk standalone` on BookKeeper's default
+ports (2181, 3181, 8180): across worker processes they would take each other's.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import random
 import socket
+import tempfile
 
 _RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _LOWEST = 10000  # below: well-known and registered services a machine may run
@@ -44,13 +54,41 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def worker_slice(low: int, high: int) -> tuple[int, int]:
+    """[low, high) itself, or this pytest-xdist worker's own slice of it (disjoint per worker)."""
+    try:
+        k = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+        n = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    except (KeyError, ValueError):
+        return low, high
+    if n <= 1 or not 0 <= k < n:
+        return low, high
+    width = (high - low) // n
+    return low + k * width, low + (k + 1) * width
+
+
+@contextlib.contextmanager
+def well_known_ports():
+    """Held while a test runs `bk standalone` on its default ports: an exclusive lock on one
+    file in the temp dir, shared by every test process on the machine (flock: released when
+    the holder dies, so a killed run leaves no stale lock)."""
+    path = os.path.join(tempfile.gettempdir(), "bk-tests-well-known-ports.lock")
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on or is bound to now, outside the ephemeral range when the
     range leaves room below it (else the kernel's choice)."""
     low, _high = ephemeral_range()
     if low - _LOWEST >= 1000:
+        start, stop = worker_slice(_LOWEST, low)
         for _ in range(_TRIES):
-            port = _rng.randrange(_LOWEST, low)
+            port = _rng.randrange(start, stop)
             if port not in _handed_out and port_is_free(port, host):
                 _handed_out.add(port)
                 return port

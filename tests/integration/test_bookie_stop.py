@@ -278,7 +278,16 @@ def test_autorecovery_with_zookeeper_down_exits_within_the_timeout(tmp_path, zk_
         c.stop()
 
 
-def test_standalone_with_its_zookeeper_killed_stops_its_bookies_cleanly(tmp_path):
+@pytest.fixture
+def default_ports():
+    """`bk standalone` takes bookie port 3181 and HTTP 8180 when free: not while
+    test_standalone_ports (another xdist worker) counts on getting them twice."""
+    from bk.testing.ports import well_known_ports
+    with well_known_ports():
+        yield
+
+
+def test_standalone_with_its_zookeeper_killed_stops_its_bookies_cleanly(tmp_path, default_ports):
     """`bk standalone` whose ZooKeeper died: SIGTERM stops every bookie within the timeout,
     each cleanly (deregistration abandoned, checkpoint done), and standalone exits 0."""
     data = tmp_path / "sa"

@@ -40,7 +40,15 @@ def run_standalone(data_dir: str) -> tuple[str, str]:
     return text, err
 
 
-def test_standalone_ports_are_stable_and_http_is_printed(tmp_path):
+@pytest.fixture
+def default_ports():
+    """No other test process runs `bk standalone` on the default ports meanwhile (xdist workers)."""
+    from bk.testing.ports import well_known_ports
+    with well_known_ports():
+        yield
+
+
+def test_standalone_ports_are_stable_and_http_is_printed(tmp_path, default_ports):
     from bk.testing.ports import port_is_free
 
     zk_free, bookie_free = port_is_free(2181), port_is_free(3181)
