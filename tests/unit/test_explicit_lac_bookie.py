@@ -38,47 +38,41 @@ def test_write_lac_raises_the_known_lac_and_wakes_long_polls(tmp_path):
     run(main())
 
 
+async def _restarted_after_write_lac(cfg, ledger_id: int, stop):
+    """Three entries and WRITE_LAC 2 on a bookie, `stop(bookie)`, then the bookie started again."""
+    b = await started(cfg)
+    for eid in range(3):
+        await b.add_entry(ledger_id, eid, entry(ledger_id, eid, lac=eid - 1), KEY)
+    await b.write_lac(ledger_id, KEY, lac_buf(ledger_id, 2))
+    await stop(b)
+    return await started(cfg)
+
+
+async def _halt(b) -> None:
+    halt_without_checkpoint(b)
+
+
 def test_explicit_lac_survives_replay(tmp_path):
-    cfg = make_config(tmp_path)
-
-    async def write():
-        b = await started(cfg)
-        for eid in range(3):
-            await b.add_entry(8, eid, entry(8, eid, lac=eid - 1), KEY)
-        await b.write_lac(8, KEY, lac_buf(8, 2))
-        halt_without_checkpoint(b)
-
-    async def check():
-        b = await started(cfg)
+    async def main():
+        b = await _restarted_after_write_lac(make_config(tmp_path), 8, _halt)
         try:
             assert b.read_lac(8) == lac_buf(8, 2)
             assert b.last_add_confirmed(8) == 2
         finally:
             await b.stop()
-    run(write())
-    run(check())
+    run(main())
 
 
 def test_explicit_lac_known_after_a_clean_restart(tmp_path):
     """A clean stop checkpoints the journal, so no EXPLICIT_LAC record is replayed: the LAC the
     bookie knows must come from the stored explicit LAC, or a v3 tailing reader's long poll
     (previousLAC 1, the idle writer's WRITE_LAC said 2) waits for an add that may never come."""
-    cfg = make_config(tmp_path)
-
-    async def write():
-        b = await started(cfg)
-        for eid in range(3):
-            await b.add_entry(6, eid, entry(6, eid, lac=eid - 1), KEY)
-        await b.write_lac(6, KEY, lac_buf(6, 2))
-        await b.stop()
-
-    async def check():
-        b = await started(cfg)
+    async def main():
+        b = await _restarted_after_write_lac(make_config(tmp_path), 6, lambda b: b.stop())
         try:
             assert b.read_lac(6) == lac_buf(6, 2)
             assert b.last_add_confirmed(6) == 2
             assert b.wait_for_lac_update(6, 1, lambda lac: None) is None  # answered at once
         finally:
             await b.stop()
-    run(write())
-    run(check())
+    run(main())
