@@ -64,6 +64,14 @@ def _yield_gil() -> None:
     time.sleep(FLUSH_YIELD_S)
 
 
+def _free_in_steps(column: list) -> None:
+    """Empty a list from its end COLUMN_STEP_ENTRIES at a time, yielding the GIL between."""
+    step = COLUMN_STEP_ENTRIES or len(column) or 1
+    while column:
+        del column[-step:]
+        _yield_gil()
+
+
 class _PendingFlush:
     __slots__ = ("half", "marks", "dirty")
 
@@ -358,12 +366,20 @@ class LedgerStorage:
         # the journal files behind its marks are deleted next, and with the journal off what it
         # flushed is durable only through it.
         self.sync_index()
-        if self._pending is p:  # only the flush side clears it; the owner only sets it from None
+        unpublished = self._pending is p
+        if unpublished:  # only the flush side clears it; the owner only sets it from None
             self._pending = None
         self._last_marks = p.marks
         self.checkpoints += 1
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake_room_waiters)
+        if unpublished:
+            # Free the flushed half in steps, not in one dealloc that holds the GIL for
+            # ~9 ms per 150k entries. A reader that still holds the half finds it empty
+            # and goes on to the index, which has every entry: the commit came first.
+            p.half.release(_yield_gil)
+            for column in (entries, entry_ids, ledger_ids):
+                _free_in_steps(column)
 
     def _flush_loop(self) -> None:
         interval_s = self.config.flush_interval_ms / 1000.0

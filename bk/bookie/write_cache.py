@@ -161,6 +161,19 @@ class WriteCache:
                     pause()
         return ledger_ids, entry_ids, out
 
+    def release(self, pause=None) -> None:
+        """Drop every entry (the flush thread, once the half is flushed and no longer
+        published). Each ledger's dict is cleared on its own with pause() in between; a
+        caller holding the entries in sorted_columns' lists frees those in steps next, so
+        that no single C loop frees a whole half (~9 ms of GIL per 150k entries; issue 32)."""
+        for record in self._ledgers.values():
+            record[0].clear()
+            if pause is not None:
+                pause()
+        self._ledgers = {}
+        self._unordered = set()
+        self.size_bytes = 0
+
     def sorted_items(self) -> list[tuple[int, int, bytes]]:
         """Every entry as (ledger_id, entry_id, entry), in (ledger, entry) order."""
         return list(zip(*self.sorted_columns()))
