@@ -139,6 +139,7 @@ class BookieConfig:
     max_speculative_read_lac_timeout_ms: int = 5000  # maxSpeculativeReadLACTimeout
     speculative_read_lac_timeout_backoff_multiplier: float = 2.0  # speculativeReadLACTimeoutBackoffMultiplier
     sticky_reads_enabled: bool = False  # stickyReadsEnabled
+    explicit_lac_interval_ms: int = 0  # explicitLacInterval: an idle writer's WRITE_LAC period; 0 = off
 
     # The bookie's own client's placement policy (bk/client/placement, docs/CLIENT.md): BookKeeper's
     # ClientConfiguration keys and defaults, the keyword arguments of BookKeeper(...) of the same names.

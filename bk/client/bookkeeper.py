@@ -209,6 +209,7 @@ class BookKeeper:
         kwargs: dict = {"max_frame_size_bytes": config.max_frame_size_bytes, "store_options": store_options(config)}
         kwargs.update(PlacementSettings.from_config(config).kwargs())
         kwargs.update(read_settings(config))
+        kwargs["explicit_lac_interval_ms"] = config.explicit_lac_interval_ms
         if config.bookie_auth_provider == "token":
             if config.auth_token_shared_secret_path:
                 kwargs["auth_token"] = _read_file(config.auth_token_shared_secret_path).decode()

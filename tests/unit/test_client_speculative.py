@@ -56,8 +56,10 @@ def test_the_bookies_own_client_takes_the_read_settings_from_its_configuration()
     from bk.config import load_config
 
     cfg = load_config(env={}, overrides=dict(speculative_read_timeout_ms=250, sticky_reads_enabled=True,
-                                             first_speculative_read_lac_timeout_ms=0))
+                                             first_speculative_read_lac_timeout_ms=0,
+                                             explicit_lac_interval_ms=40))
     bkc = BookKeeper.for_bookie(cfg)
+    assert bkc.explicit_lac_interval_ms == 40
     assert (bkc.speculative_read_policy.first_s, bkc.speculative_read_policy.max_s) == (0.25, 0.25)
     assert bkc.speculative_read_lac_policy is None and bkc.sticky_reads_enabled
 
