@@ -289,8 +289,8 @@ class BookieConfig:
     # --- testing: the chaos runner's deliberately broken bookie (issue 17; docs/CHAOS.md)
     # Only the runner's self-tests set this (BK_TEST_BREAK / --set test_break=...), to prove the
     # runner catches a bookie that breaks a promise: "ack-before-fsync" acknowledges journal
-    # groups before they are fsynced (only every 4th group is), "forget-fence" answers a fence
-    # without fencing. "" (the default) is a correct bookie; the hooks cost nothing then.
+    # groups before they are fsynced (only every 64th group is, and no idle zero-ahead fsync),
+    # "forget-fence" answers a fence without fencing. "" (the default) is a correct bookie; the hooks cost nothing then.
     test_break: str = ""
 
     @property

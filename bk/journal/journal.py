@@ -149,6 +149,7 @@ class Journal:
         if config.test_break == "ack-before-fsync":  # the chaos runner's broken bookie (config.test_break)
             self._groups_unsynced = 0
             self._write_group = self._write_group_acking_unsynced
+            self._zero_ahead = lambda: False  # its fsync would make the unsynced groups durable after all
 
     # ------------------------------------------------------------------ public API
     def replay(self, mark: LogMark, on_record: OnRecord) -> ReplayResult:
@@ -326,11 +327,8 @@ class Journal:
             if not queue:
                 if self._stopping:
                     return
-                if self._alloc_end and self._failed is None:  # idle: zero a piece ahead (format 2)
-                    end, self._alloc_end = self._alloc_end, inplace.zero_ahead(
-                        self._file, self._alloc_end, self._prealloc_bytes)
-                    if end != self._alloc_end:
-                        continue  # records may have come while it zeroed: look again before parking
+                if self._alloc_end and self._failed is None and self._zero_ahead():
+                    continue  # records may have come while it zeroed: look again before parking
                 self._wake.clear()
                 self._idle = True
                 if not queue and not self._stopping:  # re-check: a log() may have raced
@@ -499,10 +497,15 @@ class Journal:
             except Exception:  # noqa: BLE001 - the listener's bug must not kill the writer
                 logger.exception("journal on_error listener failed")
 
+    def _zero_ahead(self) -> bool:
+        """Idle: zero (and fsync) one piece ahead of the write position (format 2). True if it did."""
+        end, self._alloc_end = self._alloc_end, inplace.zero_ahead(self._file, self._alloc_end, self._prealloc_bytes)
+        return end != self._alloc_end
+
     def _write_group_acking_unsynced(self, items: list, buffers: list, group_bytes: int, oldest: float = 0.0) -> None:
-        """BROKEN ON PURPOSE (config.test_break = "ack-before-fsync"): acknowledge three groups of
-        four before any fsync covers them. Never installed otherwise."""
-        self._groups_unsynced = (self._groups_unsynced + 1) % 4
+        """BROKEN ON PURPOSE (config.test_break = "ack-before-fsync"): acknowledge 63 groups of
+        64 before any fsync covers them. Never installed otherwise."""
+        self._groups_unsynced = (self._groups_unsynced + 1) % 64
         sync, self._sync_data = self._sync_data, self._sync_data and self._groups_unsynced == 0
         try:
             Journal._write_group(self, items, buffers, group_bytes, oldest)

@@ -7,10 +7,11 @@ own proof that it catches a broken bookie and replays and shrinks what it finds.
 - A bookie that forgets fences (config test_break = "forget-fence") is caught within the
   first 10 seeds (measured: 49 of 60 seeds catch it), and a failing seed replays to the same
   failure; its schedule shrinks to no fault at all (the final fence check alone catches it).
-- A bookie that acknowledges before fsync ("ack-before-fsync") is caught by power loss:
-  measured on seeds 1..200, 10 seeds catch it (one in 20, first at seed 35; P(no catch in
-  60 seeds) ~5%). The suite replays seven seeds that caught it in 2 of 2 runs and needs four
-  (a run's interleaving depends on timing, more so on a loaded machine).
+- A bookie that acknowledges before fsync ("ack-before-fsync": 63 journal groups of 64 unsynced)
+  is caught by power loss. The suite replays seven seeds that once caught it and needs four (a
+  run's interleaving depends on timing, more so on a loaded machine). With 3 of 4 groups unsynced
+  these seven caught it 1-3 times per run on 2026-11-27 (the test failed under load); with 63 of
+  64, 5 of 7 in one run and the test passed 3 of 3 times.
 - Every failing run prints one replay command: `python -m bk.testing.chaos --seed S --mode M`.
 
 Whole run: about a minute on two cores.
