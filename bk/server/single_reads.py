@@ -148,8 +148,8 @@ def _ahead_done(req, ledger_id: int, entry_id: int, conn, bookie, resume, start:
         conn.end_read()
         return
     entry = bookie.read_cached(ledger_id, entry_id) if conn.has_room() else None
-    if entry is None:
-        conn.run_read(resume, read_request(req) if type(req) is V3ReadRequest else req)
+    if entry is None:  # resume takes the read slot (run_read): taking one here as well leaked it
+        resume(read_request(req) if type(req) is V3ReadRequest else req, conn)
         return
     conn.end_read()
     conn.send(_answer(req, ledger_id, entry_id, entry))

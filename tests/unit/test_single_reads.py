@@ -338,6 +338,26 @@ def test_a_read_waiting_for_a_read_ahead_on_a_lost_connection_is_only_uncounted(
     _run(tmp_path, body)
 
 
+def test_a_read_the_read_ahead_did_not_bring_frees_its_read_slot(tmp_path):
+    """A READ that waited for a read-ahead whose entry is not in the read cache afterwards
+    (evicted, the read-ahead failed, or no room) reads in a read slot and gives the slot back
+    once answered. On 4f9edef it took two slots and gave one back: under load (the read cache
+    churning) every such read leaked a slot until all 32 were gone and the connection's reads
+    waited forever (tests/integration/test_client_cluster.py's stopped-bookie test hung in CI)."""
+    from bk.server import single_reads
+
+    async def body(bookie, proc, conn, transport, answers):
+        for entry_id in (50, 51, 3):  # not in any cache (no such entry), twice; then one that is
+            assert conn.begin_read()  # as serve_run counts a READ that waits for a read-ahead
+            single_reads._ahead_done(ReadRequest(0, LEDGER, entry_id), LEDGER, entry_id, conn, bookie,
+                                     proc._resume, 0.0, None)
+        got = await answers(3, _v2)
+        assert sorted(got) == [(3, 0, E[3]), (50, StatusCode.ENOENTRY, None), (51, StatusCode.ENOENTRY, None)]
+        await proc.drain()
+        assert (conn.pending, conn._reads_running, len(conn._reads_waiting), proc.limits.reads) == (0, 0, 0, 0)
+    _run(tmp_path, body)
+
+
 @pytest.mark.parametrize("k", ["pure", "native"])
 def test_plain_reads_decode_in_the_kernel_exactly_as_decode_request(k):
     """The request kernel decodes plain READs (v0..2, no fence) into ReadRequests equal to
