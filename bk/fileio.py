@@ -58,21 +58,61 @@ def set_fault_injector(injector) -> None:
 
 
 class DiskUsage(NamedTuple):
+    """Space of one filesystem, as BookKeeper's DiskChecker reads it (java.io.File's
+    getTotalSpace / getUsableSpace): `free_bytes` is what an unprivileged writer may still
+    use (f_bavail, not f_bfree: root's reserve is not the bookie's), `usage` = 1 - free/total."""
     total_bytes: int
     free_bytes: int
     usage: float  # fraction of the disk in use, 0..1
+    fs_id: object = None  # which filesystem (None: an injected fake, counted as its own)
+
+
+# The statvfs that every space figure comes from; bk.testing.fakedisk swaps in a fake.
+_statvfs = os.statvfs
+
+
+def set_statvfs(fn) -> None:
+    """Install (or with None remove) a test-only replacement for os.statvfs."""
+    global _statvfs
+    _statvfs = fn if fn is not None else os.statvfs
+
+
+def measured_space(path: str) -> DiskUsage:
+    """statvfs of `path`'s filesystem, without the fault injector (blocking: not on the loop)."""
+    st = _statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    # f_fsid names the filesystem (BookKeeper dedups by FileStore); a few report 0: use st_dev
+    fs_id = st.f_fsid or ("dev", os.stat(path).st_dev)
+    return DiskUsage(total, free, (1.0 - free / total) if total else 1.0, fs_id)
 
 
 def disk_space(path: str) -> DiskUsage:
-    """Space of the filesystem holding `path` (the disk checker and the entry logger's
-    choice of directory; an injected full disk reports itself here)."""
+    """Space of the filesystem holding `path`: the one source of every per-dir figure (the
+    disk checker, the entry logger's choice of directory, GC's disks-full test), and through
+    `total_space` of the bookie's free/total. An injected full disk reports itself here.
+    Blocking (statvfs may hang on a sick disk): never call it on the event loop."""
     if faults is not None:
         fake = faults.space(path)
         if fake is not None:
             return fake
-    st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    free = st.f_bavail * st.f_frsize
+    return measured_space(path)
+
+
+def total_space(dirs) -> DiskUsage:
+    """Free and total bytes over the distinct filesystems of `dirs`, each counted once:
+    BookKeeper's LedgerDirsManager getTotalFreeSpace / getTotalDiskSpace, which GetBookieInfo
+    (freeDiskSpace, totalDiskSpace) and the HTTP /api/v1/bookie/info (freeSpace, totalSpace)
+    both report. Blocking: run it off the event loop (asyncio.to_thread / run_blocking)."""
+    seen, free, total = set(), 0, 0
+    for d in dirs:
+        space = disk_space(d)
+        key = space.fs_id if space.fs_id is not None else ("dir", os.path.abspath(d))
+        if key in seen:
+            continue
+        seen.add(key)
+        free += space.free_bytes
+        total += space.total_bytes
     return DiskUsage(total, free, (1.0 - free / total) if total else 1.0)
 
 

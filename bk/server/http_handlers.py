@@ -17,6 +17,7 @@ from aiohttp import web
 
 from bk import metrics
 from bk.errors import NoSuchLedgerMetadataError
+from bk.fileio import total_space
 from bk.meta.ledger_metadata import metadata_dict
 from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
@@ -29,19 +30,6 @@ log = logging.getLogger(__name__)
 FREE_AND_TOTAL = BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY  # GetBookieInfo's requested bits
 BOOKIE_INFO_TIMEOUT_S = 5.0
 READ_MAX_ENTRIES = 1000  # /api/v1/ledger/read answers at most this many entries
-
-
-def _disk_space(dirs) -> tuple[int, int]:
-    """(free, total) bytes over the distinct filesystems of `dirs` (blocking: run off the loop)."""
-    seen, free, total = set(), 0, 0
-    for d in dirs:
-        st = os.statvfs(d)
-        if st.f_fsid in seen and st.f_fsid:
-            continue
-        seen.add(st.f_fsid)
-        free += st.f_bavail * st.f_frsize
-        total += st.f_blocks * st.f_frsize
-    return free, total
 
 
 # ---------------------------------------------------------------- heartbeat, metrics (config: bk.server.http_ops)
@@ -61,8 +49,9 @@ async def metrics_page(admin, request):
 # ---------------------------------------------------------------- this bookie
 @route("/api/v1/bookie/info", "GET")
 async def bookie_info(admin, request):
-    free, total = await admin.run_blocking(_disk_space, admin.config.ledger_dirs)
-    return json_response({"freeSpace": free, "totalSpace": total})
+    # the same figures as GetBookieInfo's (bk.fileio.total_space), off the loop
+    space = await admin.run_blocking(total_space, admin.config.ledger_dirs)
+    return json_response({"freeSpace": space.free_bytes, "totalSpace": space.total_bytes})
 
 
 def _state(server) -> dict:

@@ -48,6 +48,21 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0  # in-flight requests get at most this, and at most a quarter of the stop's budget
 
 
+def _measure_dirs(dirs) -> dict[str, float]:
+    """Usage (0..1) of each dir's filesystem by bk.fileio.disk_space (where an injected full
+    disk reports itself); a dir whose statvfs fails counts as full. Blocking: a worker thread."""
+    out = {}
+    for d in dirs:
+        try:
+            space = disk_space(d)
+        except OSError:
+            out[d] = 1.0
+            continue
+        if space.total_bytes:
+            out[d] = space.usage
+    return out
+
+
 async def bounded_wait(aw, seconds: float, what: str, abandoned: list[str]) -> bool:
     """Wait at most `seconds` for `aw`; True when it finished well. An error it ends with is
     logged, not raised (a stop goes on), and `what` goes into `abandoned` with it. On
@@ -153,7 +168,7 @@ class BookieServer:
             if cfg.http_server_enabled:
                 from .http_admin import HttpAdminServer
                 self.http = await HttpAdminServer(self, cfg).start()
-            self._check_disks()
+            await self._check_disks()
             await self._register()
             if self._properties:  # the repair's progress changed while the registration waited
                 await self._register(force=True)
@@ -328,25 +343,21 @@ class BookieServer:
         metrics.STORAGE_FAILED.set_function(lambda: 0 if bookie.storage_failure is None else 1)
         metrics.GC_DAMAGED_ENTRY_LOGS.set_function(lambda: len(bookie.gc.damaged_logs()) if bookie.gc else 0)
 
-    def _check_disks(self) -> None:
-        """Read-only above disk_usage_threshold; writable again below the low-water mark."""
+    async def _check_disks(self) -> None:
+        """Read-only above disk_usage_threshold; writable again below the low-water mark. The
+        statvfs calls run on a worker thread (a sick disk may hang them), the verdict on the loop."""
         cfg = self.config
-        if self._forced_read_only:
+        dirs = {*cfg.ledger_dirs, *cfg.journal_dirs}
+        space = {} if self._forced_read_only else await asyncio.to_thread(_measure_dirs, dirs)
+        if self._forced_read_only:  # also when the operator switched during the measurement
             self.bookie.set_read_only(True, "set by the operator")
             return
         worst = 0.0
         writable_dirs = 0
-        for d in {*cfg.ledger_dirs, *cfg.journal_dirs}:
-            try:
-                space = disk_space(d)  # bk.fileio: an injected full disk (tests) reports itself here
-            except OSError:
-                worst = 1.0
-                continue
-            if space.total_bytes:
-                usage = space.usage
-                worst = max(worst, usage)
-                if d in cfg.ledger_dirs and usage < cfg.disk_usage_threshold:
-                    writable_dirs += 1
+        for d, usage in space.items():
+            worst = max(worst, usage)
+            if d in cfg.ledger_dirs and usage < cfg.disk_usage_threshold:
+                writable_dirs += 1
         self._writable_dirs = writable_dirs
         if worst >= cfg.disk_usage_threshold:
             self.bookie.set_read_only(True, f"disk usage {worst:.0%} >= disk_usage_threshold")
@@ -365,7 +376,7 @@ class BookieServer:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                self._check_disks()
+                await self._check_disks()
                 await self._register()
             except BKError as e:
                 log.warning("disk check / registration failed: %s", e)

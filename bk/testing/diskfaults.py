@@ -208,8 +208,7 @@ class _Injector:
 
 def fileio_total_bytes(path: str) -> int:
     try:
-        st = os.statvfs(path)
-        return st.f_blocks * st.f_frsize
+        return fileio.measured_space(path).total_bytes
     except OSError:
         return 0
 

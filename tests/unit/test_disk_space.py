@@ -1,0 +1,86 @@
+"""One definition of disk space (bk.fileio) behind every surface that reports it.
+
+The wire's GetBookieInfo, the HTTP /api/v1/bookie/info and the disk checker (with the entry
+logger's and GC's per-dir usage) must agree for the same dirs, as BookKeeper's do (DiskChecker:
+usable space, not root's reserve; each filesystem counted once however many ledger dirs it
+holds), and none of them may call statvfs on the event loop. A fake statvfs (bk.testing.fakedisk)
+gives known figures: two ledger dirs on one filesystem, a third on another, the journal on a
+third, with root reserves that a reader of f_bfree would count.
+"""
+import asyncio
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from bk import fileio
+from bk.config import load_config
+from bk.entrylog.logger import EntryLogger
+from bk.server import http_handlers
+from bk.server.server import BookieServer
+from bk.testing.fakedisk import FakeStatvfs
+
+
+@pytest.fixture
+def disks(tmp_path):
+    a, b, j = tmp_path / "fs-a", tmp_path / "fs-b", tmp_path / "fs-j"
+    dirs = {"ledger_dirs": [str(a / "l1"), str(a / "l2"), str(b / "l3")], "journal_dirs": [str(j / "journal")]}
+    for d in (*dirs["ledger_dirs"], *dirs["journal_dirs"]):
+        (tmp_path / d).mkdir(parents=True)
+    with FakeStatvfs() as fake:
+        fake.mount(str(a), total_bytes=10_000, free_bytes=3_000, reserved_bytes=500)  # usage 0.70
+        fake.mount(str(b), total_bytes=4_000, free_bytes=100, reserved_bytes=200)  # usage 0.975
+        fake.mount(str(j), total_bytes=2_000, free_bytes=1_000)  # usage 0.50
+        cfg = load_config(env={}, overrides={**dirs, "disk_usage_threshold": 0.95, "disk_usage_lwm_threshold": 0.9})
+        yield fake, cfg
+
+
+# each filesystem once (fs-a holds two ledger dirs), usable bytes (f_bavail), the journal's not at all
+FREE, TOTAL = 3_000 + 100, 10_000 + 4_000
+
+
+def test_total_space_counts_each_filesystem_once_and_usable_bytes(disks):
+    _, cfg = disks
+    space = fileio.total_space(cfg.ledger_dirs)
+    assert (space.free_bytes, space.total_bytes) == (FREE, TOTAL)
+    assert space.usage == pytest.approx(1 - FREE / TOTAL)
+
+
+def test_http_reports_total_space_off_the_loop(disks):
+    fake, cfg = disks
+    admin = SimpleNamespace(config=cfg, run_blocking=lambda fn, *a: asyncio.to_thread(fn, *a))
+
+    async def http():
+        return json.loads((await http_handlers.bookie_info(admin, None)).text)
+
+    info = asyncio.run(http())
+    assert (info["freeSpace"], info["totalSpace"]) == (FREE, TOTAL)
+    assert fake.calls and fake.calls_on_loop == []
+
+
+def test_disk_checker_entry_logger_and_gc_see_the_same_per_dir_usage(disks):
+    """fs-b (l3) is over disk_usage_threshold: the checker counts 2 writable ledger dirs and
+    turns the bookie read-only; the entry logger and GC read the same per-dir figures."""
+    fake, cfg = disks
+    states = []
+    server = SimpleNamespace(config=cfg, _forced_read_only=False, _writable_dirs=0,
+                             bookie=SimpleNamespace(set_read_only=lambda ro, why="": states.append((ro, why))))
+    asyncio.run(BookieServer._check_disks(server))
+    assert server._writable_dirs == 2
+    assert states == [(True, "disk usage 98% >= disk_usage_threshold")]
+    assert fake.calls_on_loop == []
+
+    el = EntryLogger(list(cfg.ledger_dirs), cfg)
+    try:
+        usage = {d: round(u.usage, 6) for d, u in el.disk_usage().items()}
+        new_log_dir = el._pick_dir()
+    finally:
+        el.close()
+    l1, l2, l3 = cfg.ledger_dirs
+    assert usage == {l1: 0.7, l2: 0.7, l3: 0.975}
+    assert new_log_dir in (l1, l2)  # under the threshold, most usable bytes
+
+    fake.mount(os.path.dirname(l3), total_bytes=4_000, free_bytes=2_000)  # space freed on fs-b
+    asyncio.run(BookieServer._check_disks(server))
+    assert server._writable_dirs == 3 and states[-1] == (False, "")
