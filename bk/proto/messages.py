@@ -1,8 +1,13 @@
-"""v2 request and response messages, and the errors the codec raises.
+"""The version-neutral request and answer messages, and the errors the codec raises.
+
+The v2 messages are the v2 layouts' fields; the v3 edge (bk.proto.v3) converts the same
+messages to and from protobuf, and adds the v3-only operations' (LongPollReadRequest,
+ForceLedgerRequest, GetListOfEntriesRequest and their answers). The bookie's operations
+(bk.server.operations) take and return only these.
 
 Messages are NamedTuples: immutable, cheap to build (the codec's ADD fast path
 builds them straight from kernel tuples laid out in field order), comparable in
-tests. Every request class carries its op code as the class attribute `op`
+tests. Every v2 request class carries its op code as the class attribute `op`
 and the header `version` it arrived with (a server answers in that version).
 
 Decoded bodies never change under their holder: `AddRequest.body` and LAC
@@ -189,6 +194,63 @@ class GetBookieInfoResponse(NamedTuple):
     free_disk_bytes: int = 0
     total_disk_bytes: int = 0
     op = OpCode.GET_BOOKIE_INFO
+    __repr__ = _safe_repr
+
+
+# ---------------------------------------------------------------- v3-only operations
+# Requests and answers with no v2 layout: the v3 edge (bk.proto.v3) converts them, and the
+# bookie's operations (bk.server.operations) take and return them like the ones above.
+class LongPollReadRequest(NamedTuple):
+    """A READ that waits until the bookie's LAC passes `previous_lac` (at most `timeout_ms`);
+    `piggyback`: answer with the entry previous_lac + 1 (entry_id is then -1)."""
+
+    ledger_id: int
+    entry_id: int
+    previous_lac: int
+    timeout_ms: int
+    piggyback: bool
+    __repr__ = _safe_repr
+
+
+class LongPollReadResponse(NamedTuple):
+    """The answer to a LongPollReadRequest, carrying the bookie's LAC `max_lac`. `body` is the
+    entry previous_lac + 1 when the bookie piggybacked it (`entry_id` names it), the entry asked
+    for without piggyback; the bookie sends None for no body, a client reads it as b""."""
+
+    rc: int
+    ledger_id: int
+    entry_id: int
+    body: bytes | None
+    max_lac: int | None
+    __repr__ = _safe_repr
+
+
+class ForceLedgerRequest(NamedTuple):
+    """FORCE_LEDGER: make every deferred-sync add of the ledger acknowledged before it durable."""
+
+    ledger_id: int
+    __repr__ = _safe_repr
+
+
+class ForceLedgerResponse(NamedTuple):
+    rc: int
+    ledger_id: int
+    __repr__ = _safe_repr
+
+
+class GetListOfEntriesRequest(NamedTuple):
+    """GET_LIST_OF_ENTRIES_OF_LEDGER: which entries of the ledger this bookie stores."""
+
+    ledger_id: int
+    __repr__ = _safe_repr
+
+
+class GetListOfEntriesResponse(NamedTuple):
+    """`entry_ids`: the stored entry ids, ascending (v3 sends them as availability bytes)."""
+
+    rc: int
+    ledger_id: int
+    entry_ids: list | None = None
     __repr__ = _safe_repr
 
 

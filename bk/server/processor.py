@@ -22,26 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from operator import itemgetter
 from time import monotonic
 
 from bk import metrics
 
-from bk.errors import (BookieError, BookieIOError, LedgerLimboError, NoSuchEntryError, StorageError,
-                       TooManyRequestsError)
+from bk.errors import BookieError, BookieIOError, TooManyRequestsError
 from bk.proto.layout import FLAG_DEFERRED_SYNC
-from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest,
-                      BatchReadRequest, BatchReadResponse, GetBookieInfoRequest, GetBookieInfoResponse,
-                      ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse, WriteLacRequest,
-                      WriteLacResponse, encode_response, encode_response_parts)
+from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest, BatchReadRequest,
+                      GetBookieInfoRequest, ReadLacRequest, ReadRequest, WriteLacRequest, encode_response,
+                      encode_response_parts)
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
 from bk.server import single_reads
 from bk.server.limits import BookieLimits
+from bk.server.operations import Operations, error_answer
 from bk.server.v3 import V3Processor
-from bk.proto.layout import (BATCH_READ_ENTRY_LENGTH_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES,
-                             BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY)
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +45,7 @@ _EIO = BookieIOError.code
 _BODY = itemgetter(4)  # AddRequest's (and V3AddRequest's) body field
 # metrics: recorded once per completion batch of adds, once per read request
 _ADD_REQUEST, _READ_REQUEST = metrics.ADD_ENTRY_REQUEST, metrics.READ_ENTRY_REQUEST
-_WRITE_BYTES, _READ_BYTES = metrics.WRITE_BYTES, metrics.READ_BYTES
+_WRITE_BYTES = metrics.WRITE_BYTES
 
 
 def _done_bytes(run: tuple, reqs: list) -> int:
@@ -68,6 +64,13 @@ def _code(err: BaseException) -> int:
     return _EIO
 
 
+def _on(operation):
+    """An operation (bk.server.operations) as a `handler(req, conn)` of `_spawn`."""
+    def handler(req, conn):
+        return operation(req)
+    return handler
+
+
 def _add_measured(n: int, nbytes: int, start: float, err) -> None:
     """Metrics of n completed adds of `nbytes` bytes that arrived at `start`."""
     ms = (monotonic() - start) * 1000.0
@@ -84,6 +87,7 @@ class RequestProcessor:
         self.config = config
         self._tasks: set[asyncio.Task] = set()
         self.limits = BookieLimits(config)
+        self.operations = ops = Operations(bookie, config)  # one handler per operation (v2 and v3)
         self.v3 = V3Processor(self)
         self._handlers = {
             V3AddRequest: self._add,
@@ -92,13 +96,13 @@ class RequestProcessor:
             AddRequest: self._add,
             ReadRequest: self._spawn_read,
             BatchReadRequest: self._spawn(self._batch_read, read=True, gated=True),
-            ReadLacRequest: self._spawn(self._read_lac, read=True, gated=True),
-            WriteLacRequest: self._spawn(self._write_lac),
-            GetBookieInfoRequest: self._spawn(self._bookie_info),
+            ReadLacRequest: self._spawn(_on(ops.read_lac), read=True, gated=True),
+            WriteLacRequest: self._spawn(_on(ops.write_lac)),
+            GetBookieInfoRequest: self._spawn(_on(ops.bookie_info)),
             AuthRequest: self._auth,
         }
-        self._spawn_gated_read = self._spawn(self._read, read=True, gated=True, cached=True)
-        self._spawn_fencing_read = self._spawn(self._read, read=True)
+        self._spawn_gated_read = self._spawn(_on(ops.read), read=True, gated=True, cached=True)
+        self._spawn_fencing_read = self._spawn(_on(ops.read), read=True)
 
     def dispatch(self, req, conn) -> None:
         self._handlers[type(req)](req, conn)
@@ -197,7 +201,7 @@ class RequestProcessor:
             try:
                 response = await handler(req, conn)
             except Exception as err:  # every request gets an answer
-                response = self._error(req, _code(err))
+                response = error_answer(req, _code(err))
             finally:
                 if read:
                     conn.end_read()
@@ -208,123 +212,11 @@ class RequestProcessor:
             if gated:  # after the send: the next read's room check counts this answer
                 conn.read_done()
 
-    @staticmethod
-    def _error(req, rc: int):
-        if isinstance(req, ReadRequest):
-            return ReadResponse(rc, req.ledger_id, req.entry_id)
-        if isinstance(req, BatchReadRequest):
-            return BatchReadResponse(rc, req.ledger_id, req.start_entry_id, req.request_id, [])
-        if isinstance(req, ReadLacRequest):
-            return ReadLacResponse(rc, req.ledger_id)
-        if isinstance(req, WriteLacRequest):
-            return WriteLacResponse(rc, req.ledger_id)
-        return GetBookieInfoResponse(rc)
-
     def _overloaded(self, req):
-        return self._error(req, TooManyRequestsError.code)
+        return error_answer(req, TooManyRequestsError.code)
 
-    async def _read(self, req: ReadRequest, conn=None):
-        bookie = self.bookie
-        start = monotonic()
-        try:
-            if req.flags & FLAG_DO_FENCING:
-                # Durable before the answer; the answer still carries the entry.
-                await bookie.fence_ledger(req.ledger_id, req.master_key)
-            try:
-                body = await bookie.read_entry(req.ledger_id, req.entry_id)
-            except BookieError as err:
-                _READ_REQUEST.failure((monotonic() - start) * 1000.0)
-                return ReadResponse(err.code, req.ledger_id, req.entry_id)
-        except BaseException:
-            _READ_REQUEST.failure((monotonic() - start) * 1000.0)
-            raise
-        _READ_REQUEST.success((monotonic() - start) * 1000.0)
-        _READ_BYTES.inc(len(body))
-        return ReadResponse(0, req.ledger_id, req.entry_id, body)
-
-    async def _batch_read(self, req: BatchReadRequest, conn=None):
-        start = monotonic()
-        try:
-            response = await self._batch_read_entries(req, conn is not None and conn.takes_spans)
-        except BaseException:
-            metrics.BATCH_READ_ENTRY_REQUEST.failure((monotonic() - start) * 1000.0)
-            raise
-        metrics.BATCH_READ_ENTRY_REQUEST.success((monotonic() - start) * 1000.0)
-        return response
-
-    async def _batch_read_entries(self, req: BatchReadRequest, spans: bool = False):
-        bookie = self.bookie
-        if req.flags & FLAG_DO_FENCING:
-            await bookie.fence_ledger(req.ledger_id, req.master_key)
-        entries: list[bytes] = []
-        size = BATCH_READ_RESPONSE_HEADER_BYTES  # the response frame body's fixed part
-        max_size = req.max_size or self.config.max_frame_size_bytes
-        max_size = min(max_size, self.config.max_frame_size_bytes)
-        eid = req.start_entry_id
-        max_count = max(1, req.max_count)
-        if spans and eid >= 0:
-            # Entries only in the entry logs go out as the log's bytes (os.sendfile), unread.
-            span = await bookie.read_span(req.ledger_id, eid, max_count, max_size - size)
-            if span is not None:
-                if await self._span_is_whole(req, span, size, max_size):
-                    _READ_BYTES.inc(len(span) - BATCH_READ_ENTRY_LENGTH_BYTES * span.count)
-                    return BatchReadResponse(0, req.ledger_id, eid, req.request_id, span)
-                span.release()  # short: the entry-by-entry loop below answers all of them
-        while len(entries) < max_count:
-            try:
-                entry = await bookie.read_entry(req.ledger_id, eid)
-            except (NoSuchEntryError, LedgerLimboError, StorageError):
-                if not entries:  # the first entry's own answer (EUNKNOWNLEDGERSTATE in limbo, EIO)
-                    raise
-                # serve what this bookie has; the reader asks again from there (and gets the
-                # error of a damaged entry then, and reads it from another replica)
-                break
-            if entries and size + BATCH_READ_ENTRY_LENGTH_BYTES + len(entry) > max_size:
-                break
-            entries.append(entry)
-            size += BATCH_READ_ENTRY_LENGTH_BYTES + len(entry)
-            eid += 1
-        _READ_BYTES.inc(size - BATCH_READ_RESPONSE_HEADER_BYTES - BATCH_READ_ENTRY_LENGTH_BYTES * len(entries))
-        return BatchReadResponse(0, req.ledger_id, req.start_entry_id, req.request_id, entries)
-
-    async def _span_is_whole(self, req: BatchReadRequest, span, size: int, max_size: int) -> bool:
-        """Whether `span` is the whole answer a Java bookie gives: max_count entries, or the
-        next entry is missing, unreadable (a later error ends a batch) or would not fit
-        max_size. A span covers one stretch of one entry log, so a batch running into the
-        next log or the write cache has more to answer (a 4.17 Java client hands a short
-        answer to its caller as it is). Releases the span before raising (a cancelled await)."""
-        if span.count >= max(1, req.max_count):
-            return True
-        try:
-            nxt = await self.bookie.read_entry(req.ledger_id, req.start_entry_id + span.count)
-        except (NoSuchEntryError, LedgerLimboError, StorageError):
-            return True
-        except BaseException:
-            span.release()
-            raise
-        return size + len(span) + BATCH_READ_ENTRY_LENGTH_BYTES + len(nxt) > max_size
-
-    async def _read_lac(self, req: ReadLacRequest, conn=None):
-        bookie = self.bookie
-        lac_buf = bookie.read_lac(req.ledger_id)
-        try:
-            last_entry = await bookie.read_entry(req.ledger_id, -1)
-        except NoSuchEntryError:
-            last_entry = None
-        return ReadLacResponse(0, req.ledger_id, lac_buf, last_entry)
-
-    async def _write_lac(self, req: WriteLacRequest, conn=None):
-        await self.bookie.write_lac(req.ledger_id, req.master_key, req.lac_buf)
-        return WriteLacResponse(0, req.ledger_id)
-
-    async def _bookie_info(self, req: GetBookieInfoRequest, conn=None):
-        free = total = 0
-        for d in self.config.ledger_dirs:
-            st = os.statvfs(d)
-            free += st.f_bavail * st.f_frsize
-            total += st.f_blocks * st.f_frsize
-        return GetBookieInfoResponse(0, free if req.requested_info & BOOKIE_INFO_FREE_DISK_SPACE else 0,
-                                     total if req.requested_info & BOOKIE_INFO_TOTAL_DISK_CAPACITY else 0)
+    def _batch_read(self, req: BatchReadRequest, conn):
+        return self.operations.batch_read(req, conn.takes_spans)  # entry-log bytes unread (sendfile)
 
     def _auth(self, req: AuthRequest, conn) -> None:
         conn.auth_request_v2(req)

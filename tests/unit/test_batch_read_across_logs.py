@@ -68,15 +68,15 @@ def test_batch_read_across_two_logs_and_the_write_cache_answers_every_entry(tmp_
             assert b.storage.index.get_location(LEDGER, 12) is None
             proc = RequestProcessor(b, b.config)
             for start, count in [(0, 14), (3, 10), (5, 6), (8, 5)]:
-                resp = await proc._batch_read_entries(BatchReadRequest(0, LEDGER, start, 1, count, 0), spans)
+                resp = await proc.operations._batch_read_entries(BatchReadRequest(0, LEDGER, start, 1, count, 0), spans)
                 assert resp.rc == 0
                 assert _items(resp) == written[start:start + count], (start, count)
             # past the end: what exists, no error
-            resp = await proc._batch_read_entries(BatchReadRequest(0, LEDGER, 9, 1, 20, 0), spans)
+            resp = await proc.operations._batch_read_entries(BatchReadRequest(0, LEDGER, 9, 1, 20, 0), spans)
             assert _items(resp) == written[9:]
             # max_size still bounds the answer: 32-byte header + 3 items of 4 + len
             size = 32 + 3 * (4 + len(written[0]))
-            resp = await proc._batch_read_entries(BatchReadRequest(0, LEDGER, 4, 1, 10, size), spans)
+            resp = await proc.operations._batch_read_entries(BatchReadRequest(0, LEDGER, 4, 1, 10, size), spans)
             assert _items(resp) == written[4:7]
             # every span the answers took and did not send went back: fd references, buffers
             el = b.storage.entry_logger
@@ -125,7 +125,7 @@ class _SpanBookie:
 
 def _answer(bookie, max_count, max_size=0):
     proc = RequestProcessor(bookie, load_config(env={}, overrides={"ledger_dirs": ["/"]}))
-    return asyncio.run(proc._batch_read_entries(BatchReadRequest(0, LEDGER, 0, 1, max_count, max_size), True))
+    return asyncio.run(proc.operations._batch_read_entries(BatchReadRequest(0, LEDGER, 0, 1, max_count, max_size), True))
 
 
 def test_a_short_span_is_released_and_the_answer_holds_every_entry():

@@ -33,7 +33,7 @@ def test_full_batch_read_response_fits_the_frame_limit():
     entries = [bytes([i]) * 96 for i in range(20)]
     proc = _processor(entries)
     req = BatchReadRequest(0, 7, 0, 1, 100, 0)
-    resp = asyncio.run(proc._batch_read_entries(req))
+    resp = asyncio.run(proc.operations._batch_read_entries(req))
     frame = encode_response(resp)
     assert len(frame) - 4 <= MAX_FRAME
     assert len(resp.entries) == 9  # 32 + 9 * 100 = 932; a tenth would make 1032
@@ -44,14 +44,14 @@ def test_full_batch_read_response_fits_the_frame_limit():
 
 def test_batch_read_max_size_counts_the_whole_response():
     entries = [b"x" * 96] * 5
-    resp = asyncio.run(_processor(entries)._batch_read_entries(BatchReadRequest(0, 7, 0, 1, 100, 232)))
+    resp = asyncio.run(_processor(entries).operations._batch_read_entries(BatchReadRequest(0, 7, 0, 1, 100, 232)))
     assert len(encode_response(resp)) - 4 <= 232 and len(resp.entries) == 2
 
 
 def test_bookie_info_bits_follow_bookkeeper(tmp_path):
     proc = _processor([], tmp_path)
-    total_only = asyncio.run(proc._bookie_info(GetBookieInfoRequest(0, BOOKIE_INFO_TOTAL_DISK_CAPACITY)))
-    free_only = asyncio.run(proc._bookie_info(GetBookieInfoRequest(0, BOOKIE_INFO_FREE_DISK_SPACE)))
+    total_only = asyncio.run(proc.operations.bookie_info(GetBookieInfoRequest(0, BOOKIE_INFO_TOTAL_DISK_CAPACITY)))
+    free_only = asyncio.run(proc.operations.bookie_info(GetBookieInfoRequest(0, BOOKIE_INFO_FREE_DISK_SPACE)))
     assert total_only.total_disk_bytes > 0 and total_only.free_disk_bytes == 0
     assert free_only.free_disk_bytes > 0 and free_only.total_disk_bytes == 0
 
@@ -72,8 +72,8 @@ def test_batch_read_stops_before_a_damaged_entry_and_a_damaged_first_entry_is_ei
     entries = [bytes([i]) * 10 for i in range(6)]
     cfg = load_config(env={}, overrides={"max_frame_size_bytes": MAX_FRAME, "ledger_dirs": ["/"]})
     proc = RequestProcessor(Damaged(entries), cfg)
-    resp = asyncio.run(proc._batch_read_entries(BatchReadRequest(0, 7, 0, 1, 10, 0)))
+    resp = asyncio.run(proc.operations._batch_read_entries(BatchReadRequest(0, 7, 0, 1, 10, 0)))
     assert resp.rc == 0 and resp.entries == entries[:3]
     with pytest.raises(CorruptedStorageError) as ei:
-        asyncio.run(proc._batch_read_entries(BatchReadRequest(0, 7, 3, 1, 10, 0)))
+        asyncio.run(proc.operations._batch_read_entries(BatchReadRequest(0, 7, 3, 1, 10, 0)))
     assert ei.value.code == StatusCode.EIO  # what _run answers for it
