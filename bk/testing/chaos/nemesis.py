@@ -10,10 +10,10 @@ A kind is (name, weight, modes, duration range, draw, apply, heal, needs):
 - needs(journal, autorecovery) -> bool: whether it makes sense in that cluster.
 Adding a kind (the disk-fault kinds, say) is adding one entry to KINDS.
 
-`ctx` is the run's Chaos object (run.py): `cluster` (clusters.py), `lossy`
-(bookie indices that may have lost acknowledged data without knowing it: a
-journal-off crash, a bit flip; the checker may then excuse a lost entry, never
-a "no such entry"), `crashed`, `corrupted`, `note(text)`, and `start_recoverer`.
+`ctx` is the run's Chaos object (run.py): `cluster` (clusters.py), `mark_crashed`,
+`mark_flipped` (what each may excuse, per bookie and entry: excuse.py; the checker
+may then excuse a lost entry, never a "no such entry"), `corrupted`, `note(text)`,
+and `start_recoverer`.
 
 What each kind models:
 - crash: kill -9 (in-process: no final checkpoint, write cache lost), restart later.
@@ -47,6 +47,7 @@ from typing import Awaitable, Callable
 from bk.testing.proxy import DOWN, UP, Rule, add_request, fencing_read, read_request
 
 from .clusters import BookieStartError
+from .excuse import entry_at
 from .scenario import INPROCESS, PROCESS
 
 BOTH_MODES = frozenset({INPROCESS, PROCESS})
@@ -208,9 +209,18 @@ async def _bitflip(ctx, fault) -> str:
     # corruption (a flip in the last record looks like a torn write, which replay may cut)
     limit = size // 2 if target == "journal" else size
     offset = rng.randrange(max(1, limit))
-    ctx.mark_corrupted(i)
-    _flip_bit(path, offset, rng.randrange(8))
-    return f"flip a bit of {os.path.basename(path)} ({target}) at {offset} of {size} on bookie {i}"
+    bit = rng.randrange(8)
+    if target == "entrylog":
+        # what the flip excuses: only the entry whose record holds the byte (excuse.py), found
+        # before the flip can garble a size field; a record not whole yet is found at the end
+        entry = entry_at(path, offset)
+        ctx.mark_flipped(i, entry, path, offset if entry is None else -1, bit)
+    else:
+        entry = None
+        ctx.mark_corrupted(i)  # a journal flip excuses no entry: a replay meeting it refuses to start
+    _flip_bit(path, offset, bit)
+    return f"flip a bit of {os.path.basename(path)} ({target}) at {offset} of {size} on bookie {i}" \
+           + (f" (entry {entry[1]} of ledger {entry[0]})" if entry else "")
 
 
 def _disk_dir(ctx, fault) -> str:

@@ -37,6 +37,8 @@ from bk.errors import BKError, NotEnoughBookiesError
 from bk.testing.history import History
 
 from .clusters import BookieStartError, InProcessChaosCluster, ProcessChaosCluster
+from .excuse import BITFLIP, BOOKIE_REFUSED, JOURNAL_OFF_CRASH, JOURNAL_OFF_CRASH_UNWATCHED, entry_at_unflipped, \
+    watch_storage
 from .nemesis import KINDS
 from .scenario import INPROCESS, Scenario, stream
 
@@ -57,9 +59,17 @@ class RunResult:
     faults_applied: int = 0
     acked: int = 0
     lost_excused: int = 0
+    excused: list[dict] = field(default_factory=list)  # each excused entry: ledger, entry, reason, bookies
     duration_s: float = 0.0
     replay: str = ""
     describe: object = None  # what the run can say about its writers if it hangs
+
+    @property
+    def excused_by_reason(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for x in self.excused:
+            out[x["reason"]] = out.get(x["reason"], 0) + 1
+        return dict(sorted(out.items()))
 
     @property
     def categories(self) -> list[str]:
@@ -68,7 +78,8 @@ class RunResult:
     def to_json(self) -> dict:
         return {"seed": self.seed, "mode": self.mode, "ok": self.ok, "failures": self.failures,
                 "categories": self.categories, "faults": self.faults, "faults_applied": self.faults_applied,
-                "acked": self.acked, "lost_excused": self.lost_excused, "duration_s": round(self.duration_s, 3),
+                "acked": self.acked, "lost_excused": self.lost_excused, "excused": self.excused,
+                "excused_by_reason": self.excused_by_reason, "duration_s": round(self.duration_s, 3),
                 "replay": self.replay, **({} if self.ok else {"trace": self.trace})}
 
 
@@ -113,7 +124,10 @@ class Chaos:
         self.crashed: set[int] = set()
         self.crash_times: dict[int, list[float]] = {}  # bookie -> when it crashed (monotonic)
         self.sent_at: dict[tuple[int, int], float] = {}  # (ledger, acknowledged entry) -> add sent
-        self.corrupted: set[int] = set()
+        self.corrupted: set[int] = set()  # bookies a bit flip hit (what it excuses: `flipped`)
+        self.flipped: dict[int, set[tuple[int, int]]] = {}  # bookie -> (ledger, entry) whose record was flipped
+        self.unresolved_flips: list[tuple[int, str, int, int]] = []  # (bookie, log, offset, bit): mapped at the end
+        self.watches: dict[int, list] = {}  # bookie -> a StorageWatch per storage instance it ran (excuse.py)
         self.refused: dict[int, str] = {}  # bookie -> why it did not restart (detected corruption)
         self.rules: dict[int, object] = {}
         self.disk_rules: dict[int, tuple[int, int]] = {}  # fault index -> (bookie, disk-fault rule id)
@@ -133,16 +147,70 @@ class Chaos:
         self.crashed.add(i)
         self.crash_times.setdefault(i, []).append(time.monotonic())
 
-    def lossy_for(self, ledger_id: int, entry_id: int) -> set[int]:
-        """Bookies that may have lost this entry without knowing it: journal off, a crash
-        after the entry's add was sent (a crash before it cannot lose it), or a corrupted
-        or refusing bookie. An entry no add of ours acknowledged: any crash."""
+    def watch(self, i: int) -> None:
+        """Watch the storage bookie i runs now (in-process only: its stores and checkpoints)."""
+        server = (getattr(self.cluster, "servers", None) or {}).get(i)
+        storage = getattr(getattr(server, "bookie", None), "storage", None)
+        if storage is not None:
+            self.watches.setdefault(i, []).append(watch_storage(storage))
+
+    def excuses(self, ledger_id: int, entry_id: int) -> dict[int, str]:
+        """Bookie -> why it may have lost this entry without knowing it (excuse.py): journal off,
+        a crash after the entry's add was sent (a crash before it cannot lose it) before a
+        checkpoint of that bookie made it durable; this entry's record flipped on it; the bookie
+        refused to come back. An entry no add of ours acknowledged: any crash."""
         sent = self.sent_at.get((ledger_id, entry_id), float("-inf"))
-        crashed = set() if self.s.journal else {i for i, ts in self.crash_times.items() if max(ts) >= sent}
-        return crashed | self.corrupted | set(self.refused)
+        out: dict[int, str] = {}
+        if not self.s.journal:
+            for i, ts in self.crash_times.items():
+                if max(ts) < sent:
+                    continue
+                watches = self.watches.get(i)
+                if not watches:
+                    out[i] = JOURNAL_OFF_CRASH_UNWATCHED
+                elif not any(w.durable(ledger_id, entry_id) for w in watches):
+                    out[i] = JOURNAL_OFF_CRASH
+        for i, entries in self.flipped.items():
+            if (ledger_id, entry_id) in entries:
+                out.setdefault(i, BITFLIP)
+        for i in self.refused:
+            out[i] = BOOKIE_REFUSED
+        return out
+
+    def lossy_for(self, ledger_id: int, entry_id: int) -> set[int]:
+        return set(self.excuses(ledger_id, entry_id))
+
+    def durable_on(self, i: int, ledger_id: int, entry_id: int) -> bool:
+        """A checkpoint of bookie i was seen making this entry durable."""
+        return any(w.durable(ledger_id, entry_id) for w in self.watches.get(i, ()))
+
+    def must_hold(self, i: int, ledger_id: int, entry_id: int) -> bool:
+        """Bookie i must still have this entry: a checkpoint of it made it durable, or the storage
+        it runs now stored it (no crash since, so it is in its write cache or its logs)."""
+        watches = self.watches.get(i, ())
+        current = self.cluster.alive(i) and watches and (ledger_id, entry_id) in watches[-1].stored_at
+        return bool(current) or self.durable_on(i, ledger_id, entry_id)
 
     def mark_corrupted(self, i: int) -> None:
         self.corrupted.add(i)
+
+    def mark_flipped(self, i: int, entry: tuple[int, int] | None, log_path: str = "", offset: int = -1,
+                     bit: int = 0) -> None:
+        """A bit of bookie i's entry log flipped: in `entry`'s record, or (None) in a record not
+        whole yet, found at the end of the run (resolve_flips)."""
+        self.corrupted.add(i)
+        if entry is not None:
+            self.flipped.setdefault(i, set()).add(entry)
+        elif offset >= 0:
+            self.unresolved_flips.append((i, log_path, offset, bit))
+
+    def resolve_flips(self, work_dir: str) -> None:
+        for i, path, offset, bit in self.unresolved_flips:
+            entry = entry_at_unflipped(path, offset, bit, work_dir)
+            self.note(f"flipped bit at {offset} of {os.path.basename(path)} on bookie {i}: entry {entry}")
+            if entry is not None:
+                self.flipped.setdefault(i, set()).add(entry)
+        self.unresolved_flips.clear()
 
     @property
     def lossy(self) -> set[int]:
@@ -165,6 +233,7 @@ class Chaos:
         applied = self.disk_faults_applied.get(i, 0)
         try:
             await self.cluster.restart(i)
+            self.watch(i)
             self.note(f"restart bookie {i}")
         except BookieStartError as e:
             if self.disk_faults_applied.get(i, 0) != applied:
@@ -324,6 +393,8 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
                                       f"{int(time.time() * 1000) % 10**9}", **bookie_config(s))
     await cluster.start()
     chaos = Chaos(s, cluster, trace)
+    for i in range(s.bookies):
+        chaos.watch(i)
     result.describe = chaos.describe_writers
     try:
         chaos.note(s.describe())

@@ -167,6 +167,11 @@ def summarize(results: list[dict], wall_s: float, total: int) -> dict:
             "faults_applied": sum(r["faults_applied"] for r in results),
             "acked_entries": sum(r["acked"] for r in results),
             "lost_excused": sum(r["lost_excused"] for r in results),
+            # every excused entry (excuse.py says which reasons there are), by reason and one by one
+            "excused_by_reason": dict(sorted(sum((Counter(r.get("excused_by_reason", {})) for r in results),
+                                                 Counter()).items())),
+            "excused": [[r["seed"], x["ledger"], x["entry"], x["reason"]] for r in results
+                        for x in r.get("excused", [])],
             "categories": dict(Counter(c for r in failures for c in r["categories"])),
             "mean_run_s": round(sum(r["duration_s"] for r in results) / max(1, len(results)), 3),
             "by_kind": table(results), "failures": failures}

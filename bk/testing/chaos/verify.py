@@ -18,8 +18,11 @@ Run after everything is healed (run.py). Each finding is "category: message":
   a bookie's share missing by BookKeeper's own check (LedgerChecker), after an
   audit of all bookies and all ledgers and time to re-replicate;
 - restart: a bookie did not come back although nothing corrupted its disks.
-Excused losses (journal off, >= AQ bookies of the write set crashed or corrupted)
-are counted in `lost_excused`: BP-46 cannot bring back what no bookie kept.
+Excused losses: an acknowledged entry no reader read, where >= AQ bookies of its write set
+may have lost it for a reason excuse.py allows (a journal-off crash before a checkpoint of that
+bookie made it durable, its own record flipped, the bookie refused to come back): BP-46 cannot
+bring back what no bookie kept. Each is listed in the run's JSON (`excused`: ledger, entry,
+reason, the bookies and their reasons) and counted (`lost_excused`, `excused_by_reason`).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from bk.proto.codec import decode_response, encode_request
 from bk.proto.framing import FrameDecoder
 from bk.proto.messages import AddRequest
 from bk.replication.checker import LedgerChecker
+from bk.replication.replicator import ledger_digest, segment_bounds, share_ends
 from bk.testing.history import check_ledger
 
 from .run import CLIENT_TIMEOUTS, PASSWORD
@@ -179,10 +183,44 @@ async def _check_fence(chaos, plan, lid: int, md, out: list[str]) -> None:
                    f" of entry {nxt} of recovered ledger {lid} (AQ {md.ack_quorum_size})")
 
 
-async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int], out: list[str]) -> None:
+async def _share_ends_missing(checker, md, lid: int, first: int, bookie: str) -> tuple[list[int], list[int]]:
+    """(the ends of `bookie`'s share of the segment at `first` that it answers missing, every
+    entry of that share)."""
+    digest, _ = ledger_digest(lid, md)
+    index = [f for f, _ in md.segments].index(first)
+    seg_first, last = segment_bounds(md, index)
+    position = list(md.segments[index][1]).index(bookie)
+    ends = share_ends(seg_first, last, md.ensemble_size, md.write_quorum_size, position)
+    share = [e for e in range(seg_first, last + 1) if (position - e) % md.ensemble_size < md.write_quorum_size]
+    return [e for e in ends if await checker._probe(digest, bookie, e) is False], share
+
+
+def judge_missing(chaos, lid: int, bookie: str, missing: list[int], *, share: list[int], lost: set[int],
+                  stuck: bool) -> str | None:
+    """Why a share's missing entries (`missing`: probed ends that `bookie` answers missing) are
+    allowed after AutoRecovery, or None when they are not. Allowed: a share holding an entry
+    lost for real (excused: the share cannot be copied whole, so it is never moved), this
+    bookie's own flipped entry; and, for a ledger
+    AutoRecovery cannot move (a segment spans every live bookie), an entry this bookie never
+    surely kept (it may never have had it: AQ < WQ; or lost it in a crash before a checkpoint).
+    An entry a bookie checkpointed, or stored since its last start, is never allowed to be missing."""
+    i = chaos.cluster.index_of(bookie)
+    if lost & set(share):
+        return f"its share holds entries {sorted(lost & set(share))} lost for real"
+    for e in missing:
+        if (lid, e) in chaos.flipped.get(i, ()):
+            continue
+        if stuck and not chaos.must_hold(i, lid, e):
+            continue
+        return None
+    return "its flipped entry" if not stuck else "not kept there for sure, nowhere to re-replicate"
+
+
+async def _check_replication(chaos, bkc, lids: list[int], really_lost: dict[int, set[int]], out: list[str]) -> None:
     """AutoRecovery on: audit everything now, wait for re-replication, check what is left.
-    `lids` are the closed ledgers. One that lost entries for real (BP-46, excused) cannot be
-    fully replicated again, nor can one recovery left open: their markers may stay."""
+    `lids` are the closed ledgers; every one is checked. One that lost entries for real (BP-46,
+    excused) cannot be fully replicated again, nor can one whose segment spans every live
+    bookie: their markers may stay, and only their shares judge_missing allows may be lacking."""
     audited = False
     for server in list(chaos.cluster.servers.values()):
         ar = getattr(server, "autorecovery", None)
@@ -207,7 +245,7 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int],
             stuck.add(lid)
     if stuck:
         chaos.note(f"ledgers {sorted(stuck)}: a segment spans every live bookie, no re-replication target")
-    lids = [lid for lid in lids if lid not in stuck]
+    movable = [lid for lid in lids if lid not in stuck]
     urm = LedgerUnderreplicationManager(bkc.store)
     try:
         deadline = time.monotonic() + REPLICATION_WAIT_S
@@ -215,10 +253,10 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int],
             # a ledger left open (>= AQ bookies may have lost data, recovery rightly refused) or
             # closed with entries lost for real cannot be made whole: its marker may stay
             marked = [lid for lid in await urm.list_underreplicated_ledgers()
-                      if lid in lids and lid not in really_lost]
+                      if lid in movable and lid not in really_lost]
             locks = [n for n in (await bkc.store.children(urm.paths.ur_locks)
                                  if await bkc.store.exists(urm.paths.ur_locks) is not None else [])
-                     if n in {ur_node_name(lid) for lid in lids if lid not in really_lost}]
+                     if n in {ur_node_name(lid) for lid in movable if lid not in really_lost}]
             if not marked and not locks:
                 break
             if time.monotonic() > deadline:
@@ -237,16 +275,22 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: set[int],
     finally:
         await urm.close()
     checker = LedgerChecker(bkc.pool)
-    lost = {chaos.cluster.bookie_id(i) for i in chaos.refused}
+    gone = {chaos.cluster.bookie_id(i) for i in chaos.refused}
     for lid in lids:
-        if lid in really_lost:
-            continue
         md = await bkc.get_ledger_metadata(lid)
         found = await checker.check(lid, md)
-        missing = found.missing - {chaos.cluster.bookie_id(i) for i in chaos.corrupted}
-        if missing or md.bookies() & lost:
+        bad, allowed = [], []
+        for first, bookie in sorted(found.missing_shares):
+            missing, share = await _share_ends_missing(checker, md, lid, first, bookie)
+            why = judge_missing(chaos, lid, bookie, missing, share=share, lost=really_lost.get(lid, set()),
+                                stuck=lid in stuck)
+            (allowed if why else bad).append(f"{bookie} (segment {first}, entries {missing}{': ' + why if why else ''})")
+        named = md.bookies() & gone if lid not in stuck and lid not in really_lost else set()
+        if allowed:
+            chaos.note(f"ledger {lid}: shares left lacking, allowed: {'; '.join(allowed)}")
+        if bad or named:
             out.append(f"replication: ledger {lid} not fully replicated after AutoRecovery: missing on"
-                       f" {sorted(missing)}, lost bookies named {sorted(md.bookies() & lost)}")
+                       f" {'; '.join(bad) or '-'}, lost bookies named {sorted(named)}")
 
 
 async def verify(chaos, result) -> None:
@@ -256,7 +300,8 @@ async def verify(chaos, result) -> None:
         if i not in chaos.corrupted:
             out.append(f"restart: bookie {i} did not come back though nothing corrupted it: {why}")
     closed: list[int] = []
-    really_lost: set[int] = set()
+    really_lost: dict[int, set[int]] = {}
+    chaos.resolve_flips(chaos.cluster.data_dir)
     async with BookKeeper(chaos.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
         if not s.journal and not any(KINDS_LOSING_ADDS & {f.kind} for f in s.active_faults):
             await _check_restarted_answers(chaos, bkc, out)
@@ -288,9 +333,15 @@ async def verify(chaos, result) -> None:
             readers = [await _read_all(chaos, lid, md, out) for _ in range(2)]
             lost = [e for e in range(md.last_entry_id + 1)
                     if all(e not in r for r in readers) and may_be_lost(chaos, md, lid, e)]
-            result.lost_excused += sum(e in acked for e in lost)
+            for e in lost:
+                if e in acked:
+                    why = {chaos.cluster.bookie_id(i): r for i, r in sorted(chaos.excuses(lid, e).items())
+                           if chaos.cluster.bookie_id(i) in write_set(md, e)}
+                    result.excused.append({"ledger": lid, "entry": e, "reason": "+".join(sorted(set(why.values()))),
+                                           "bookies": why})
+            result.lost_excused = len(result.excused)
             if lost:
-                really_lost.add(lid)
+                really_lost[lid] = set(lost)
             check = check_ledger(h, lid, md, readers, check_length=not lost, may_lose=lost)
             out += [f"inv{v.invariant}: {v}" for v in check.violations]
             for p, e, v in chaos.tailed:

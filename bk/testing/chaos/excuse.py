@@ -1,0 +1,123 @@
+"""What a chaos run may excuse, per bookie and per entry, and why (docs/CHAOS.md, "Excused losses").
+
+A fault excuses an acknowledged entry on one bookie only where that bookie may really have
+lost it; the checker then excuses the entry's loss only when >= AQ bookies of its write set
+may have (verify.may_be_lost). The reasons, as the run's JSON names them:
+
+- JOURNAL_OFF_CRASH: the journal is off (BP-46), the bookie crashed after the entry's add was
+  sent, and no checkpoint of that bookie had made the entry durable before. Observed, not
+  assumed: each in-process storage instance is watched (`watch_storage`): an entry that its
+  `put`/`put_many` stored at t is durable once a `checkpoint()` that *began* after t has
+  returned. A checkpoint flushes both write-cache halves as they were when it began (the
+  pending one, then the active one it swaps out), fsyncs the entry log and syncs the index
+  before it returns; one a crash interrupts fails at its next write (the crash gate) and raises,
+  so it is never counted. A durable entry stays durable: GC is off in these runs and a later
+  crash or power cut rolls back only what was not synced. Whatever the watch missed (a
+  checkpoint before the watch was installed) only excuses more, never less.
+- JOURNAL_OFF_CRASH_UNWATCHED: the same, on a bookie process, whose checkpoints the runner
+  cannot see: any crash after the add was sent excuses it there.
+- BITFLIP: the entry whose entry-log record holds a flipped bit, on that bookie only (the
+  record is found by walking the log's records before the flip; a flip in a record still
+  being written is resolved at the end of the run from a copy with the bit put back).
+  A journal flip excuses no entry: with the journal on, a replay that meets it refuses to
+  start (BOOKIE_REFUSED); a bookie that never replays it never reads it.
+- BOOKIE_REFUSED: the bookie refused to start again (it detected a corruption): its whole
+  share is gone with it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+from bk.entrylog.usage import ScanReport, scan_records
+
+JOURNAL_OFF_CRASH = "journal-off-crash"
+JOURNAL_OFF_CRASH_UNWATCHED = "journal-off-crash-unwatched"
+BITFLIP = "bitflip"
+BOOKIE_REFUSED = "bookie-refused"
+REASONS = (JOURNAL_OFF_CRASH, JOURNAL_OFF_CRASH_UNWATCHED, BITFLIP, BOOKIE_REFUSED)
+
+
+class StorageWatch:
+    """One storage instance's stores and completed checkpoints (times: time.monotonic())."""
+
+    __slots__ = ("stored_at", "last_checkpoint_began", "checkpoints")
+
+    def __init__(self) -> None:
+        self.stored_at: dict[tuple[int, int], float] = {}  # first store of each (ledger, entry)
+        self.last_checkpoint_began = float("-inf")  # the latest start of a checkpoint that returned
+        self.checkpoints = 0
+
+    def durable(self, ledger_id: int, entry_id: int) -> bool:
+        t = self.stored_at.get((ledger_id, entry_id))
+        # strictly later: the store's time is read after put returned, the checkpoint's before it
+        # began, so a later start is a checkpoint that found the entry in the write cache
+        return t is not None and self.last_checkpoint_began > t
+
+
+def watch_storage(storage) -> StorageWatch:
+    """Watch one LedgerStorage instance (instance attributes shadow its methods: the bookie
+    calls `storage.put`, `storage.put_many` and its flush thread `self.checkpoint()`)."""
+    w = StorageWatch()
+    put, put_many, checkpoint = storage.put, storage.put_many, storage.checkpoint
+
+    def watched_put(ledger_id, entry_id, entry):
+        stored = put(ledger_id, entry_id, entry)
+        if stored:
+            w.stored_at.setdefault((ledger_id, entry_id), time.monotonic())
+        return stored
+
+    def watched_put_many(ledger_id, entry_ids, entries):
+        stored = put_many(ledger_id, entry_ids, entries)
+        now = time.monotonic()
+        for entry_id in list(entry_ids)[:stored]:
+            w.stored_at.setdefault((ledger_id, entry_id), now)
+        return stored
+
+    def watched_checkpoint():
+        began = time.monotonic()
+        checkpoint()  # raises when a write, fsync or index sync failed (a crash gate, a disk fault)
+        w.last_checkpoint_began = max(w.last_checkpoint_began, began)
+        w.checkpoints += 1
+
+    storage.put, storage.put_many, storage.checkpoint = watched_put, watched_put_many, watched_checkpoint
+    return w
+
+
+def entry_at(path: str, offset: int) -> tuple[int, int] | None:
+    """(ledger, entry) of the whole record of entry log `path` holding byte `offset`, or None
+    (the header, the ledgers map, or past the last whole record)."""
+    for lid, eid, pos, size in scan_records(path, report=ScanReport()):
+        if pos <= offset < pos + 4 + size:
+            return lid, eid
+        if pos > offset:
+            return None
+    return None
+
+
+def entry_at_unflipped(path: str, offset: int, bit: int, work_dir: str) -> tuple[int, int] | None:
+    """entry_at on a copy of `path` with the flipped bit put back (a flip in the size field of
+    a record written after the flip would otherwise hide it)."""
+    try:
+        if os.path.getsize(path) <= offset:
+            return None  # rolled back by a power cut: the flipped byte is gone
+        fd, copy = tempfile.mkstemp(dir=work_dir, suffix=".log")
+        os.close(fd)
+        try:
+            shutil.copyfile(path, copy)
+            with open(copy, "r+b") as fh:
+                fh.seek(offset)
+                byte = fh.read(1)
+                fh.seek(offset)
+                fh.write(bytes([byte[0] ^ (1 << bit)]))
+            return entry_at(copy, offset)
+        finally:
+            os.unlink(copy)
+    except OSError:
+        return None
+
+
+__all__ = ["BITFLIP", "BOOKIE_REFUSED", "JOURNAL_OFF_CRASH", "JOURNAL_OFF_CRASH_UNWATCHED", "REASONS",
+           "StorageWatch", "entry_at", "entry_at_unflipped", "watch_storage"]

@@ -1,0 +1,258 @@
+"""The chaos checker excuses only what a fault may really have taken (bk/testing/chaos/excuse.py).
+
+Each test feeds the checker a crafted history that the checker before this change excused:
+a journal-off crash after a checkpoint had made the entry durable, a bit flip excusing a whole
+bookie, a ledger whose segment spans every live bookie skipping the replication check, and
+excused entries that the run's JSON only counted.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import types
+
+import struct
+from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
+from bk.proto import DigestManager, StatusCode
+from bk.testing.chaos import verify
+from bk.testing.chaos.run import PASSWORD, Chaos, RunResult
+from bk.testing.chaos.scenario import generate
+
+BOOKIES = [f"127.0.0.1:{4000 + i}" for i in range(3)]
+
+
+def _scenario(journal: bool):
+    for seed in range(1, 500):
+        s = generate(seed, mode="inprocess")
+        if s.journal == journal:
+            return s
+    raise AssertionError("no seed draws that journal setting")
+
+
+class _Storage:
+    """A write cache and a checkpoint, as LedgerStorage's put/put_many/checkpoint are called."""
+
+    def __init__(self):
+        self.cache, self.durable, self.fail = {}, {}, False
+
+    def put(self, lid, eid, entry):
+        self.cache[(lid, eid)] = entry
+        return True
+
+    def put_many(self, lid, eids, entries):
+        for e, b in zip(eids, entries):
+            self.cache[(lid, e)] = b
+        return len(entries)
+
+    def checkpoint(self):
+        if self.fail:  # the crash gate closed under it: its next write fails
+            raise OSError(5, "crash gate")
+        self.durable.update(self.cache)
+
+
+class _Cluster:
+    """Bookies whose restarts start a fresh storage (what InProcessChaosCluster does)."""
+
+    def __init__(self, data_dir="/nonexistent"):
+        self.servers, self.data_dir, self.count = {}, data_dir, len(BOOKIES)
+
+    def bookie_id(self, i):
+        return BOOKIES[i]
+
+    def index_of(self, b):
+        return BOOKIES.index(b)
+
+    def alive(self, i):
+        return i in self.servers
+
+    async def restart(self, i):
+        self.servers[i] = types.SimpleNamespace(bookie=types.SimpleNamespace(storage=_Storage()))
+
+    def data_dir_of(self, i):
+        return os.path.join(self.data_dir, f"bookie-{i}")
+
+    def storage(self, i):
+        return self.servers[i].bookie.storage
+
+
+def _md(ensemble=BOOKIES, wq=2, aq=2, last=9):
+    return LedgerMetadata(ensemble_size=len(ensemble), write_quorum_size=wq, ack_quorum_size=aq,
+                          segments=((0, list(ensemble)),), state=LedgerState.CLOSED, last_entry_id=last,
+                          password=PASSWORD)
+
+
+def _chaos(journal: bool, cluster=None) -> Chaos:
+    cluster = cluster or _Cluster()
+    chaos = Chaos(_scenario(journal), cluster, [])
+    for i in range(len(BOOKIES)):
+        asyncio.run(chaos.restart(i))
+    return chaos
+
+
+def test_a_journal_off_crash_after_the_checkpoint_that_made_the_entry_durable_excuses_nothing():
+    """Journal off, entry 0 of ledger 7 (write set bookies 0 and 1, AQ 2) was stored by both,
+    a checkpoint of bookie 0 completed, then both crashed. Bookie 0 kept it: the loss must not
+    be excused (before: any crash after the add was sent excused it on every bookie)."""
+    chaos, md = _chaos(journal=False), _md()
+    chaos.sent_at[(7, 0)] = __import__("time").monotonic()
+    for i in (0, 1):
+        chaos.cluster.storage(i).put(7, 0, b"entry")
+    chaos.cluster.storage(0).checkpoint()
+    chaos.mark_crashed(0)
+    chaos.mark_crashed(1)
+    assert verify.write_set(md, 0) == BOOKIES[:2]
+    assert not verify.may_be_lost(chaos, md, 7, 0)
+    assert chaos.excuses(7, 0) == {1: "journal-off-crash"}
+
+
+def test_a_checkpoint_the_crash_interrupted_or_one_begun_before_the_store_keeps_the_excuse():
+    chaos, md = _chaos(journal=False), _md()
+    chaos.sent_at[(7, 0)] = __import__("time").monotonic()
+    chaos.cluster.storage(0).checkpoint()  # began before the store: it did not carry the entry
+    for i in (0, 1):
+        chaos.cluster.storage(i).put(7, 0, b"entry")
+    chaos.cluster.storage(1).fail = True
+    try:
+        chaos.cluster.storage(1).checkpoint()
+    except OSError:
+        pass
+    chaos.mark_crashed(0)
+    chaos.mark_crashed(1)
+    assert verify.may_be_lost(chaos, md, 7, 0)
+    assert chaos.excuses(7, 0) == {0: "journal-off-crash", 1: "journal-off-crash"}
+
+
+LOG_HEADER_BYTES = 1024  # docs/STORAGE.md: magic, version, log id, map offset and count, padded
+
+
+def _entry_log(path: str, ledger: int, entries: int, size: int = 40) -> list[tuple[int, int]]:
+    """An entry log of `entries` records of `ledger`; returns each record's (offset, end)."""
+    out, pos = [], LOG_HEADER_BYTES
+    with open(path, "wb") as fh:
+        fh.write(struct.pack(">4sIQQI", b"BKLO", 1, 1, 0, 0).ljust(LOG_HEADER_BYTES, b"\0"))
+        for e in range(entries):
+            body = ledger.to_bytes(8, "big") + e.to_bytes(8, "big") + bytes(size - 16)
+            fh.write(struct.pack(">I", len(body)) + body)
+            out.append((pos, pos + 4 + len(body)))
+            pos += 4 + len(body)
+    return out
+
+
+def test_a_bit_flip_excuses_only_the_flipped_entry_on_that_bookie(tmp_path):
+    """A bit flipped in bookie 0's entry log (AQ 1): only the entry whose record holds it may be
+    lost; before, the flip marked the whole bookie lossy and excused every entry of its share."""
+    from bk.testing.chaos.nemesis import KINDS
+    cluster = _Cluster(str(tmp_path))
+    logs = os.path.join(cluster.data_dir_of(0), "ledgers", "current")
+    os.makedirs(logs)
+    path = os.path.join(logs, "1.log")
+    fault = types.SimpleNamespace(bookie=0, index=0, param=lambda k, d=None: {"target": "entrylog"}.get(k, d))
+    for seed in range(100):  # the first flip that lands in a record, not in the log's header
+        chaos = _chaos(journal=True, cluster=_Cluster(str(tmp_path)))
+        records = _entry_log(path, ledger=7, entries=10)
+        before = open(path, "rb").read()
+        chaos.fault_rng = lambda f: random.Random(seed)
+        asyncio.run(KINDS["bitflip"].apply(chaos, fault))
+        after = open(path, "rb").read()
+        offset = next(k for k in range(len(after)) if after[k] != before[k])
+        if offset >= LOG_HEADER_BYTES:
+            break
+    flipped = [e for e, (lo, hi) in enumerate(records) if lo <= offset < hi]
+    assert len(flipped) == 1
+    md = _md(wq=2, aq=1)
+    shares = [e for e in range(10) if BOOKIES[0] in verify.write_set(md, e)]
+    assert flipped[0] in shares and len(shares) > 1
+    for e in shares:
+        assert verify.may_be_lost(chaos, md, 7, e) == (e == flipped[0]), e
+    assert chaos.excuses(7, flipped[0]) == {0: "bitflip"}
+
+
+class _Client:
+    def __init__(self, bookie, answers):
+        self.bookie, self.answers = bookie, answers
+
+    def send_read(self):
+        pass
+
+    async def call(self, _send, lid, entry_id):
+        body = self.answers(self.bookie, entry_id)
+        if body is None:
+            return types.SimpleNamespace(rc=int(StatusCode.ENOENTRY), body=b"")
+        return types.SimpleNamespace(rc=int(StatusCode.EOK), body=body)
+
+
+def test_a_ledger_spanning_every_live_bookie_still_gets_the_replication_check(monkeypatch):
+    """AutoRecovery on, ledger 7 (3/2/2) on all three live bookies (no re-replication target).
+    Bookie 1 checkpointed entry 9 and now answers "no such entry" for it: a replica it made
+    durable is gone, a failure. Before, such a ledger skipped the replication check."""
+    from bk.meta.memory import InMemoryStore
+    chaos, md = _chaos(journal=True), _md()
+    storage = chaos.cluster.storage(1)
+    for e in range(10):
+        if BOOKIES[1] in verify.write_set(md, e):
+            storage.put(7, e, b"x")
+    storage.checkpoint()
+    digest = DigestManager(7, "CRC32C", PASSWORD)
+
+    def answers(bookie, entry_id):
+        if bookie == BOOKIES[1] and entry_id == 9:
+            return None
+        return digest.frame_entry(entry_id, entry_id - 1, 1, b"x")
+
+    async def main():
+        store = InMemoryStore()
+        bkc = types.SimpleNamespace(
+            registration=types.SimpleNamespace(writable_bookies=lambda: _coro(list(BOOKIES))),
+            get_ledger_metadata=lambda lid: _coro(md), store=store,
+            pool=types.SimpleNamespace(get=lambda b: _Client(b, answers)))
+        out: list[str] = []
+        await verify._check_replication(chaos, bkc, [7], {}, out)
+        return out
+
+    monkeypatch.setattr(verify, "PROCESS_AUDIT_WAIT_S", 0.0)
+    out = asyncio.run(main())
+    assert len(out) == 1 and out[0].startswith("replication: ledger 7") and BOOKIES[1] in out[0], out
+
+
+def test_a_stuck_ledger_may_lack_what_the_bookie_never_surely_kept(monkeypatch):
+    """The same ledger, but bookie 1 never stored entry 9 (AQ < WQ: the add went without it):
+    nowhere to re-replicate it to, and nothing was lost: noted, not failed."""
+    from bk.meta.memory import InMemoryStore
+    chaos, md = _chaos(journal=True), _md(aq=1)
+    digest = DigestManager(7, "CRC32C", PASSWORD)
+
+    def answers(bookie, entry_id):
+        return None if (bookie, entry_id) == (BOOKIES[1], 9) else digest.frame_entry(entry_id, entry_id - 1, 1, b"x")
+
+    async def main():
+        bkc = types.SimpleNamespace(
+            registration=types.SimpleNamespace(writable_bookies=lambda: _coro(list(BOOKIES))),
+            get_ledger_metadata=lambda lid: _coro(md), store=InMemoryStore(),
+            pool=types.SimpleNamespace(get=lambda b: _Client(b, answers)))
+        out: list[str] = []
+        await verify._check_replication(chaos, bkc, [7], {}, out)
+        return out
+
+    monkeypatch.setattr(verify, "PROCESS_AUDIT_WAIT_S", 0.0)
+    assert asyncio.run(main()) == []
+    assert any("allowed" in line for line in chaos.trace)
+
+
+async def _coro(value):
+    return value
+
+
+def test_every_excused_entry_is_listed_by_reason_in_the_runs_json():
+    from bk.testing.chaos.runner import summarize
+    r = RunResult(1, "inprocess", ok=True)
+    r.excused = [{"ledger": 7, "entry": 3, "reason": "journal-off-crash", "bookies": {BOOKIES[0]: "journal-off-crash"}},
+                 {"ledger": 7, "entry": 4, "reason": "bitflip", "bookies": {BOOKIES[1]: "bitflip"}}]
+    r.lost_excused = 2
+    j = r.to_json()
+    assert j["excused_by_reason"] == {"bitflip": 1, "journal-off-crash": 1}
+    assert [(x["ledger"], x["entry"], x["reason"]) for x in j["excused"]] == [(7, 3, "journal-off-crash"),
+                                                                              (7, 4, "bitflip")]
+    summary = summarize([j], 1.0, 1)
+    assert summary["excused_by_reason"] == {"bitflip": 1, "journal-off-crash": 1}
+    assert summary["excused"] == [[1, 7, 3, "journal-off-crash"], [1, 7, 4, "bitflip"]]
