@@ -17,7 +17,10 @@ import pytest
 from bk import fileio
 from bk.config import load_config
 from bk.entrylog.logger import EntryLogger
+from bk.proto import GetBookieInfoRequest
+from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 from bk.server import http_handlers
+from bk.server.operations import Operations
 from bk.server.server import BookieServer
 from bk.testing.fakedisk import FakeStatvfs
 
@@ -56,6 +59,21 @@ def test_http_reports_total_space_off_the_loop(disks):
 
     info = asyncio.run(http())
     assert (info["freeSpace"], info["totalSpace"]) == (FREE, TOTAL)
+    assert fake.calls and fake.calls_on_loop == []
+
+
+def test_wire_reports_what_http_reports_off_the_loop(disks):
+    """GET_BOOKIE_INFO (one handler for v2 and v3) answers the HTTP figures, each bit as asked."""
+    fake, cfg = disks
+    ops = Operations(SimpleNamespace(), cfg)
+
+    async def ask(bits):
+        return await ops.bookie_info(GetBookieInfoRequest(0, bits))
+
+    both = asyncio.run(ask(BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY))
+    assert (both.free_disk_bytes, both.total_disk_bytes) == (FREE, TOTAL)
+    free_only = asyncio.run(ask(BOOKIE_INFO_FREE_DISK_SPACE))
+    assert (free_only.free_disk_bytes, free_only.total_disk_bytes) == (FREE, 0)
     assert fake.calls and fake.calls_on_loop == []
 
 
