@@ -256,3 +256,59 @@ def test_every_excused_entry_is_listed_by_reason_in_the_runs_json():
     summary = summarize([j], 1.0, 1)
     assert summary["excused_by_reason"] == {"bitflip": 1, "journal-off-crash": 1}
     assert summary["excused"] == [[1, 7, 3, "journal-off-crash"], [1, 7, 4, "bitflip"]]
+
+
+def test_a_read_that_times_out_once_is_asked_again_before_the_entry_is_called_unreadable(monkeypatch):
+    """Seed 40019 under a load of 20 on 2 cores: the verifier's read of an entry no fault could
+    have taken timed out once (0.5 s client timeouts) and the run failed as "unreadable" and
+    inv1. A timeout proves nothing: the entry is asked again; only a read that keeps failing is
+    a finding. (The check itself stays: test_an_entry_that_stays_unreadable_is_a_finding.)"""
+    chaos, md = _chaos(journal=True), _md(last=1)
+    monkeypatch.setattr(verify.asyncio, "sleep", _no_sleep)
+    out = asyncio.run(_read_with(monkeypatch, chaos, md, fail_first={(1, 1)}))
+    assert out == ([], {0: b"e0", 1: b"e1"})
+
+
+def test_an_entry_that_stays_unreadable_is_a_finding(monkeypatch):
+    chaos, md = _chaos(journal=True), _md(last=1)
+    monkeypatch.setattr(verify.asyncio, "sleep", _no_sleep)
+    findings, got = asyncio.run(_read_with(monkeypatch, chaos, md, fail_first={(1, k) for k in range(1, 10)}))
+    assert got == {0: b"e0"} and len(findings) == 1 and findings[0].startswith("unreadable: ledger 7 entry 1")
+
+
+async def _no_sleep(_s):
+    return None
+
+
+async def _read_with(monkeypatch, chaos, md, fail_first):
+    """verify._read_all against a fake client: read k of entry e fails when (e, k) is in fail_first."""
+    from bk.errors import BKError, BookieTimeoutError
+    calls: dict[int, int] = {}
+
+    class _Handle:
+        async def read_entries(self, first, last):
+            if first != last:
+                raise BKError("range read failed")
+            calls[first] = calls.get(first, 0) + 1
+            if (first, calls[first]) in fail_first:
+                raise BookieTimeoutError(f"entry {first}: did not answer in time")
+            return [types.SimpleNamespace(entry_id=first, data=b"e%d" % first)]
+
+    class _BK:
+        def __init__(self, *a, **k):
+            pass
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def open_ledger(self, *a, **k):
+            return _Handle()
+
+    monkeypatch.setattr(verify, "BookKeeper", _BK)
+    chaos.cluster.metadata_uri = "memory://x"
+    out: list[str] = []
+    got = await verify._read_all(chaos, 7, md, out)
+    return out, got

@@ -43,6 +43,7 @@ from bk.testing.history import check_ledger
 from .run import CLIENT_TIMEOUTS, PASSWORD
 
 RECOVERY_WAIT_S = 4.0
+UNREADABLE_TRIES = 4  # reads of an entry no fault may have taken, before it is "unreadable"
 PROCESS_AUDIT_WAIT_S = 3.0  # > the processes' auditor_periodic_check_interval_s (1 s) plus an audit
 REPLICATION_WAIT_S = 25.0  # > 2 of the bookies' own client read timeouts (10 s): a worker may wait on one
 
@@ -93,14 +94,24 @@ async def _read_all(chaos, lid: int, md, out: list[str]) -> dict[int, bytes]:
         except BKError:
             pass
         for entry_id in range(last + 1):
-            try:
-                got[entry_id] = bytes((await rh.read_entries(entry_id, entry_id))[0].data)
-            except NoSuchEntryError as e:
-                out.append(f"no-such-entry: ledger {lid} entry {entry_id} <= lastEntryId {last}: {e!r}")
-            except BKError as e:
-                if not may_be_lost(chaos, md, lid, entry_id):
-                    out.append(f"unreadable: ledger {lid} entry {entry_id} ({e!r}) though fewer than AQ"
-                               f" {md.ack_quorum_size} bookies of {write_set(md, entry_id)} may have lost it")
+            # a timeout or a refused connection proves nothing (a loaded machine, a bookie still
+            # starting): an entry no fault may have taken is asked again before it is unreadable
+            for attempt in range(1 if may_be_lost(chaos, md, lid, entry_id) else UNREADABLE_TRIES):
+                try:
+                    got[entry_id] = bytes((await rh.read_entries(entry_id, entry_id))[0].data)
+                    break
+                except NoSuchEntryError as e:
+                    out.append(f"no-such-entry: ledger {lid} entry {entry_id} <= lastEntryId {last}: {e!r}")
+                    break
+                except BKError as e:
+                    if may_be_lost(chaos, md, lid, entry_id):
+                        break
+                    if attempt + 1 == UNREADABLE_TRIES:
+                        out.append(f"unreadable: ledger {lid} entry {entry_id} ({e!r}, {UNREADABLE_TRIES} tries)"
+                                   f" though fewer than AQ {md.ack_quorum_size} bookies of"
+                                   f" {write_set(md, entry_id)} may have lost it")
+                    else:
+                        await asyncio.sleep(0.5)
     return got
 
 
