@@ -59,21 +59,26 @@ class LedgerDescriptor:
         return LedgerState(fenced=self.fenced, limbo=self.limbo, master_key=self.master_key,
                            explicit_lac=self.explicit_lac)
 
-    def check_key(self, master_key: bytes) -> bool:
-        """Compare against the stored key; True when the key is new and must be stored.
-
-        Raises UnauthorizedAccessError on mismatch (EUA): the request changes nothing.
-        """
-        if len(master_key) != MASTER_KEY_BYTES:
-            raise BadRequestError(f"master key must be {MASTER_KEY_BYTES} bytes", ledger_id=self.ledger_id)
+    # Admission (BookKeeper's LedgerDescriptorImpl.checkAccess / isFenced): every add, fence
+    # and LAC write asks these two, in this order, before it changes anything. A request
+    # refused here stored nothing.
+    def check_access(self, master_key: bytes) -> bool:
+        """Compare against the stored key in constant time; True when the ledger has no key
+        yet, so `master_key` is its first and the caller must store (and journal) it before
+        anything of the request. A first key must be MASTER_KEY_BYTES long (BADREQ); a key
+        that differs from the stored one, whatever its length, is EUA."""
         stored = self.master_key
         if stored is None:
+            if len(master_key) != MASTER_KEY_BYTES:
+                raise BadRequestError(f"master key must be {MASTER_KEY_BYTES} bytes", ledger_id=self.ledger_id)
             return True
         if not hmac.compare_digest(stored, master_key):
             raise UnauthorizedAccessError(ledger_id=self.ledger_id)
         return False
 
     def check_writable(self, recovery: bool) -> None:
+        """EFENCED for a plain add to a fenced ledger; recovery adds (recovery, re-replication,
+        BP-46 repair) still land."""
         if self.fenced and not recovery:
             raise LedgerFencedError(ledger_id=self.ledger_id)
 

@@ -2,10 +2,10 @@
 
 ADDs take the synchronous callback path: no task or future per add. The
 consecutive ADDs of one socket read go to the bookie as one run
-(`add_run` -> `Bookie.add_entries_cb`): admitted in one accounting step,
+(`add_run` -> `Bookie.add_run`, an AddRun): admitted in one accounting step,
 checked per ledger once, journaled with one call, and answered by one
 `_adds_done` per completion batch (all the run's accepted adds of one journal
-share one). A lone ADD takes `Bookie.add_entry_cb` and `_add_done`. A plain READ
+share one). A lone ADD is a run of one, answered by `_add_done`. A plain READ
 (v2 or v3) of an entry a cache holds is answered at once, a run of them in one
 buffer (`read_run`, bk.server.single_reads); other reads and the other ops run as
 tasks.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from itertools import groupby
 from operator import itemgetter
 from time import monotonic
 
@@ -29,9 +30,10 @@ from bk import metrics
 
 from bk.errors import BookieError, BookieIOError, TooManyRequestsError
 from bk.proto.layout import FLAG_DEFERRED_SYNC
-from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest, BatchReadRequest,
+from bk.proto import (FLAG_DO_FENCING, AddRequest, AuthRequest, BatchReadRequest,
                       GetBookieInfoRequest, ReadLacRequest, ReadRequest, WriteLacRequest, encode_response,
                       encode_response_parts)
+from bk.bookie import AddRun
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
 from bk.server import single_reads
@@ -55,6 +57,10 @@ def _done_bytes(run: tuple, reqs: list) -> int:
     of it: its byte count is known without touching the (by now cold) bodies."""
     _conn, n, nbytes, _start = run
     return nbytes if len(reqs) == n else sum(map(len, map(_BODY, reqs)))
+
+
+def _deferred_flag(req) -> bool:
+    return bool(req.flags & FLAG_DEFERRED_SYNC)
 
 
 def _code(err: BaseException) -> int:
@@ -108,28 +114,29 @@ class RequestProcessor:
         self._handlers[type(req)](req, conn)
 
     # ------------------------------------------------------------ adds
+    # The bookie takes AddRuns (bk.bookie.adds): the wire's AddRequest / V3AddRequest records
+    # as they are, in arrival order, and whether they are DEFERRED_SYNC, which only v3 can
+    # ask for (writeFlags): a v2 header's flags are never read for it. A lone ADD is a run
+    # of one.
     def _add(self, req: AddRequest, conn) -> None:
         nbytes = len(req.body)
         if not conn.begin_add(nbytes):
             conn.send_add_result(TooManyRequestsError.code, req)
             return
-        if req.flags & FLAG_DEFERRED_SYNC:  # (v3) the batch path acknowledges it before the fsync
-            self.bookie.add_entries_cb([req], self._adds_done, (conn, 1, nbytes, monotonic()))
-            return
-        self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.body, req.master_key,
-                                 bool(req.flags & FLAG_RECOVERY_ADD), self._add_done,
-                                 (conn, req, nbytes, monotonic()))
+        deferred = bool(req.flags & FLAG_DEFERRED_SYNC) and type(req) is V3AddRequest
+        self.bookie.add_run(AddRun([req], deferred), self._add_done, (conn, nbytes, monotonic()))
 
     @staticmethod
-    def _add_done(ctx, err) -> None:
-        conn, req, nbytes, start = ctx
+    def _add_done(ctx, reqs: list, err) -> None:
+        """Completion of a lone ADD: its answer joins the connection's coalesced ones."""
+        conn, nbytes, start = ctx
         conn.end_add(nbytes)
-        conn.send_add_result(0 if err is None else _code(err), req)
+        conn.send_add_result(0 if err is None else _code(err), reqs[0])
         _add_measured(1, nbytes, start, err)
 
     def add_run(self, reqs: list, conn) -> None:
         """A run of consecutive ADDs from one socket read: admitted together, handed to
-        the bookie in one call (Bookie.add_entries_cb), answered per completion batch."""
+        the bookie in one call (Bookie.add_run), answered per completion batch."""
         n = len(reqs)
         if n == 1 or conn.pending + n > 2 * conn.max_pending or not conn.begin_many(
                 n, nbytes := sum(map(len, map(_BODY, reqs)))):
@@ -139,7 +146,15 @@ class RequestProcessor:
                 self._add(req, conn)
             return
         # Below the limits every add of the run would be admitted one by one too.
-        self.bookie.add_entries_cb(reqs, self._adds_done, (conn, n, nbytes, monotonic()))
+        start = monotonic()
+        if type(reqs[0]) is V3AddRequest and any(r.flags & FLAG_DEFERRED_SYNC for r in reqs):
+            # (a run is all v2 or all v3) stretches that agree on DEFERRED_SYNC, in order
+            for deferred, part in groupby(reqs, _deferred_flag):
+                part = list(part)
+                self.bookie.add_run(AddRun(part, deferred), self._adds_done,
+                                    (conn, len(part), sum(map(len, map(_BODY, part))), start))
+            return
+        self.bookie.add_run(AddRun(reqs), self._adds_done, (conn, n, nbytes, start))
 
     @staticmethod
     def _adds_done(run, reqs: list, err) -> None:
