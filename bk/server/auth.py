@@ -16,6 +16,10 @@ A provider with `exchange()` (BookKeeper's SASL plugin, bk/proto/sasl.py) keeps 
 connection: each connection gets its own exchange at its first AUTH, and the connection
 counts as authenticated only once that exchange names a principal (DIGEST-MD5 takes two
 AUTH round trips; the answers in between carry the challenge).
+
+Whether the connection is authenticated is its auth phase (bk.proto.state): UNAUTHENTICATED
+until an exchange names a principal (AUTH_OK), AUTH_OFF without a provider. The session
+fires AUTH_STEP / AUTH_OK on its connection and keeps only the exchange and the principal.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from bk.errors import ConfigError, UnauthorizedAccessError
 from bk.proto import AuthRequest, MessageEncodeError, encode_error_response, encode_response, AuthResponse
 from bk.proto import v3
 from bk.proto.auth import AUTH_DISABLED_PLUGIN_NAME, AuthenticationError, TokenAuthProvider
+from bk.proto.state import Event, State
 
 log = logging.getLogger(__name__)
 _EUA = UnauthorizedAccessError.code
@@ -78,14 +83,13 @@ def _auth_message(plugin_name: str, payload: bytes):
 class ServerSession:
     """Authentication state of one connection."""
 
-    __slots__ = ("provider", "_conn", "authenticated", "principal", "_exchange")
+    __slots__ = ("provider", "_conn", "principal", "_exchange")
 
     def __init__(self, provider, conn):
         self.provider = provider
         # weak: the connection holds its session; a strong reference back made every closed
         # connection a cycle for the cyclic GC, holding its buffers and queued items meanwhile
         self._conn = weakref.ref(conn)
-        self.authenticated = provider is None
         self.principal = None
         self._exchange = None  # the connection's own exchange, for providers that keep state
 
@@ -96,13 +100,12 @@ class ServerSession:
 
     # ------------------------------------------------------------ gate (unauthenticated only)
     def admit(self, items: list) -> list:
-        """The requests of one read that may pass: AUTH and START_TLS; the rest become EUA answers
-        (bytes, kept in place so answers stay in order). Requests after a successful AUTH pass."""
+        """The requests of one read on an UNAUTHENTICATED connection that may pass: AUTH and
+        START_TLS; the rest become EUA answers (bytes, kept in place so answers stay in order).
+        The reads after a successful AUTH are not gated (the connection drops its `_admit`)."""
         out = []
         for item in items:
-            if self.authenticated:
-                out.append(item)
-            elif isinstance(item, AuthRequest) or (isinstance(item, v3.Request)
+            if isinstance(item, AuthRequest) or (isinstance(item, v3.Request)
                                                    and item.header.operation in (v3.OperationType.AUTH,
                                                                                  v3.OperationType.START_TLS)):
                 out.append(item)
@@ -171,9 +174,11 @@ class ServerSession:
         except AuthenticationError as e:
             log.warning("refusing AUTH from %s: %s", conn.peer, e)
             return None
-        if principal is None:
-            return _auth_message(name, payload)  # a step of a longer exchange: not authenticated yet
-        if not self.authenticated:
+        if principal is None:  # a step of a longer exchange: not authenticated by it
+            conn.phase_event(Event.AUTH_STEP)
+            return _auth_message(name, payload)
+        if conn.phase.auth is State.UNAUTHENTICATED:
             log.info("connection from %s authenticated as %r (%s)", conn.peer, principal, name)
-        self.authenticated, self.principal = True, principal
+        conn.phase_event(Event.AUTH_OK)
+        self.principal = principal
         return _auth_message(name, payload)

@@ -35,13 +35,18 @@ every other connection still reading stop reading (`_pause_for_limits`) and wait
 (the rest of a socket read) is refused like one beyond the connection's own. v3 long polls
 parked on a ledger's LAC are in `long_polls`, cancelled when the connection is lost.
 
-Protocol detection (BookKeeper's BookieProtoEncoding.RequestDecoder): every frame
+Phases (bk.proto.state): the connection's protocol detection, START_TLS, AUTH and closing
+are one ConnectionPhase moved only by `phase_event`, which fires an event through the table
+(a forbidden one is a PhaseError) and derives the four attributes the hot path reads instead
+of the phase: `_v2_feed` (wire V2), `_admit` (auth UNAUTHENTICATED), `_holding` (tls
+HANDSHAKING) and `closed` (life CLOSED). Nothing else sets them, so a request costs no phase
+lookup. Protocol detection (BookKeeper's BookieProtoEncoding.RequestDecoder): every frame
 is first parsed as a v3 Request until one fails to parse; from that frame on the
-connection is v2 for good (`v2_only`), and takes the v2 kernel path. A v2 frame
+connection is v2 for good (NOT_V3), and takes the v2 kernel path. A v2 frame
 never parses as v3, so a v2 client costs one failed parse per connection. v3
 ADDs are answered in v3 by `send_add_results`; the other v3 operations go to
 bk.server.v3. Authentication (bk.server.auth) and TLS (bk.server.tls) hang off
-this class through `auth_request_v2/v3` and `start_tls_v3`.
+this class through `auth_request_v2/v3` and `start_tls_v3`, and fire their events here.
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ from bk.errors import ProtocolError, StorageError
 from bk.proto import (PROTOCOL_VERSION, AddRequest, BadFrameLengthError, FrameDecoder, MessageEncodeError,
                       ReadRequest, RequestDecodeError, encode_add_acks, encode_add_responses, error_response_for)
 from bk.proto import v3
+from bk.proto.state import ConnectionPhase, Event, State
 from bk.proto.v3 import V3AddRequest
 
 from . import auth, tls
@@ -95,7 +101,6 @@ class BookieConnection(asyncio.Protocol):
         self.peer = "?"
         self.pending = 0
         self.pending_bytes = 0
-        self.closed = False
         self._out: list = []  # buffers, and spans of entry logs (BATCH_READ answers, bk.entrylog.spans)
         self._spans = 0  # answers in self._out that end in a span
         self._held_bytes = 0  # answers whose spans a thread is reading for the transport (_read_spans)
@@ -107,10 +112,27 @@ class BookieConnection(asyncio.Protocol):
         self.idle = asyncio.Event()
         self.idle.set()
         self._slice_bytes = DECODE_SLICE_BYTES  # see data_received
-        self.v2_only = False  # BookKeeper's usingV3Protocol, inverted: set by the first non-v3 frame
-        self.session = auth.ServerSession(getattr(server, "auth_provider", None), self)  # None: auth off
-        self.tls = None  # the ssl.SSLObject's session info once START_TLS completed
+        provider = getattr(server, "auth_provider", None)  # None: auth off
+        self.session = auth.ServerSession(provider, self)
+        self.phase = ConnectionPhase(tls_configured=getattr(server, "tls", None) is not None,
+                                     auth_required=provider is not None)
+        self._derive()  # closed, _v2_feed, _admit, _holding: see phase_event
+        self.tls = None  # the TLS session's info (cipher, client certificate) once ENCRYPTED
         self.long_polls: set = set()  # v3 long polls parked for this connection (bk.server.v3)
+
+    # ------------------------------------------------------------ phases (bk.proto.state)
+    def phase_event(self, event: Event) -> None:
+        """Move the connection's phase by the table (PhaseError, nothing changed, when it forbids
+        `event` now) and re-derive what the hot path reads of it."""
+        self.phase.fire(event)
+        self._derive()
+
+    def _derive(self) -> None:
+        phase = self.phase
+        self.closed = phase.life is State.CLOSED
+        self._v2_feed = self.decoder.feed_requests if phase.wire is State.V2 else None  # None: detecting
+        self._admit = None if phase.admitted else self.session.admit  # the session holds us weakly: no cycle
+        self._holding = phase.tls is State.HANDSHAKING  # answers wait to leave encrypted (_flush)
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -124,7 +146,7 @@ class BookieConnection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def connection_lost(self, exc) -> None:
-        self.closed = True
+        self.phase_event(Event.LOST)
         self.server.connections.discard(self)
         _release_spans(self._out)
         self._out.clear()
@@ -160,22 +182,23 @@ class BookieConnection(asyncio.Protocol):
             self._received(view[start:start + step])
 
     def _received(self, data) -> None:
+        feed = self._v2_feed
         try:
-            items = self.decoder.feed_requests(data) if self.v2_only else self._feed_detecting(data)
+            items = feed(data) if feed is not None else self._feed_detecting(data)
         except BadFrameLengthError as e:
             log.warning("closing connection from %s: %s", self.peer, e)
-            frames = e.frames if self.session.authenticated else self.session.admit(e.frames)
-            for item in frames:  # complete requests before the bad length still count
+            admit = self._admit
+            for item in e.frames if admit is None else admit(e.frames):  # complete requests before it count
                 self._dispatch(item)
-            self._flush()
-            self.transport.close()
+            self.close()
             return
         except ProtocolError as e:
             log.warning("closing connection from %s: %s", self.peer, e)
-            self.transport.abort()
+            self.abort()
             return
-        if not self.session.authenticated:
-            items = self.session.admit(items)
+        admit = self._admit
+        if admit is not None:
+            items = admit(items)
         if len(items) == 1:
             self._dispatch(items[0])
         elif items:
@@ -253,7 +276,7 @@ class BookieConnection(asyncio.Protocol):
             return self.decoder.feed_v3_requests(data)
         finally:
             if self.decoder.v3_failed:
-                self.v2_only = True
+                self.phase_event(Event.NOT_V3)
                 log.debug("connection from %s speaks v2", self.peer)
 
     # ------------------------------------------------------------ requests
@@ -470,7 +493,7 @@ class BookieConnection(asyncio.Protocol):
         if self._add_rows:
             self._out.append(encode_add_responses(self._add_rows))
             self._add_rows = []
-        if self.tls == "handshaking":
+        if self._holding:
             # Answers to requests that came in the same read as START_TLS (a Java client sends its
             # first AUTH right behind it) go out encrypted once the handshake is done (upgraded()),
             # as BookKeeper's SslHandler holds them: in plain text they would break the handshake.
@@ -506,7 +529,7 @@ class BookieConnection(asyncio.Protocol):
             # Part of the answer may be on the wire already: nothing else can follow it. The
             # client sees the connection close and reads the entries from another replica.
             log.error("connection %s: an answer's entries could not be read: %s", self.peer, e)
-            self.transport.abort()
+            self.abort()
             return
         self.transport.writelines(parts)
         if self._out:
@@ -528,16 +551,28 @@ class BookieConnection(asyncio.Protocol):
     def start_tls_v3(self, req) -> None:
         tls.start_tls(self, req, getattr(self.server, "tls", None))
 
-    def upgraded(self, transport) -> None:
-        """The TLS transport replaces the plain one (bk.server.tls)."""
+    def upgraded(self, transport, session: dict) -> None:
+        """The TLS transport replaces the plain one (bk.server.tls): the answers held while
+        HANDSHAKING leave encrypted."""
         self.transport = transport
         self._fd = -1  # the socket carries TLS records now: only the transport writes
         transport.set_write_buffer_limits(high=self.max_response_bytes)
         if self._reading_paused:  # start_tls resumes reading; backpressure still applies
             transport.pause_reading()
-        self._schedule_flush()  # runs once bk.server.tls has recorded the session: the held answers
+        self.tls = session
+        self.phase_event(Event.HANDSHAKE_DONE)
+        self._schedule_flush()
 
     def close(self) -> None:
+        """Close after the answers owed so far (they are handed to the transport first)."""
         self._flush()
         if self.transport is not None and not self.closed:
+            self.phase_event(Event.CLOSE)
             self.transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection now, answers unsent (malformed bytes, a failed TLS handshake, an
+        answer whose entries could not be read)."""
+        if not self.closed:
+            self.phase_event(Event.CLOSE)
+        self.transport.abort()

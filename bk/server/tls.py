@@ -26,6 +26,7 @@ import time
 
 from bk.errors import BadRequestError, ConfigError
 from bk.proto import v3
+from bk.proto.state import Event, State
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -96,10 +97,12 @@ class ServerTls:
 
 
 def start_tls(conn, req, server_tls: ServerTls | None) -> None:
-    """Answer a v3 START_TLS on `conn` and, when TLS is configured, upgrade the connection."""
-    if server_tls is None or conn.tls is not None:
+    """Answer a v3 START_TLS on `conn` and, when its TLS phase allows one (bk.proto.state: TLS
+    configured, no START_TLS before), upgrade the connection."""
+    if server_tls is None or not conn.phase.allows(Event.START_TLS):
+        state = conn.phase.tls
         log.error("START_TLS from %s but %s", conn.peer, "TLS is not configured" if server_tls is None
-                  else "the connection is already encrypted")
+                  or state is State.NO_TLS else f"the connection's TLS is {state.value} already")
         conn.send(v3.frame(v3.response_for(req.header, BadRequestError.code)))
         return
     resp = v3.response_for(req.header)
@@ -109,7 +112,7 @@ def start_tls(conn, req, server_tls: ServerTls | None) -> None:
     # The client's ClientHello may arrive before the handshake task runs: it must not reach the
     # frame decoder. loop.start_tls takes the paused transport over and reads for TLS.
     conn.transport.pause_reading()
-    conn.tls = "handshaking"
+    conn.phase_event(Event.START_TLS)  # answers queued from now on wait for the handshake
     task = asyncio.ensure_future(_handshake(conn, server_tls.context()))
     conn.server.processor._tasks.add(task)
     task.add_done_callback(conn.server.processor._tasks.discard)
@@ -117,19 +120,18 @@ def start_tls(conn, req, server_tls: ServerTls | None) -> None:
 
 async def _handshake(conn, context: ssl.SSLContext) -> None:
     loop = asyncio.get_running_loop()
-    transport = conn.transport
     try:
         new_transport = await asyncio.wait_for(
-            loop.start_tls(transport, conn, context, server_side=True), HANDSHAKE_TIMEOUT_S)
+            loop.start_tls(conn.transport, conn, context, server_side=True), HANDSHAKE_TIMEOUT_S)
     except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as e:
         log.error("TLS handshake with %s failed: %s", conn.peer, e or type(e).__name__)
-        conn.tls = None
-        transport.abort()
+        conn.phase_event(Event.HANDSHAKE_FAILED)
+        conn.abort()
         return
-    conn.upgraded(new_transport)
     ssl_object = new_transport.get_extra_info("ssl_object")
     peer_cert = new_transport.get_extra_info("peercert")
     subject = dict(x[0] for x in peer_cert.get("subject", ())) if peer_cert else {}
-    conn.tls = {"cipher": ssl_object.cipher()[0] if ssl_object else None, "peer": subject.get("commonName")}
+    conn.upgraded(new_transport, {"cipher": ssl_object.cipher()[0] if ssl_object else None,
+                                  "peer": subject.get("commonName")})
     log.info("connection from %s is protected (%s%s)", conn.peer, conn.tls["cipher"],
              f", client certificate {conn.tls['peer']}" if conn.tls["peer"] else "")

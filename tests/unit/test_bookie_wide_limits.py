@@ -15,6 +15,7 @@ from bk.config import load_config
 from bk.proto import AddRequest, FrameDecoder, ReadRequest, StatusCode, encode_request, master_key
 from bk.proto import v3
 from bk.proto.digest import DigestManager
+from bk.proto.state import Event
 from bk.server.connection import BookieConnection
 from bk.server.processor import RequestProcessor
 
@@ -107,7 +108,8 @@ class Server:
         conn = BookieConnection(self)
         transport = Transport()
         conn.connection_made(transport)
-        conn.v2_only = v2
+        if v2:  # known v2 from the start (bk.proto.state): no v3 detection
+            conn.phase_event(Event.NOT_V3)
         return conn, transport
 
 

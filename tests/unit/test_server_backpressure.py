@@ -12,6 +12,7 @@ import types
 
 from bk.config import load_config
 from bk.proto import FrameDecoder, ReadRequest, encode_request
+from bk.proto.state import Event
 from bk.server.connection import BookieConnection
 from bk.server.processor import RequestProcessor
 
@@ -90,7 +91,7 @@ def _connection():
     transport = _StuckTransport()
     transport.protocol = conn
     conn.connection_made(transport)
-    conn.v2_only = True
+    conn.phase_event(Event.NOT_V3)  # v2 from the start: no v3 detection
     return conn, transport
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from bk import eventloop
 from bk.config import load_config
+from bk.proto.state import Event, State
 from bk.server import connection as connection_mod
 from bk.server import socket_writes
 from bk.server.connection import DIRECT_WRITE_MIN_BYTES, BookieConnection
@@ -111,11 +112,14 @@ def test_after_start_tls_only_the_transport_writes():
     async def main():
         a, b = socket.socketpair()
         loop = asyncio.get_running_loop()
-        conn = BookieConnection(_server())
+        server = _server()
+        server.tls = object()  # configured: the connection's TLS phase starts PLAIN (bk.proto.state)
+        conn = BookieConnection(server)
         transport, _ = await loop.connect_accepted_socket(lambda: conn, a)
         assert conn._fd >= 0
-        conn.upgraded(transport)  # what bk.server.tls calls with the TLS transport
-        assert conn._fd == -1
+        conn.phase_event(Event.START_TLS)  # what bk.server.tls does: START_TLS, then the handshake
+        conn.upgraded(transport, {"cipher": None, "peer": None})  # ... with the TLS transport
+        assert conn._fd == -1 and conn.phase.tls is State.ENCRYPTED
         transport.close()
         b.close()
 
