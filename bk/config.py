@@ -18,7 +18,6 @@ from typing import Any, Iterable, Mapping
 from bk.errors import ConfigError
 
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
-TEST_BREAKS = ("", "ack-before-fsync", "forget-fence")  # BookieConfig.test_break: the chaos runner's self-tests
 
 
 @dataclass(frozen=True)
@@ -286,13 +285,6 @@ class BookieConfig:
     # (each connection is one descriptor) and logs both; false leaves the limit as inherited.
     raise_open_files_limit: bool = True
 
-    # --- testing: the chaos runner's deliberately broken bookie (issue 17; docs/CHAOS.md)
-    # Only the runner's self-tests set this (BK_TEST_BREAK / --set test_break=...), to prove the
-    # runner catches a bookie that breaks a promise: "ack-before-fsync" acknowledges journal
-    # groups before they are fsynced (only every 64th group is, and no idle zero-ahead fsync),
-    # "forget-fence" answers a fence without fencing. "" (the default) is a correct bookie; the hooks cost nothing then.
-    test_break: str = ""
-
     @property
     def bookie_id(self) -> str:
         return f"{self.advertised_address}:{self.bookie_port}"
@@ -433,8 +425,6 @@ def _check(cfg: BookieConfig) -> None:
         bad("read_io", "must be auto, ring or threads")
     if cfg.data_integrity_repair_parallel_ledgers < 1:
         bad("data_integrity_repair_parallel_ledgers", "must be at least 1")
-    if cfg.test_break not in TEST_BREAKS:
-        bad("test_break", f"must be one of {TEST_BREAKS} (a test-only broken bookie)")
     if cfg.http_server_port > 65535:
         bad("http_server_port", "must be 0 (ephemeral) or 1..65535")
     if not -1 <= cfg.autorecovery_metrics_port <= 65535:

@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 
 
 class Bookie(AddPath, ReadPath, LimboPath):
+    # The journal type the bookie writes through. Tests may give one Bookie another
+    # (bk.testing.breaks: a journal broken on purpose, for the chaos runner's self-test).
+    journal_class = Journal
+
     def __init__(self, config: BookieConfig):
         self.config = config
         self.bookie_id = config.bookie_id
@@ -77,7 +81,6 @@ class Bookie(AddPath, ReadPath, LimboPath):
         self._read_threads: ReadThreads | None = None
         self._ring: RingReads | None = None  # single-entry reads through io_uring (read_io)
         self._write_data = config.journal_write_data
-        self._forget_fence = config.test_break == "forget-fence"  # BROKEN ON PURPOSE: chaos self-tests only
         self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
         self._room_queue: deque = deque()  # add_entry_cb arguments of adds waiting for write-cache room
         self._room_task: asyncio.Task | None = None  # retries them (_retry_when_room)
@@ -129,7 +132,7 @@ class Bookie(AddPath, ReadPath, LimboPath):
                 log.warning("bookie %s was not shut down cleanly", self.bookie_id)
             self.phase_one_due = self.was_unclean_shutdown and cfg.data_integrity_checking
             storage.set_flag_now(UNCLEAN_SHUTDOWN, True)
-            self.journals = [Journal(d, cfg, loop=self._loop, index=i) for i, d in enumerate(cfg.journal_dirs)]
+            self.journals = [self.journal_class(d, cfg, loop=self._loop, index=i) for i, d in enumerate(cfg.journal_dirs)]
             start_marks = [storage.index.get_log_mark(i) or LogMark(0, 0) for i in range(len(self.journals))]
             # Until replay is persisted, a checkpoint may only record the marks we
             # started from: replaying again from them is harmless, skipping is not.

@@ -50,8 +50,6 @@ class LimboPath:
     async def fence_ledger(self, ledger_id: int, master_key: bytes) -> None:
         """Fence (idempotent); returns once the fence is durable."""
         desc = self._admitted(ledger_id, master_key)
-        if self._forget_fence:
-            return  # config.test_break = "forget-fence": answer the fence, keep accepting adds
         if desc.fenced:
             if desc.fence_pending is not None:
                 await asyncio.shield(desc.fence_pending)

@@ -146,10 +146,6 @@ class Journal:
         self.groups_written = 0
         self.records_written = 0
         self.bytes_written = 0
-        if config.test_break == "ack-before-fsync":  # the chaos runner's broken bookie (config.test_break)
-            self._groups_unsynced = 0
-            self._write_group = self._write_group_acking_unsynced
-            self._zero_ahead = lambda: False  # its fsync would make the unsynced groups durable after all
 
     # ------------------------------------------------------------------ public API
     def replay(self, mark: LogMark, on_record: OnRecord) -> ReplayResult:
@@ -501,16 +497,6 @@ class Journal:
         """Idle: zero (and fsync) one piece ahead of the write position (format 2). True if it did."""
         end, self._alloc_end = self._alloc_end, inplace.zero_ahead(self._file, self._alloc_end, self._prealloc_bytes)
         return end != self._alloc_end
-
-    def _write_group_acking_unsynced(self, items: list, buffers: list, group_bytes: int, oldest: float = 0.0) -> None:
-        """BROKEN ON PURPOSE (config.test_break = "ack-before-fsync"): acknowledge 63 groups of
-        64 before any fsync covers them. Never installed otherwise."""
-        self._groups_unsynced = (self._groups_unsynced + 1) % 64
-        sync, self._sync_data = self._sync_data, self._sync_data and self._groups_unsynced == 0
-        try:
-            Journal._write_group(self, items, buffers, group_bytes, oldest)
-        finally:
-            self._sync_data = sync
 
     @staticmethod
     def _measure(started: float, oldest: float, records: int, group_bytes: int, ok: bool) -> None:

@@ -25,8 +25,11 @@ from .powerloss import halt_without_checkpoint
 
 
 class InProcessCluster:
-    def __init__(self, data_dir, bookies: int = 3, metadata_uri: str | None = None, **overrides):
+    def __init__(self, data_dir, bookies: int = 3, metadata_uri: str | None = None, prepare_bookie=None,
+                 **overrides):
         self.data_dir = str(data_dir)
+        # called with every Bookie before its server starts it (tests only: bk.testing.breaks)
+        self.prepare_bookie = prepare_bookie
         self.count = bookies
         self.metadata_uri = metadata_uri or f"mem://cluster-{uuid.uuid4().hex[:12]}/ledgers"
         self.overrides = overrides
@@ -63,6 +66,8 @@ class InProcessCluster:
 
     async def start_bookie(self, i: int, **extra) -> BookieServer:
         server = BookieServer(self.config(i, **extra))
+        if self.prepare_bookie is not None:
+            self.prepare_bookie(server.bookie)
         await server.start()
         self.servers[i] = server
         return server

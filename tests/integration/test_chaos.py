@@ -4,7 +4,7 @@ own proof that it catches a broken bookie and replays and shrinks what it finds.
 - Fixed seeds: 39 in-process runs and 7 with real `bk bookie` processes on ZooKeeper
   (started by the runner; without Java/ZooKeeper those runs fail, they never skip).
   Each must end with every invariant holding (docs/CHAOS.md lists them).
-- A bookie that forgets fences (config test_break = "forget-fence") is caught within the
+- A bookie that forgets fences ("forget-fence", bk.testing.breaks) is caught within the
   first 10 seeds (measured: 49 of 60 seeds catch it), and a failing seed replays to the same
   failure; its schedule shrinks to no fault at all (the final fence check alone catches it).
 - A bookie that acknowledges before fsync ("ack-before-fsync": 63 journal groups of 64 unsynced)

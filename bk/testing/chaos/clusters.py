@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 
+from bk.testing import breaks
 from bk.testing.inprocess import InProcessCluster, free_port
 from bk.testing.powerloss import install_index_model, simulate_power_loss
 from bk.testing.proxy import Proxy
@@ -46,13 +47,14 @@ class BookieStartError(Exception):
 class InProcessChaosCluster:
     mode = "inprocess"
 
-    def __init__(self, data_dir: str, bookies: int, **overrides):
+    def __init__(self, data_dir: str, bookies: int, test_break: str = "", **overrides):
         self.data_dir = data_dir
         self.track_file = os.path.join(data_dir, "fsync.track")
         self._old_track = os.environ.get(TRACK_ENV)
         os.environ[TRACK_ENV] = self.track_file  # bk.fileio reads it at every fsync (restored by stop())
         install_index_model()  # index_sync = false: a cut rolls the index back to its last sync
-        self.inner = InProcessCluster(data_dir, bookies=bookies, bind_address="127.0.0.2", **overrides)
+        self.inner = InProcessCluster(data_dir, bookies=bookies, bind_address="127.0.0.2",
+                                      prepare_bookie=lambda bookie: breaks.apply(bookie, test_break), **overrides)
         self.count = bookies
         self.proxies: dict[int, Proxy] = {}
         self.paused: set[int] = set()
@@ -225,7 +227,7 @@ class ProcessChaosCluster:
 
     mode = "process"
 
-    def __init__(self, data_dir: str, bookies: int, zk_connect: str, **overrides):
+    def __init__(self, data_dir: str, bookies: int, zk_connect: str, test_break: str = "", **overrides):
         from bk.testing.cluster import LocalCluster
         self.data_dir = data_dir
         self.track_file = os.path.join(data_dir, "fsync.track")
@@ -233,6 +235,9 @@ class ProcessChaosCluster:
         os.makedirs(data_dir, exist_ok=True)
         self.disk_faults = DiskFaultControl(os.path.join(data_dir, "disk-faults.json"))  # no rules yet
         env = dict(os.environ, **{TRACK_ENV: self.track_file}, **self.disk_faults.env())
+        env.pop(breaks.ENV, None)
+        if test_break:  # each `bk bookie` breaks itself (bk.testing.breaks.apply_from_env)
+            env[breaks.ENV] = test_break
         self.inner = LocalCluster(data_dir, bookies=bookies, zk_connect=zk_connect, env=env, proxied=True,
                                   **overrides)
         self.count = bookies

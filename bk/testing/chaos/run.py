@@ -102,8 +102,6 @@ def bookie_config(s: Scenario) -> dict:
                   # an HTTP server on an ephemeral port of 127.0.0.2 could take the port of a
                   # bookie that is down (seed 4321: the bookie could not come back)
                   http_server_enabled=False)
-    if s.test_break:
-        values["test_break"] = s.test_break
     if s.mode != INPROCESS and s.autorecovery:
         # nothing can trigger the auditor's ledger check from outside a process: run it often
         values["auditor_periodic_check_interval_s"] = 1
@@ -385,12 +383,13 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
     from .verify import verify
     trace = result.trace
     if s.mode == INPROCESS:
-        cluster = InProcessChaosCluster(work_dir, s.bookies, **bookie_config(s))
+        cluster = InProcessChaosCluster(work_dir, s.bookies, test_break=s.test_break, **bookie_config(s))
     else:
         if zk_connect is None:
             raise RuntimeError("a process-mode run needs a ZooKeeper (zk_connect)")
         cluster = ProcessChaosCluster(work_dir, s.bookies, f"{zk_connect}/chaos-{s.seed}-{os.getpid()}-"
-                                      f"{int(time.time() * 1000) % 10**9}", **bookie_config(s))
+                                      f"{int(time.time() * 1000) % 10**9}", test_break=s.test_break,
+                                      **bookie_config(s))
     await cluster.start()
     chaos = Chaos(s, cluster, trace)
     for i in range(s.bookies):
