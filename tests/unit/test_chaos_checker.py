@@ -244,7 +244,7 @@ async def _coro(value):
 
 
 def test_every_excused_entry_is_listed_by_reason_in_the_runs_json():
-    from bk.testing.chaos.runner import summarize
+    from bk.testing.chaos.runner import markdown, summarize
     r = RunResult(1, "inprocess", ok=True)
     r.excused = [{"ledger": 7, "entry": 3, "reason": "journal-off-crash", "bookies": {BOOKIES[0]: "journal-off-crash"}},
                  {"ledger": 7, "entry": 4, "reason": "bitflip", "bookies": {BOOKIES[1]: "bitflip"}}]
@@ -256,6 +256,8 @@ def test_every_excused_entry_is_listed_by_reason_in_the_runs_json():
     summary = summarize([j], 1.0, 1)
     assert summary["excused_by_reason"] == {"bitflip": 1, "journal-off-crash": 1}
     assert summary["excused"] == [[1, 7, 3, "journal-off-crash"], [1, 7, 4, "bitflip"]]
+    table = markdown({**summary, "results": [j]})  # --report: docs/CHAOS.md's tables
+    assert "| bitflip | 1 |" in table and "| journal-off-crash | 1 |" in table
 
 
 def test_a_read_that_times_out_once_is_asked_again_before_the_entry_is_called_unreadable(monkeypatch):

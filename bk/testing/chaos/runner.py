@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 
+from .gc_runner import git_revision
 from .pool import run_supervised
 from .run import RUN_LIMIT_S, RunResult, run_scenario
 from .scenario import generate
@@ -180,6 +181,7 @@ def summarize(results: list[dict], wall_s: float, total: int) -> dict:
 def run_many(seeds, options: dict, *, jobs: int = 1, json_path: str | None = None, progress=True,
              shrink_limit: int = 3, out=sys.stderr) -> dict:
     seeds = list(seeds)
+    revision = git_revision()  # the code the runs ran on, for the evidence kept in docs/chaos-runs
     started = time.monotonic()
     results: list[dict] = []
     last_report = [0.0]
@@ -188,6 +190,7 @@ def run_many(seeds, options: dict, *, jobs: int = 1, json_path: str | None = Non
         summary = summarize(results, time.monotonic() - started, len(seeds))
         summary["options"] = {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in options.items()}
         summary["jobs"] = jobs
+        summary["git_revision"] = revision
         if json_path:
             tmp = json_path + ".tmp"
             with open(tmp, "w") as fh:
@@ -253,7 +256,7 @@ def markdown(data: dict) -> str:
              f" {len(failed)} failed, wall time {data.get('wall_s', 0):.0f} s with {data.get('jobs', '?')} jobs"
              f" (mean run {data.get('mean_run_s', 0):.2f} s), {data.get('faults_applied', 0)} faults applied,"
              f" {data.get('acked_entries', 0)} acknowledged entries checked,"
-             f" {data.get('lost_excused', 0)} excused BP-46 losses.", ""]
+             f" {data.get('lost_excused', 0)} excused losses.", ""]
     lines += [_row(["nemesis kind", "runs with it", "faults", "failed runs"]), _row(["---"] * 4)]
     for kind, c in data["by_kind"].items():
         lines.append(_row([kind, c.get("runs", 0), c.get("faults", "-"), _rate(c.get("failed_runs", 0),
@@ -270,6 +273,10 @@ def markdown(data: dict) -> str:
               _row(["---"] * 6)]
     for (mode, journal, ar), c in sorted(clusters.items()):
         lines.append(_row([mode, journal, ar, c["runs"], c["acked"], _rate(c["failed"], c["runs"])]))
+    excused = data.get("excused_by_reason")
+    if excused is not None:  # summaries before the per-reason listing have only lost_excused
+        lines += ["", _row(["excused reason", "acknowledged entries"]), _row(["---"] * 2)]
+        lines += [_row([k, n]) for k, n in sorted(excused.items())] or [_row(["(none)", 0])]
     cats = Counter(c for r in failed for c in r["categories"])
     if cats:
         lines += ["", _row(["failure category", "runs"]), _row(["---"] * 2)]
