@@ -5,7 +5,8 @@ connections speak, whether they upgrade to TLS, and which auth plugin they
 present. The request path (bk/client/_core.pyx and its twin) only knows v2
 frames and v2 answers; a v3 connection translates at the transport:
 `V3Transport.writelines` turns each v2 request frame into a v3 Request (a txnId
-per frame; ADDs by the codec kernel) and FrameDecoder.feed_v3_responses turns
+per frame; ADDs by the codec kernel, the others through the neutral message and
+bk.proto.v3.request_to_v3, the conversion the bookie reads back) and FrameDecoder.feed_v3_responses turns
 each v3 Response back into the v2 answer message the core matches (ADD/READ by
 ledger and entry, LAC and info by ledger).
 
@@ -26,12 +27,10 @@ import ssl
 from dataclasses import dataclass
 
 from bk.errors import BookieConnectionError, UnauthorizedAccessError
-from bk.proto import AuthRequest, decode_request, encode_request
+from bk.proto import AddRequest, AuthRequest, MessageEncodeError, decode_request, encode_request
 from bk.proto import v3
 from bk.proto.auth import AUTH_DISABLED_PLUGIN_NAME, TokenClientAuthProvider
-from bk.proto.layout import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, FLAG_DEFERRED_SYNC, FLAG_DO_FENCING, FLAG_RECOVERY_ADD,
-                             HEADER, IDS, OP_ADD_ENTRY, OP_AUTH, split_header)
-from bk.proto.messages import GetBookieInfoRequest, ReadLacRequest, ReadRequest, WriteLacRequest
+from bk.proto.layout import ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, HEADER, IDS, OP_ADD_ENTRY, OP_AUTH, split_header
 
 Op = v3.OperationType
 PROTOCOLS = ("v2", "v3")
@@ -71,6 +70,7 @@ class ClientWireOptions:
 
 # ---------------------------------------------------------------- v2 request frame -> v3 Request
 def _v3_request(op, txn_id: int):
+    """A Request of the connection set-up (START_TLS, AUTH), which has no neutral message."""
     req = v3.Request()
     h = req.header
     h.version, h.operation, h.txnId = v3.PROTOCOL_VERSION_V3, op, txn_id
@@ -81,38 +81,15 @@ def request_to_v3(frame, txn_id: int) -> bytes:
     """The v3 frame asking what the v2 request `frame` (length prefix included) asks."""
     body = memoryview(frame)[4:]
     version, op, flags = split_header(HEADER.unpack_from(body)[0])
-    if op == OP_ADD_ENTRY:  # the hot path: no full decode of the entry
-        req = _v3_request(Op.ADD_ENTRY, txn_id)
-        add = req.addRequest
-        add.ledgerId, add.entryId = IDS.unpack_from(body, ADD_ENTRY_OFFSET)
-        add.masterKey = bytes(body[ADD_KEY_OFFSET:ADD_ENTRY_OFFSET])
-        add.body = bytes(body[ADD_ENTRY_OFFSET:])
-        if flags & FLAG_RECOVERY_ADD:
-            add.flag = v3.ADD_FLAG_RECOVERY_ADD
-        if flags & FLAG_DEFERRED_SYNC:
-            add.writeFlags = v3.WRITE_FLAG_DEFERRED_SYNC
-        return v3.frame(req)
-    msg = decode_request(body)
-    t = type(msg)
-    if t is ReadRequest:
-        req = _v3_request(Op.READ_ENTRY, txn_id)
-        r = req.readRequest
-        r.ledgerId, r.entryId = msg.ledger_id, msg.entry_id
-        if msg.flags & FLAG_DO_FENCING:
-            r.flag, r.masterKey = v3.READ_FLAG_FENCE_LEDGER, msg.master_key
-    elif t is ReadLacRequest:
-        req = _v3_request(Op.READ_LAC, txn_id)
-        req.readLacRequest.ledgerId = msg.ledger_id
-    elif t is WriteLacRequest:
-        req = _v3_request(Op.WRITE_LAC, txn_id)
-        w = req.writeLacRequest
-        w.ledgerId, w.lac, w.masterKey, w.body = msg.ledger_id, msg.lac, msg.master_key, msg.lac_buf
-    elif t is GetBookieInfoRequest:
-        req = _v3_request(Op.GET_BOOKIE_INFO, txn_id)
-        req.getBookieInfoRequest.requested = msg.requested_info
+    if op == OP_ADD_ENTRY:  # no full decode of the entry (the codec kernel takes nearly every ADD)
+        msg = AddRequest(flags, bytes(body[ADD_KEY_OFFSET:ADD_ENTRY_OFFSET]), *IDS.unpack_from(body, ADD_ENTRY_OFFSET),
+                         bytes(body[ADD_ENTRY_OFFSET:]), version)
     else:
-        raise BookieConnectionError(f"{t.__name__} has no v3 form")
-    return v3.frame(req)
+        msg = decode_request(body)
+    try:
+        return v3.frame(v3.request_to_v3(msg, txn_id))  # the same conversion the bookie reads back
+    except MessageEncodeError:
+        raise BookieConnectionError(f"{type(msg).__name__} has no v3 form") from None
 
 
 class V3Frame(bytes):

@@ -24,12 +24,16 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, EncodeError
 
 from bk import _native
-from bk.errors import BadRequestError, ProtocolError
+from bk.errors import BadRequestError, NoSuchEntryError, ProtocolError
 from bk.proto.constants import V2_STATUS_BY_V3, V3_STATUS, StatusCode
 from bk.proto import layout as L
-from bk.proto.layout import FLAG_DEFERRED_SYNC, FLAG_RECOVERY_ADD, FRAME_LENGTH, IDS as LAC_IDS, MASTER_KEY_LENGTH  # noqa: F401
-from bk.proto.messages import (AddResponse, GetBookieInfoResponse, ReadLacResponse, ReadResponse,
-                               ResponseDecodeError, WriteLacResponse, _safe_repr)
+from bk.proto.layout import (FLAG_DEFERRED_SYNC, FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FRAME_LENGTH, IDS as LAC_IDS,
+                             LAC_HEADER_LENGTH, MASTER_KEY_LENGTH)
+from bk.proto.messages import (AddRequest, AddResponse, ForceLedgerRequest, ForceLedgerResponse, GetBookieInfoRequest,
+                               GetBookieInfoResponse, GetListOfEntriesRequest, GetListOfEntriesResponse,
+                               LongPollReadRequest, LongPollReadResponse, MessageEncodeError, ReadLacRequest, ReadLacResponse,
+                               ReadRequest, ReadResponse, ResponseDecodeError, WriteLacRequest, WriteLacResponse,
+                               _safe_repr)
 
 _F = descriptor_pb2.FieldDescriptorProto
 _LABELS = {"required": _F.LABEL_REQUIRED, "optional": _F.LABEL_OPTIONAL, "repeated": _F.LABEL_REPEATED}
@@ -322,51 +326,207 @@ def v3_add_request_from_v2(frame, txn_id: int) -> bytes:
     return _codec.v3_add_request_from_v2(frame, txn_id)
 
 
-class LongPollReadResponse(NamedTuple):
-    """A v3 READ answer carrying `maxLAC` (a long poll's: ReadRequest with previousLAC). `body` is
-    the entry previousLAC + 1 when the bookie piggybacked it (`entry_id` names it), else b""."""
+# ---------------------------------------------------------------- neutral messages <-> v3
+# One row per operation: how its neutral request (bk.proto.messages) fills the Request's body
+# and is read back from it, and the same for its answer. The bookie reads requests and writes
+# answers (bk.server.v3: the handlers of bk.server.operations serve the neutral messages), a
+# client writes requests and reads answers (bk.client.wire_v3, FrameDecoder.feed_v3_responses).
+# What a v3 request must satisfy is checked here (V3RequestError: EBADREQ), as the v2 codec
+# checks its layouts.
+def _check(ok: bool, what: str, body) -> None:
+    if not ok:
+        raise V3RequestError(f"v3 {body.DESCRIPTOR.name} {what}")
 
-    rc: int
-    ledger_id: int
-    entry_id: int
-    body: bytes | None
-    max_lac: int
-    __repr__ = _safe_repr
+
+def _add_to_v3(m: AddRequest, b) -> None:
+    b.ledgerId, b.entryId, b.masterKey, b.body = m.ledger_id, m.entry_id, m.master_key, m.body
+    if m.flags & FLAG_RECOVERY_ADD:
+        b.flag = ADD_FLAG_RECOVERY_ADD
+    if m.flags & FLAG_DEFERRED_SYNC:
+        b.writeFlags = WRITE_FLAG_DEFERRED_SYNC
+
+
+def _ids_to_v3(a, b) -> None:  # AddResponse, ReadResponse, LongPollReadResponse
+    b.status, b.ledgerId, b.entryId = v3_status(a.rc), a.ledger_id, a.entry_id
+    if a.rc == 0 and getattr(a, "body", None) is not None:
+        b.body = bytes(a.body)  # protobuf takes bytes only (a read-ahead entry is a view)
+    if getattr(a, "max_lac", None) is not None:
+        b.maxLAC = a.max_lac
+
+
+def _read_to_v3(m: ReadRequest, r) -> None:
+    r.ledgerId, r.entryId = m.ledger_id, m.entry_id
+    if m.flags & FLAG_DO_FENCING:
+        r.flag, r.masterKey = READ_FLAG_FENCE_LEDGER, m.master_key
+
+
+def _long_poll_to_v3(m: LongPollReadRequest, r) -> None:
+    r.ledgerId, r.entryId, r.previousLAC, r.timeOut = m.ledger_id, m.entry_id, m.previous_lac, m.timeout_ms
+    if m.piggyback:
+        r.flag = READ_FLAG_ENTRY_PIGGYBACK
+
+
+def _read_from_v3(r):
+    """A fencing ReadRequest, a LongPollReadRequest (previousLAC, no fencing: BookKeeper's
+    isLongPollReadRequest) or a plain ReadRequest."""
+    flag = r.flag if r.HasField("flag") else 0  # an unset proto2 enum reads as its first value
+    fencing = flag == READ_FLAG_FENCE_LEDGER
+    piggyback = flag == READ_FLAG_ENTRY_PIGGYBACK
+    _check(r.ledgerId >= 0 and r.entryId >= -1, "with a negative id", r)
+    _check(not fencing or len(r.masterKey) == MASTER_KEY_LENGTH, "fencing without a master key", r)
+    _check(not piggyback or (r.HasField("previousLAC") and r.entryId == -1), "piggyback without previousLAC", r)
+    if fencing:
+        return ReadRequest(FLAG_DO_FENCING, r.ledgerId, r.entryId, r.masterKey, PROTOCOL_VERSION_V3)
+    if r.HasField("previousLAC"):
+        return LongPollReadRequest(r.ledgerId, r.entryId, r.previousLAC, r.timeOut if r.HasField("timeOut") else 0,
+                                   piggyback)
+    return ReadRequest(0, r.ledgerId, r.entryId, None, PROTOCOL_VERSION_V3)
+
+
+def _read_answer_from_v3(b, rc: int):
+    body = (b.body if b.HasField("body") else b"") if rc == 0 else None
+    if b.HasField("maxLAC"):  # the answer to a long poll (only those carry the bookie's LAC)
+        return LongPollReadResponse(rc, b.ledgerId, b.entryId, body, b.maxLAC)
+    return ReadResponse(rc, b.ledgerId, b.entryId, body)
+
+
+def _ledger_to_v3(m, b) -> None:  # READ_LAC, FORCE_LEDGER, GET_LIST_OF_ENTRIES_OF_LEDGER
+    b.ledgerId = m.ledger_id
+
+
+def _ledger_from_v3(make):
+    def from_v3(b):
+        _check(b.ledgerId >= 0, "with a negative ledger id", b)
+        return make(b.ledgerId)
+    return from_v3
+
+
+def _status_ledger_to_v3(a, b) -> None:  # WRITE_LAC, FORCE_LEDGER
+    b.status, b.ledgerId = v3_status(a.rc), a.ledger_id
+
+
+def _read_lac_answer_to_v3(a: ReadLacResponse, b) -> None:
+    rc = a.rc
+    if rc == 0 and a.lac_buf is None and a.last_entry is None:
+        rc = NoSuchEntryError.code  # neither buffer: ENOENTRY, as BookKeeper's ReadLacProcessorV3
+    b.status, b.ledgerId = v3_status(rc), a.ledger_id
+    if a.lac_buf is not None:
+        b.lacBody = a.lac_buf
+    if a.last_entry is not None:
+        b.lastEntryBody = bytes(a.last_entry)
+
+
+def _write_lac_to_v3(m: WriteLacRequest, w) -> None:
+    w.ledgerId, w.lac, w.masterKey, w.body = m.ledger_id, m.lac, m.master_key, m.lac_buf
+
+
+def _write_lac_from_v3(w) -> WriteLacRequest:
+    _check(w.ledgerId >= 0 and w.lac >= -1 and len(w.masterKey) == MASTER_KEY_LENGTH, "with a bad id or key", w)
+    _check(len(w.body) >= LAC_HEADER_LENGTH and LAC_IDS.unpack_from(w.body) == (w.ledgerId, w.lac),
+           "whose LAC buffer names other ids", w)
+    return WriteLacRequest(0, w.masterKey, w.ledgerId, w.lac, w.body, PROTOCOL_VERSION_V3)
+
+
+def _info_to_v3(m: GetBookieInfoRequest, b) -> None:
+    b.requested = m.requested_info
+
+
+def _info_answer_to_v3(a: GetBookieInfoResponse, b) -> None:
+    b.status = v3_status(a.rc)
+    if a.rc == 0:
+        b.totalDiskCapacity, b.freeDiskSpace = a.total_disk_bytes, a.free_disk_bytes
+
+
+def _entries_answer_to_v3(a: GetListOfEntriesResponse, b) -> None:
+    b.status, b.ledgerId = v3_status(a.rc), a.ledger_id
+    if a.rc == 0:
+        b.availabilityOfEntriesOfLedger = encode_entries_availability(a.entry_ids)
+
+
+class _Conversion(NamedTuple):
+    op: OperationType
+    requests: dict  # neutral request type -> fills the Request's body from it
+    request_from_v3: object  # body -> neutral request; None: not through here (ADD: add_record)
+    answers: dict  # neutral answer type -> fills the Response's body from it
+    answer_from_v3: object  # (body, v2 rc) -> neutral answer; None: bk's client never asks it
+
+
+_OPERATIONS = (
+    _Conversion(OperationType.ADD_ENTRY, {AddRequest: _add_to_v3}, None, {AddResponse: _ids_to_v3},
+                lambda b, rc: AddResponse(rc, b.ledgerId, b.entryId)),
+    _Conversion(OperationType.READ_ENTRY, {ReadRequest: _read_to_v3, LongPollReadRequest: _long_poll_to_v3},
+                _read_from_v3, {ReadResponse: _ids_to_v3, LongPollReadResponse: _ids_to_v3}, _read_answer_from_v3),
+    _Conversion(OperationType.READ_LAC, {ReadLacRequest: _ledger_to_v3},
+                _ledger_from_v3(lambda ledger_id: ReadLacRequest(0, ledger_id, PROTOCOL_VERSION_V3)),
+                {ReadLacResponse: _read_lac_answer_to_v3},
+                lambda b, rc: ReadLacResponse(rc, b.ledgerId, b.lacBody or None, b.lastEntryBody or None)),
+    _Conversion(OperationType.WRITE_LAC, {WriteLacRequest: _write_lac_to_v3}, _write_lac_from_v3,
+                {WriteLacResponse: _status_ledger_to_v3}, lambda b, rc: WriteLacResponse(rc, b.ledgerId)),
+    _Conversion(OperationType.GET_BOOKIE_INFO, {GetBookieInfoRequest: _info_to_v3},
+                lambda b: GetBookieInfoRequest(0, b.requested, PROTOCOL_VERSION_V3),
+                {GetBookieInfoResponse: _info_answer_to_v3},
+                lambda b, rc: GetBookieInfoResponse(rc, b.freeDiskSpace, b.totalDiskCapacity)),
+    _Conversion(OperationType.FORCE_LEDGER, {ForceLedgerRequest: _ledger_to_v3}, _ledger_from_v3(ForceLedgerRequest),
+                {ForceLedgerResponse: _status_ledger_to_v3}, lambda b, rc: ForceLedgerResponse(rc, b.ledgerId)),
+    _Conversion(OperationType.GET_LIST_OF_ENTRIES_OF_LEDGER, {GetListOfEntriesRequest: _ledger_to_v3},
+                _ledger_from_v3(GetListOfEntriesRequest), {GetListOfEntriesResponse: _entries_answer_to_v3}, None),
+)
+_REQUEST_TO_V3 = {t: (c.op, fill) for c in _OPERATIONS for t, fill in c.requests.items()}
+_ANSWER_TO_V3 = {t: (c.op, fill) for c in _OPERATIONS for t, fill in c.answers.items()}
+_BY_OP = {c.op: c for c in _OPERATIONS}
+# The operations a bookie serves through bk.server.operations (ADD takes the add path; AUTH and
+# START_TLS are the connection's)
+SERVED = frozenset(c.op for c in _OPERATIONS if c.request_from_v3 is not None)
+
+
+def request_to_v3(msg, txn_id: int):
+    """The v3 Request asking what the neutral request `msg` asks; MessageEncodeError for a
+    request with no v3 form (BATCH_READ, AUTH: the connection set-up writes AUTH itself)."""
+    entry = _REQUEST_TO_V3.get(type(msg))
+    if entry is None:
+        raise MessageEncodeError(f"{type(msg).__name__} has no v3 form")
+    op, fill = entry
+    req = Request()
+    h = req.header
+    h.version, h.operation, h.txnId = PROTOCOL_VERSION_V3, op, txn_id
+    fill(msg, getattr(req, REQUEST_BODY[op]))
+    return req
+
+
+def request_from_v3(req):
+    """The neutral request of a v3 Request of a SERVED operation whose body is present;
+    V3RequestError (EBADREQ) when its fields cannot be served as asked."""
+    op = req.header.operation
+    return _BY_OP[op].request_from_v3(getattr(req, REQUEST_BODY[op]))
+
+
+def response_to_v3(header, answer):
+    """The v3 Response carrying the neutral `answer` to the request with `header`: the body's
+    status is also the Response's, as BookKeeper's processors answer."""
+    op, fill = _ANSWER_TO_V3[type(answer)]
+    resp = Response()
+    resp.header.CopyFrom(header)
+    body = getattr(resp, RESPONSE_BODY[op])
+    fill(answer, body)
+    resp.status = body.status
+    return resp
 
 
 def long_poll_request(ledger_id: int, previous_lac: int, timeout_ms: int):
     """BookKeeper's readEntryWaitForLACUpdate with the entry piggybacked: READ of entry -1 with
     previousLAC and timeOut; the bookie answers once its LAC passes previousLAC or the time is up
     (txnId is stamped when the frame leaves: bk.client.wire_v3.V3Frame)."""
-    req = Request()
-    h = req.header
-    h.version, h.operation, h.txnId = PROTOCOL_VERSION_V3, OperationType.READ_ENTRY, 0
-    r = req.readRequest
-    r.ledgerId, r.entryId, r.previousLAC, r.timeOut = ledger_id, -1, previous_lac, timeout_ms
-    r.flag = READ_FLAG_ENTRY_PIGGYBACK
-    return req
-
-
-class ForceLedgerResponse(NamedTuple):
-    """A v3 FORCE_LEDGER answer (no v2 form): EOK once the bookie's journal made durable every
-    entry of the ledger it had acknowledged before the request."""
-
-    rc: int
-    ledger_id: int
+    return request_to_v3(LongPollReadRequest(ledger_id, -1, previous_lac, timeout_ms, True), 0)
 
 
 def force_ledger_request(ledger_id: int):
     """BookKeeper's FORCE_LEDGER (LedgerHandle.force): txnId is stamped when the frame leaves
     (bk.client.wire_v3.V3Frame)."""
-    req = Request()
-    h = req.header
-    h.version, h.operation, h.txnId = PROTOCOL_VERSION_V3, OperationType.FORCE_LEDGER, 0
-    req.forceLedgerRequest.ledgerId = ledger_id
-    return req
+    return request_to_v3(ForceLedgerRequest(ledger_id), 0)
 
 
 def response_to_v2(body):
-    """The v2 answer message of a v3 Response frame body (what a client's request table matches:
+    """The neutral answer of a v3 Response frame body (what a client's request table matches:
     ADD/READ by ledger and entry, LAC and info by ledger); ResponseDecodeError when malformed."""
     try:
         resp = parse(Response, body)
@@ -375,28 +535,14 @@ def response_to_v2(body):
     op = resp.header.operation
     name = RESPONSE_BODY.get(op)
     b = getattr(resp, name) if name is not None and resp.HasField(name) else None
-    if op == OperationType.GET_BOOKIE_INFO:
-        if b is None:
-            return GetBookieInfoResponse(v2_status(resp.status))
-        return GetBookieInfoResponse(v2_status(b.status), b.freeDiskSpace, b.totalDiskCapacity)
     if b is None:
+        if op == OperationType.GET_BOOKIE_INFO:
+            return GetBookieInfoResponse(v2_status(resp.status))
         raise ResponseDecodeError(f"v3 answer to operation {op} with status {resp.status} and no body")
-    rc = v2_status(b.status)
-    if op == OperationType.ADD_ENTRY:
-        return AddResponse(rc, b.ledgerId, b.entryId)
-    if op == OperationType.READ_ENTRY:
-        body = (b.body if b.HasField("body") else b"") if rc == 0 else None
-        if b.HasField("maxLAC"):  # the answer to a long poll (only those carry the bookie's LAC)
-            return LongPollReadResponse(rc, b.ledgerId, b.entryId, body, b.maxLAC)
-        return ReadResponse(rc, b.ledgerId, b.entryId, body)
-    if op == OperationType.READ_LAC:
-        return ReadLacResponse(rc, b.ledgerId, b.lacBody or None, b.lastEntryBody or None)
-    if op == OperationType.WRITE_LAC:
-        return WriteLacResponse(rc, b.ledgerId)
-    if op == OperationType.FORCE_LEDGER:
-        return ForceLedgerResponse(rc, b.ledgerId)
-    raise ResponseDecodeError(f"v3 answer to operation {op}: bk's client never asks it")
-
+    conversion = _BY_OP.get(op)
+    if conversion is None or conversion.answer_from_v3 is None:
+        raise ResponseDecodeError(f"v3 answer to operation {op}: bk's client never asks it")
+    return conversion.answer_from_v3(b, v2_status(b.status))
 
 # ---------------------------------------------------------------- AvailabilityOfEntriesOfLedger
 # GET_LIST_OF_ENTRIES_OF_LEDGER's answer (BookKeeper's AvailabilityOfEntriesOfLedger bytes): a

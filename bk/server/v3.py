@@ -1,10 +1,13 @@
-"""V3Processor: the bookie's v3 (protobuf) operations other than ADD (bk/proto/v3.py).
+"""V3Processor: the bookie's v3 (protobuf) edge for the operations other than ADD.
 
 v3 ADDs take the v2 add path (RequestProcessor.add_run, the bookie's batch
 path) as V3AddRequest records; BookieConnection answers them in v3. Everything
 else comes here as a parsed `Request`: ADD with a bad body, READ (fencing,
 long poll, entry piggyback), WRITE_LAC, READ_LAC, GET_BOOKIE_INFO,
-FORCE_LEDGER, GET_LIST_OF_ENTRIES_OF_LEDGER, AUTH and START_TLS.
+FORCE_LEDGER, GET_LIST_OF_ENTRIES_OF_LEDGER, AUTH and START_TLS. This module
+admits them (read slots, parked long polls, ETOOMANYREQUESTS); the operations
+themselves are the ones v2 uses (bk.server.operations), reached through the
+conversion of bk.proto.v3 (request_from_v3, response_to_v3).
 
 Each answer echoes the request's header (so the client matches it by txnId),
 carries BookKeeper's v3 status in Response.status and in the body's status,
@@ -32,11 +35,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from bk.errors import (BadRequestError, BookieError, LedgerLimboError, NoSuchEntryError, NoSuchLedgerError,
-                       TooManyRequestsError)
-from bk.proto import GetBookieInfoRequest
+from bk.errors import BadRequestError, BookieError, TooManyRequestsError
+from bk.proto import ReadResponse
 from bk.proto import v3
-from bk.proto.layout import LAC_HEADER_LENGTH, MASTER_KEY_LENGTH
 from bk.proto.v3 import OperationType as Op
 from bk.server import single_reads
 
@@ -45,18 +46,6 @@ log = logging.getLogger(__name__)
 LONG_POLL_MAX_S = 60.0
 AUTH_DISABLED_PLUGIN_NAME = "AuthDisabledPlugin"  # BookKeeper's AuthProviderFactoryFactory name
 _EBADREQ = BadRequestError.code
-
-
-class _Refuse(Exception):
-    """A handler's answer is this v2 status (with the body's ids)."""
-
-    def __init__(self, code: int):
-        self.code = code
-
-
-def _check(ok: bool) -> None:
-    if not ok:
-        raise _Refuse(_EBADREQ)
 
 
 def _fencing(r) -> bool:
@@ -116,13 +105,8 @@ class V3Processor:
         self.processor = processor  # the RequestProcessor: bookie, config, task set
         self.bookie = processor.bookie
         self.limits = processor.limits
+        self.operations = processor.operations  # the handlers v2 shares (bk.server.operations)
         self._woken_polls: list = []  # long polls whose LAC moved, answered at the next loop iteration
-        self._handlers = {
-            Op.ADD_ENTRY: None,  # only malformed ADDs get here (add_record answered them already)
-            Op.READ_ENTRY: self._read, Op.WRITE_LAC: self._write_lac, Op.READ_LAC: self._read_lac,
-            Op.GET_BOOKIE_INFO: self._bookie_info, Op.FORCE_LEDGER: self._force_ledger,
-            Op.GET_LIST_OF_ENTRIES_OF_LEDGER: self._list_entries,
-        }
 
     def dispatch(self, req, conn) -> None:
         if req.header.operation == Op.READ_ENTRY:  # a cached entry is answered at once (no task)
@@ -139,9 +123,8 @@ class V3Processor:
         if op == Op.START_TLS:
             conn.start_tls_v3(req)
             return
-        handler = self._handlers.get(op)
-        body = v3.REQUEST_BODY.get(op)
-        if handler is None or not req.HasField(body):
+        # only malformed ADDs get here among ADDs (add_record answered them already)
+        if op not in v3.SERVED or not req.HasField(v3.REQUEST_BODY[op]):
             log.info("answering EBADREQ to a v3 %s request without its body from %s", Op(op).name
                      if op in Op._value2member_map_ else op, conn.peer)
             conn.send(v3.frame(v3.error_response(req, _EBADREQ)))
@@ -158,24 +141,22 @@ class V3Processor:
         if op == Op.READ_ENTRY and not _fencing(req.readRequest):
             conn.run_read(self._start_gated, req)
         else:
-            self._start(req, conn, handler, False, _READ if read else _OTHER)
+            self._start(req, conn, False, _READ if read else _OTHER)
 
     def _start_gated(self, req, conn) -> None:
         if not single_reads.answer_cached(req, conn, self.bookie.read_cached):  # cached by now: no task
-            self._start(req, conn, self._read, True, _READ)
+            self._start(req, conn, True, _READ)
 
-    def _start(self, req, conn, handler, gated: bool, kind: int) -> None:
-        task = asyncio.ensure_future(self._run(handler, req, conn, gated, kind))
+    def _start(self, req, conn, gated: bool, kind: int) -> None:
+        task = asyncio.ensure_future(self._run(req, conn, gated, kind))
         tasks = self.processor._tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _run(self, handler, req, conn, gated: bool, kind: int) -> None:
+    async def _run(self, req, conn, gated: bool, kind: int) -> None:
         try:
             try:
-                resp = await handler(req)
-            except _Refuse as r:
-                resp = v3.error_response(req, r.code)
+                resp = await self._serve(req)
             except BookieError as err:
                 resp = v3.error_response(req, err.code)
             except Exception as err:  # every request gets an answer, never an explicit negative
@@ -217,7 +198,7 @@ class V3Processor:
                                                                    poll.expire)
                 conn.long_polls.add(poll)
                 return
-        self._start(req, conn, self._read, False, _LONG_POLL)
+        self._start(req, conn, False, _LONG_POLL)
 
     def _woken(self, poll) -> None:
         """From the add path (LedgerDescriptor): answer at the next loop iteration, all at once."""
@@ -237,7 +218,7 @@ class V3Processor:
             self._end_long_poll(poll.conn)
             return
         poll.conn.long_polls.discard(poll)
-        self._start(poll.req, poll.conn, self._read, False, _LONG_POLL)
+        self._start(poll.req, poll.conn, False, _LONG_POLL)
 
     def _end_long_poll(self, conn) -> None:
         self.limits.long_polls -= 1
@@ -253,95 +234,12 @@ class V3Processor:
         return len(polls)
 
     # ------------------------------------------------------------ operations
-    async def _read(self, req):
-        r = req.readRequest
-        flag = r.flag if r.HasField("flag") else 0  # an unset proto2 enum reads as its first value
-        fencing = flag == v3.READ_FLAG_FENCE_LEDGER
-        piggyback = flag == v3.READ_FLAG_ENTRY_PIGGYBACK
-        _check(r.ledgerId >= 0 and r.entryId >= -1)
-        _check(not fencing or len(r.masterKey) == MASTER_KEY_LENGTH)
-        _check(not piggyback or (r.HasField("previousLAC") and r.entryId == -1))
-        bookie = self.bookie
-        resp = v3.response_for(req.header)
-        out = resp.readResponse
-        out.status, out.ledgerId, out.entryId = 0, r.ledgerId, r.entryId
-        if fencing:
-            await bookie.fence_ledger(r.ledgerId, r.masterKey)
-        if r.HasField("previousLAC") and not fencing:  # a long poll, parked before if it had to wait
-            known = bookie.last_add_confirmed(r.ledgerId)
-            out.maxLAC = known
-            if piggyback:
-                if known > r.previousLAC:  # best effort: the next entry, if this bookie has it
-                    try:
-                        out.body = bytes(await bookie.read_entry(r.ledgerId, r.previousLAC + 1))
-                        out.entryId = r.previousLAC + 1
-                    except NoSuchEntryError:
-                        pass
-                return resp
-        entry = await bookie.read_entry(r.ledgerId, r.entryId)
-        if not r.HasField("previousLAC"):  # the answer is status, ids and body only: the reads kernel
-            return single_reads.v3_answer(req, r.ledgerId, r.entryId, entry)
-        # protobuf takes bytes only; a read-ahead entry is a view (bytes() of bytes is no copy)
-        out.body = bytes(entry)
-        return resp
-
-    async def _write_lac(self, req):
-        w = req.writeLacRequest
-        _check(w.ledgerId >= 0 and w.lac >= -1 and len(w.masterKey) == MASTER_KEY_LENGTH)
-        _check(len(w.body) >= LAC_HEADER_LENGTH and v3.LAC_IDS.unpack_from(w.body) == (w.ledgerId, w.lac))
-        await self.bookie.write_lac(w.ledgerId, w.masterKey, w.body)
-        resp = v3.response_for(req.header)
-        resp.writeLacResponse.status, resp.writeLacResponse.ledgerId = 0, w.ledgerId
-        return resp
-
-    async def _read_lac(self, req):
-        ledger_id = req.readLacRequest.ledgerId
-        _check(ledger_id >= 0)
-        bookie = self.bookie
-        lac_buf = bookie.read_lac(ledger_id)  # ENOLEDGER, EUNKNOWNLEDGERSTATE in limbo
-        try:
-            last_entry = await bookie.read_entry(ledger_id, -1)
-        except NoSuchEntryError:
-            last_entry = None
-        if lac_buf is None and last_entry is None:
-            raise _Refuse(NoSuchEntryError.code)
-        resp = v3.response_for(req.header)
-        out = resp.readLacResponse
-        out.status, out.ledgerId = 0, ledger_id
-        if lac_buf is not None:
-            out.lacBody = lac_buf
-        if last_entry is not None:
-            out.lastEntryBody = bytes(last_entry)
-        return resp
-
-    async def _bookie_info(self, req):
-        requested = req.getBookieInfoRequest.requested
-        info = await self.processor._bookie_info(GetBookieInfoRequest(0, requested))
-        resp = v3.response_for(req.header)
-        out = resp.getBookieInfoResponse
-        out.status, out.totalDiskCapacity, out.freeDiskSpace = 0, info.total_disk_bytes, info.free_disk_bytes
-        return resp
-
-    async def _force_ledger(self, req):
-        ledger_id = req.forceLedgerRequest.ledgerId
-        _check(ledger_id >= 0)
-        await self.bookie.force_ledger(ledger_id)  # its deferred-sync adds are durable from here
-        resp = v3.response_for(req.header)
-        resp.forceLedgerResponse.status, resp.forceLedgerResponse.ledgerId = 0, ledger_id
-        return resp
-
-    async def _list_entries(self, req):
-        ledger_id = req.getListOfEntriesOfLedgerRequest.ledgerId
-        _check(ledger_id >= 0)
-        bookie = self.bookie
-        if not bookie.ledger_exists(ledger_id):
-            raise NoSuchLedgerError(ledger_id=ledger_id)
-        if bookie.is_limbo(ledger_id):  # it may have lost entries: no list is the truth
-            raise LedgerLimboError(ledger_id=ledger_id)
-        # what is stored, not range(0, last + 1): one add at entry 2**62 must not cost 2**62
-        ids = await bookie.stored_entry_ids(ledger_id)
-        resp = v3.response_for(req.header)
-        out = resp.getListOfEntriesOfLedgerResponse
-        out.status, out.ledgerId = 0, ledger_id
-        out.availabilityOfEntriesOfLedger = v3.encode_entries_availability(ids)
-        return resp
+    async def _serve(self, req):
+        """A v3 request through the one operations table (bk.server.operations): converted to
+        its neutral request and back at this edge (bk.proto.v3). An EOK READ answer is encoded
+        by the reads kernel (bk.server.single_reads), as a cached one is."""
+        msg = v3.request_from_v3(req)  # V3RequestError (EBADREQ) when it cannot be served as asked
+        answer = await self.operations.handlers[type(msg)](msg)
+        if type(answer) is ReadResponse and answer.rc == 0:
+            return single_reads.v3_answer(req, answer.ledger_id, answer.entry_id, answer.body)
+        return v3.response_to_v3(req.header, answer)
