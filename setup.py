@@ -5,17 +5,20 @@ package; BK_REQUIRE_NATIVE=1 turns a missing build into an error at import time.
 """
 import glob
 import os
-import runpy
+import sys
 
 from setuptools import setup
 
-# bk/_native/wire_layout.pxi is generated from the one layout module (bk/proto/layout.py).
+# bk/_native/formats.pxi is generated from the one layout package (bk/formats: it imports
+# nothing else from bk, so it loads before anything is built).
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_layout = runpy.run_path(os.path.join(_HERE, "bk", "proto", "layout.py"))
-_pxi = os.path.join(_HERE, "bk", "_native", "wire_layout.pxi")
-if not os.path.exists(_pxi) or open(_pxi).read() != _layout["pxi_text"]():
+sys.path.insert(0, _HERE)
+from bk.formats import pxi as _pxi_gen  # noqa: E402
+
+_pxi = os.path.join(_HERE, *_pxi_gen.PXI_PATH)
+if not os.path.exists(_pxi) or open(_pxi).read() != _pxi_gen.pxi_text():
     with open(_pxi, "w") as fh:
-        fh.write(_layout["pxi_text"]())
+        fh.write(_pxi_gen.pxi_text())
 
 
 

@@ -71,7 +71,7 @@ import time
 
 import numpy as np
 
-from bk.entrylog.format import LOG_SUFFIX
+from bk.formats.entrylog import LOG_SUFFIX
 
 from . import bench_base_dir, scratch_dir
 from .load import bookie_setting, local_cluster

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from bk.entrylog import format as efmt
+from bk.formats import entrylog as efmt
 from bk.entrylog import usage
 from bk.entrylog.files import LogScan
 from bk.errors import CookieError, MetadataFormatError

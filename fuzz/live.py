@@ -36,7 +36,7 @@ import time
 from bk.client import BookKeeper
 from bk.proto import codec, messages as m, v3
 from bk.proto.digest import DigestManager, DigestType
-from bk.proto.layout import DEFAULT_MAX_FRAME_SIZE_BYTES, FLAG_DO_FENCING, FLAG_RECOVERY_ADD
+from bk.formats.wire import DEFAULT_MAX_FRAME_SIZE_BYTES, FLAG_DO_FENCING, FLAG_RECOVERY_ADD
 from bk.proto.masterkey import master_key
 from bk.testing.cluster import LocalCluster
 

@@ -13,7 +13,7 @@ import tempfile
 
 from bk.config import load_config
 from bk.entrylog import EntryLogger
-from bk.entrylog import format as efmt
+from bk.formats import entrylog as efmt
 from bk.index.state import LedgerState, encode_log_mark, flag_key, location_key, log_mark_key, compacting_log_key
 from bk.journal import records as jrec
 from bk.journal.records import LogMark
@@ -22,7 +22,7 @@ from bk.meta.ledger_metadata import LedgerMetadata
 from bk.meta.registration import BookieServiceInfo, Endpoint
 from bk.proto import codec, messages as m, v3
 from bk.proto.digest import DigestManager, DigestType
-from bk.proto.layout import FLAG_DO_FENCING, FLAG_RECOVERY_ADD
+from bk.formats.wire import FLAG_DO_FENCING, FLAG_RECOVERY_ADD
 from bk.proto.masterkey import master_key
 
 import fuzz
@@ -146,7 +146,7 @@ def _entry_log_files(close: bool) -> list[bytes]:
 def entry_logs() -> list[bytes]:
     closed, = _entry_log_files(True)
     unclosed = closed[:-30]  # cut into the map: a log whose header names a map that is torn
-    records = closed[efmt.HEADER_BYTES:efmt.decode_header(closed).map_offset]
+    records = closed[efmt.LOG_HEADER_BYTES:efmt.decode_header(closed).map_offset]
     return [bytes([4, 0]) + closed, bytes([4, 2]) + unclosed, bytes([4, 1]) + records]
 
 
@@ -179,7 +179,7 @@ def ledger_metadatas() -> list[bytes]:
 
 def usage_logs() -> list[bytes]:
     closed, = _entry_log_files(True)
-    return [bytes([3, 0]) + closed, bytes([3, 1]) + closed[:-40], bytes([7, 2]) + closed[efmt.HEADER_BYTES:1400]]
+    return [bytes([3, 0]) + closed, bytes([3, 1]) + closed[:-40], bytes([7, 2]) + closed[efmt.LOG_HEADER_BYTES:1400]]
 
 
 SEEDS = {"v2_request": v2_requests, "v2_response": v2_responses, "v3_request": v3_requests,

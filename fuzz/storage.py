@@ -16,7 +16,7 @@ import struct
 import tempfile
 
 from bk.config import load_config
-from bk.entrylog import format as efmt
+from bk.formats import entrylog as efmt
 from bk.entrylog.logger import EntryLogger
 from bk.errors import StorageError
 from bk.index import state as ist

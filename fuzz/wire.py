@@ -12,7 +12,8 @@ Contracts checked on every input (the codec docstrings in bk/proto):
 from __future__ import annotations
 
 from bk.errors import BadRequestError
-from bk.proto import codec, layout, v3
+from bk.formats import wire as layout
+from bk.proto import codec, v3
 from bk.proto.constants import V2_STATUS_BY_V3
 from bk.proto.framing import FrameDecoder
 from bk.proto.messages import (AddRequest, AddResponse, BadFrameLengthError, MessageEncodeError,

@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import glob
 import os
-import struct
-import zlib
 
-import google_crc32c
 import pyarrow as pa
 
 from bk.entrylog import usage
-from bk.proto.constants import DIGEST_LENGTH_BYTES, ENTRY_HEADER_LENGTH, DigestType
+from bk.formats.entry import ENTRY_IDS as _IDS, DigestType, entry_crc_matches
 
 BATCH_ROWS = 65536
 
@@ -110,11 +107,7 @@ def usage_to_batch(bookie_id: str, ledger_dir: str, logs: list[dict]) -> pa.Reco
 
 
 # ---------------------------------------------------------------- full scan
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_IDS = struct.Struct(">qq")
-_CRC32C_LEN = DIGEST_LENGTH_BYTES[DigestType.CRC32C]
-_CRC32_LEN = DIGEST_LENGTH_BYTES[DigestType.CRC32]
+_CRCS = (DigestType.CRC32C, DigestType.CRC32)
 
 
 def check_digest(entry, digest_type: DigestType | None) -> tuple[str | None, bool | None]:
@@ -122,22 +115,14 @@ def check_digest(entry, digest_type: DigestType | None) -> tuple[str | None, boo
     Known type: CRC32C/CRC32 are checked; MAC (needs the password) and DUMMY give None.
     Unknown type (a deleted ledger): CRC32C then CRC32 are tried; neither matching
     reads as (None, None): perhaps MAC, perhaps corrupt, not decidable here."""
-    header = bytes(entry[:ENTRY_HEADER_LENGTH])
-    n = len(entry)
-    if digest_type in (None, DigestType.CRC32C) and n >= ENTRY_HEADER_LENGTH + _CRC32C_LEN:
-        body = bytes(entry[ENTRY_HEADER_LENGTH + _CRC32C_LEN:])
-        ok = google_crc32c.extend(google_crc32c.value(header), body) == \
-            _U32.unpack_from(entry, ENTRY_HEADER_LENGTH)[0]
-        if ok or digest_type is not None:
-            return "crc32c", ok
-    if digest_type in (None, DigestType.CRC32) and n >= ENTRY_HEADER_LENGTH + _CRC32_LEN:
-        body = entry[ENTRY_HEADER_LENGTH + _CRC32_LEN:]
-        ok = zlib.crc32(body, zlib.crc32(header)) == _U64.unpack_from(entry, ENTRY_HEADER_LENGTH)[0]
-        if ok or digest_type is not None:
-            return "crc32", ok
-    if digest_type in (DigestType.CRC32C, DigestType.CRC32):
-        return digest_type.name.lower(), False  # shorter than its header and digest
-    return (digest_type.name.lower() if digest_type is not None else None), None
+    if digest_type is not None:
+        if digest_type not in _CRCS:
+            return digest_type.name.lower(), None
+        return digest_type.name.lower(), bool(entry_crc_matches(entry, digest_type))  # short: False
+    for kind in _CRCS:
+        if entry_crc_matches(entry, kind):
+            return kind.name.lower(), True
+    return None, None
 
 
 def scan_batches(bookie_id: str, log_id: int, path: str, digest_types: dict | None = None,

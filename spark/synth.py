@@ -4,7 +4,7 @@
         --metadata-uri zk://127.0.0.1:2181/ledgers --deleted 0.3 [--mode sparse|real]
 
 Writes `<out>/bookie-<i>/ledgers/current/<hex>.log` entry logs in bk's format (header,
-records, ledgers map; bk.entrylog.format), a cookie naming each bookie
+records, ledgers map, CRC32C-framed entries: bk.formats), a cookie naming each bookie
 (`127.0.0.<i>:3181`-style ids), the live ledgers' metadata into the store (closed
 ledgers, Pulsar-style custom metadata naming a topic), and `<out>/manifest.json`
 with the figures the generator put in (per bookie: total, live, deleted,
@@ -30,22 +30,16 @@ import asyncio
 import json
 import os
 import random
-import struct
 
-import google_crc32c
-
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
+from bk.formats.entry import DIGEST_LENGTH_BY_TYPE, ENTRY_HEADER_LENGTH, DigestType, crc32c_entry
 from bk.meta import open_store
 from bk.meta.cookie import Cookie, write_directory_cookie
 from bk.meta.ledger_manager import LedgerManager
 from bk.meta.ledger_metadata import LedgerMetadata
-from bk.proto.constants import DIGEST_LENGTH_BYTES, ENTRY_HEADER_LENGTH, DigestType
 
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE = struct.Struct(">I")
-_ENTRY_HEADER = struct.Struct(">qqqq")
-_CRC = struct.Struct(">I")
-ENTRY_OVERHEAD_BYTES = fmt.SIZE_FIELD_BYTES + ENTRY_HEADER_LENGTH + DIGEST_LENGTH_BYTES[DigestType.CRC32C]
+ENTRY_OVERHEAD_BYTES = fmt.LOG_SIZE_FIELD_BYTES + ENTRY_HEADER_LENGTH + DIGEST_LENGTH_BY_TYPE[DigestType.CRC32C]
 
 
 def parse_bytes(text: str) -> int:
@@ -142,19 +136,17 @@ def write_log(path: str, log_id: int, contents: list[tuple[int, int]], mode: str
         if mode == "sparse":
             for lid, n in contents:
                 usage[lid] = usage.get(lid, 0) + n
-            fh.seek(fmt.HEADER_BYTES + sum(usage.values()))
+            fh.seek(fmt.LOG_HEADER_BYTES + sum(usage.values()))
         else:
             payload = (os.urandom(61) * (entry_bytes // 61 + 1))[:entry_bytes]
             unit = ENTRY_OVERHEAD_BYTES + entry_bytes
-            size_field = _SIZE.pack(unit - fmt.SIZE_FIELD_BYTES)
+            size_field = fmt.LOG_SIZE_FIELD.pack(unit - fmt.LOG_SIZE_FIELD_BYTES)
             buf = bytearray()
             for lid, n in contents:
                 for _ in range(n // unit):
                     eid = next_entry.get(lid, 0)
                     next_entry[lid] = eid + 1
-                    header = _ENTRY_HEADER.pack(lid, eid, eid - 1, (eid + 1) * entry_bytes)
-                    crc = google_crc32c.extend(google_crc32c.value(header), payload)
-                    buf += size_field + header + _CRC.pack(crc) + payload
+                    buf += size_field + crc32c_entry(lid, eid, eid - 1, (eid + 1) * entry_bytes, payload)
                     if len(buf) >= 8 << 20:
                         fh.write(buf)
                         buf.clear()

@@ -5,7 +5,7 @@ A frame is `length i32 BE | body`; a v2 body starts with the header int
 `(version << 24) | (op << 16) | flags` (version 0: the whole int is the op).
 Pure twin: bk/_native/codec_py.py (same functions, same results). The v3 (protobuf) ADD
 kernels are _codec_v3.pyx; both include codec_base.pxi (shared helpers) and the generated
-wire_layout.pxi (every size, offset, op code and flag, from bk/proto/layout.py).
+formats.pxi (every size, offset, op code and flag, from bk/formats/wire.py).
 
 split_frames(buf, start, max_frame) -> (list[(body_offset, body_len)], end, err)
     Every complete frame from `start` on. `end` is the offset of the first byte
@@ -142,8 +142,8 @@ def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple,
                         pos += 4 + length
                         continue
                 else:  # a READ's 20 bytes: header, ledger id, entry id
-                    ledger_id = _i64(f + WL_HEADER_BYTES)
-                    entry_id = _i64(f + WL_HEADER_BYTES + WL_ID_BYTES)
+                    ledger_id = _i64(f + WL_PACKET_HEADER_BYTES)
+                    entry_id = _i64(f + WL_PACKET_HEADER_BYTES + WL_ID_BYTES)
                     if (version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_READ_ENTRY
                             and not flags & WL_FLAG_DO_FENCING and ledger_id >= 0 and entry_id >= -1):
                         rec = bk_codec_new_record(read_record, 5)

@@ -25,7 +25,7 @@ include "codec_base.pxi"
 
 # ---------------------------------------------------------------- v3 (protobuf) ADD kernels
 # The ADD's messages of BookkeeperProtocol.proto, read and written without the protobuf library
-# (field numbers: the WL_V3_* names of bk/proto/layout.py). A frame is taken only when it is
+# (field numbers: the WL_V3_* names of bk/formats/wire.py). A frame is taken only when it is
 # exactly what the fast path expects - each known field once, with its wire type, every required
 # field present, enum values known, varints well formed - and is deferred otherwise: the caller's
 # slow path (the protobuf library) then decides, so both give equal results.

@@ -18,13 +18,14 @@ from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memcmp
 
-SCAN_CLEAN = 0
-SCAN_TRUNCATED = 1
-SCAN_BAD_SIZE = 2
-MIN_ENTRY_BYTES = 16
+include "formats.pxi"
 
-cdef enum:
-    _MIN_ENTRY = 16
+# The record layout and scan statuses are the EL_ names of the generated formats.pxi
+# (bk/formats/entrylog.py): a record is `size u32 | entry`, the entry at least its two ids.
+SCAN_CLEAN = EL_LOG_SCAN_CLEAN
+SCAN_TRUNCATED = EL_LOG_SCAN_TRUNCATED
+SCAN_BAD_SIZE = EL_LOG_SCAN_BAD_SIZE
+MIN_ENTRY_BYTES = EL_LOG_MIN_ENTRY_BYTES
 
 # Below this many bytes the GIL round trip costs more than the copy it frees.
 cdef Py_ssize_t _NOGIL_MIN_BYTES = 64 * 1024
@@ -79,7 +80,7 @@ def frame_entries(list entries, base_offset):
             PyBuffer_Release(&pybuf)
         if <uint64_t>size > 0xFFFFFFFFULL:
             raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
-        total += 4 + size
+        total += EL_LOG_SIZE_FIELD_BYTES + size
     cdef bytes frame = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* out = <uint8_t*>PyBytes_AS_STRING(frame)
     cdef Py_ssize_t pos = 0
@@ -90,17 +91,17 @@ def frame_entries(list entries, base_offset):
         if PyBytes_CheckExact(e):
             size = PyBytes_GET_SIZE(e)
             _put_u32(out + pos, <uint32_t>size)
-            memcpy(out + pos + 4, PyBytes_AS_STRING(e), size)
+            memcpy(out + pos + EL_LOG_SIZE_FIELD_BYTES, PyBytes_AS_STRING(e), size)
         else:
             PyObject_GetBuffer(e, &pybuf, PyBUF_C_CONTIGUOUS)
             size = pybuf.len
-            if pos + 4 + size > total:  # the buffer grew between the passes
+            if pos + EL_LOG_SIZE_FIELD_BYTES + size > total:  # the buffer grew between the passes
                 PyBuffer_Release(&pybuf)
                 raise ValueError("an entry changed size while being framed")
             _put_u32(out + pos, <uint32_t>size)
-            memcpy(out + pos + 4, pybuf.buf, size)
+            memcpy(out + pos + EL_LOG_SIZE_FIELD_BYTES, pybuf.buf, size)
             PyBuffer_Release(&pybuf)
-        pos += 4 + size
+        pos += EL_LOG_SIZE_FIELD_BYTES + size
     if pos != total:
         raise ValueError("an entry changed size while being framed")
     return frame, offsets
@@ -134,9 +135,9 @@ def frame_slice(list entries, Py_ssize_t start, base_offset, Py_ssize_t max_fram
         size = _size_of(<object>PyList_GET_ITEM(entries, stop))
         if <uint64_t>size > 0xFFFFFFFFULL:
             raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
-        if stop > start and total + 4 + size > max_frame_bytes:
+        if stop > start and total + EL_LOG_SIZE_FIELD_BYTES + size > max_frame_bytes:
             break
-        total += 4 + size
+        total += EL_LOG_SIZE_FIELD_BYTES + size
         stop += 1
     k = stop - start
     # Offsets in C when the base is a plain non-negative int (always, for locations).
@@ -166,7 +167,7 @@ def frame_slice(list entries, Py_ssize_t start, base_offset, Py_ssize_t max_fram
                 ptrs[i] = <const char *>views[nviews - 1].buf
                 lens[i] = views[nviews - 1].len
             offsets[i] = PyLong_FromUnsignedLongLong(cbase + <uint64_t>pos) if cfast else base_offset + pos
-            pos += 4 + lens[i]
+            pos += EL_LOG_SIZE_FIELD_BYTES + lens[i]
         if pos != total:
             raise ValueError("an entry changed size while being framed")
         frame = PyBytes_FromStringAndSize(NULL, total)
@@ -199,18 +200,18 @@ def record_headers(list entries, Py_ssize_t start, base_offset, Py_ssize_t max_f
         size = _size_of(<object>PyList_GET_ITEM(entries, stop))
         if <uint64_t>size > 0xFFFFFFFFULL:
             raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
-        if stop > start and total + 4 + size > max_frame_bytes:
+        if stop > start and total + EL_LOG_SIZE_FIELD_BYTES + size > max_frame_bytes:
             break
-        total += 4 + size
+        total += EL_LOG_SIZE_FIELD_BYTES + size
         stop += 1
-    headers = PyBytes_FromStringAndSize(NULL, 4 * (stop - start))
+    headers = PyBytes_FromStringAndSize(NULL, EL_LOG_SIZE_FIELD_BYTES * (stop - start))
     out = <uint8_t*>PyBytes_AS_STRING(headers)
     offsets = [None] * (stop - start)
     for i in range(stop - start):
         size = _size_of(<object>PyList_GET_ITEM(entries, start + i))
-        _put_u32(out + 4 * i, <uint32_t>size)
+        _put_u32(out + EL_LOG_SIZE_FIELD_BYTES * i, <uint32_t>size)
         offsets[i] = PyLong_FromUnsignedLongLong(cbase + <uint64_t>pos) if cfast else base_offset + pos
-        pos += 4 + size
+        pos += EL_LOG_SIZE_FIELD_BYTES + size
     if pos != total:
         raise ValueError("an entry changed size while its header was built")
     return headers, offsets, stop
@@ -220,8 +221,8 @@ cdef void _frame_into(uint8_t* out, const char **ptrs, Py_ssize_t *lens, Py_ssiz
     cdef Py_ssize_t i
     for i in range(k):
         _put_u32(out, <uint32_t>lens[i])
-        memcpy(out + 4, ptrs[i], lens[i])
-        out += 4 + lens[i]
+        memcpy(out + EL_LOG_SIZE_FIELD_BYTES, ptrs[i], lens[i])
+        out += EL_LOG_SIZE_FIELD_BYTES + lens[i]
 
 
 def ledger_runs(list entries, Py_ssize_t start, Py_ssize_t stop):
@@ -252,12 +253,12 @@ def ledger_runs(list entries, Py_ssize_t start, Py_ssize_t stop):
             if size < 8:
                 raise ValueError(f"entry {i} is {size} bytes, shorter than its ledger id")
         if have and memcmp(cur, prev, 8) == 0:
-            run_bytes += 4 + size
+            run_bytes += EL_LOG_SIZE_FIELD_BYTES + size
             continue
         if have:
             runs.append((_get_i64(prev), run_bytes))
         memcpy(prev, cur, 8)
-        run_bytes = 4 + size
+        run_bytes = EL_LOG_SIZE_FIELD_BYTES + size
         have = True
     if have:
         runs.append((_get_i64(prev), run_bytes))
@@ -271,24 +272,25 @@ def scan_log(buf, Py_ssize_t start, Py_ssize_t end, long long max_entry_bytes):
     cdef Py_ssize_t length = pybuf.len
     cdef Py_ssize_t pos = start
     cdef uint32_t size
-    cdef int status = SCAN_CLEAN
+    cdef int status = EL_LOG_SCAN_CLEAN
     records = []
     try:
         if not (0 <= start <= end <= length):
             raise ValueError(f"bad scan range [{start}, {end}) for a buffer of {length} bytes")
         while pos < end:
-            if end - pos < 4:
-                status = SCAN_TRUNCATED
+            if end - pos < EL_LOG_SIZE_FIELD_BYTES:
+                status = EL_LOG_SCAN_TRUNCATED
                 break
             size = _get_u32(p + pos)
-            if size < _MIN_ENTRY or <long long>size > max_entry_bytes:
-                status = SCAN_BAD_SIZE
+            if size < EL_LOG_MIN_ENTRY_BYTES or <long long>size > max_entry_bytes:
+                status = EL_LOG_SCAN_BAD_SIZE
                 break
-            if <Py_ssize_t>size > end - pos - 4:
-                status = SCAN_TRUNCATED
+            if <Py_ssize_t>size > end - pos - EL_LOG_SIZE_FIELD_BYTES:
+                status = EL_LOG_SCAN_TRUNCATED
                 break
-            records.append((pos, size, _get_i64(p + pos + 4), _get_i64(p + pos + 12)))
-            pos += 4 + <Py_ssize_t>size
+            records.append((pos, size, _get_i64(p + pos + EL_LOG_SIZE_FIELD_BYTES),
+                            _get_i64(p + pos + EL_LOG_SIZE_FIELD_BYTES + 8)))
+            pos += EL_LOG_SIZE_FIELD_BYTES + <Py_ssize_t>size
     finally:
         PyBuffer_Release(&pybuf)
     return records, pos, status

@@ -12,10 +12,14 @@ from cpython.number cimport PyNumber_Index
 from cpython.exc cimport PyErr_Clear
 from libc.stdint cimport uint8_t, uint64_t
 
+include "formats.pxi"
+
+# A packed location record is key (ledger_id u64 | entry_id u64) then value (location u64):
+# the IX_ names of the generated formats.pxi (bk/formats/index.py).
 MAX_ID = (1 << 63) - 1
 MAX_LOCATION = (1 << 64) - 1
-RECORD_BYTES = 24
-KEY_BYTES = 16
+RECORD_BYTES = IX_LOCATION_RECORD_BYTES
+KEY_BYTES = IX_LOCATION_KEY_BYTES
 
 cdef uint64_t _MAX_ID = 0x7FFFFFFFFFFFFFFFULL
 cdef uint64_t _MAX_U64 = 0xFFFFFFFFFFFFFFFFULL
@@ -81,14 +85,15 @@ def pack_locations(list ledger_ids, list entry_ids, list locations):
     cdef uint8_t* p
     if PyList_GET_SIZE(entry_ids) != n or PyList_GET_SIZE(locations) != n:
         raise ValueError(f"location columns differ in length: {n}, {len(entry_ids)}, {len(locations)}")
-    packed = PyBytes_FromStringAndSize(NULL, n * 24)
+    packed = PyBytes_FromStringAndSize(NULL, n * IX_LOCATION_RECORD_BYTES)
     p = <uint8_t*>PyBytes_AS_STRING(packed)
     for i in range(n):
         lid = _as_u64(<object>PyList_GET_ITEM(ledger_ids, i), "ledger id", _MAX_ID)
         eid = _as_u64(<object>PyList_GET_ITEM(entry_ids, i), "entry id", _MAX_ID)
-        _put_u64(p + 24 * i + 16, _as_u64(<object>PyList_GET_ITEM(locations, i), "location", _MAX_U64))
-        _put_u64(p + 24 * i, lid)
-        _put_u64(p + 24 * i + 8, eid)
+        _put_u64(p + IX_LOCATION_RECORD_BYTES * i + IX_LOCATION_KEY_BYTES,
+                 _as_u64(<object>PyList_GET_ITEM(locations, i), "location", _MAX_U64))
+        _put_u64(p + IX_LOCATION_RECORD_BYTES * i, lid)
+        _put_u64(p + IX_LOCATION_RECORD_BYTES * i + 8, eid)
         if i and ascending and not (lid > prev_lid or (lid == prev_lid and eid > prev_eid)):
             ascending = False
         prev_lid = lid
@@ -113,9 +118,10 @@ cdef class _LocationItems:
         cdef const char* p
         if self._pos >= self._stop:
             raise StopIteration
-        p = PyBytes_AS_STRING(self._packed) + 24 * self._pos
+        p = PyBytes_AS_STRING(self._packed) + IX_LOCATION_RECORD_BYTES * self._pos
         self._pos += 1
-        return (PyBytes_FromStringAndSize(p, 16), PyBytes_FromStringAndSize(p + 16, 8))
+        return (PyBytes_FromStringAndSize(p, IX_LOCATION_KEY_BYTES),
+                PyBytes_FromStringAndSize(p + IX_LOCATION_KEY_BYTES, IX_LOCATION_VALUE_BYTES))
 
     def __length_hint__(self):
         return self._stop - self._pos
@@ -124,9 +130,9 @@ cdef class _LocationItems:
 def location_items(packed, Py_ssize_t start, Py_ssize_t stop):
     cdef bytes data = packed if type(packed) is bytes else bytes(packed)
     cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
-    cdef Py_ssize_t n = size // 24
+    cdef Py_ssize_t n = size // IX_LOCATION_RECORD_BYTES
     cdef _LocationItems it
-    if size % 24:
+    if size % IX_LOCATION_RECORD_BYTES:
         raise ValueError(f"packed locations of {size} bytes are not whole {RECORD_BYTES}-byte records")
     if not (0 <= start <= stop <= n):
         raise ValueError(f"bad record range [{start}, {stop}) of {n} records")

@@ -5,7 +5,8 @@ A journal record is `length u32 BE | crc32c(seed, body) u32 BE | body`: format 1
 files use seed 0, format 2 files a seed made from the file id (records.py), so a
 record left in a recycled file from its previous life fails its CRC. Every
 function takes `seed` (default 0). Pure twin: bk/_native/journal_py.py (same
-functions, same results).
+functions, same results). The record head's size and the scan statuses are the JN_
+names of the generated formats.pxi (bk/formats/journal.py).
 
 frame_records(bodies) -> bytes
     One buffer with every body framed, in order. Pointers and lengths are
@@ -41,10 +42,12 @@ cdef extern from "crc32c.h" nogil:
 
 bk_crc32c_init()
 
-STATUS_CLEAN = 0
-STATUS_SHORT = 1
-STATUS_BAD_LENGTH = 2
-STATUS_BAD_CRC = 3
+include "formats.pxi"
+
+STATUS_CLEAN = JN_JOURNAL_SCAN_CLEAN
+STATUS_SHORT = JN_JOURNAL_SCAN_SHORT
+STATUS_BAD_LENGTH = JN_JOURNAL_SCAN_BAD_LENGTH
+STATUS_BAD_CRC = JN_JOURNAL_SCAN_BAD_CRC
 
 # Below this many payload bytes the GIL round trip costs more than it frees.
 cdef Py_ssize_t _NOGIL_MIN_BYTES = 64 * 1024
@@ -69,8 +72,8 @@ cdef void _frame_into(char *out, const char **ptrs, Py_ssize_t *lens, Py_ssize_t
         ln = lens[i]
         _put_u32(p, <uint32_t>ln)
         _put_u32(p + 4, bk_crc32c_extend(seed, ptrs[i], <size_t>ln))
-        memcpy(p + 8, ptrs[i], <size_t>ln)
-        p += 8 + ln
+        memcpy(p + JN_JOURNAL_RECORD_HEAD_BYTES, ptrs[i], <size_t>ln)
+        p += JN_JOURNAL_RECORD_HEAD_BYTES + ln
 
 
 def frame_records(bodies, unsigned long long seed=0):
@@ -112,7 +115,7 @@ def frame_records(bodies, unsigned long long seed=0):
             if <uint64_t>ln > _MAX_U32:
                 raise ValueError(f"journal record body {i} is {ln} bytes; the length field is 32 bits")
             lens[i] = ln
-            total += 8 + ln
+            total += JN_JOURNAL_RECORD_HEAD_BYTES + ln
         out = PyBytes_FromStringAndSize(NULL, total)
         dst = PyBytes_AS_STRING(out)
         if total >= _NOGIL_MIN_BYTES:
@@ -132,8 +135,8 @@ def frame_records(bodies, unsigned long long seed=0):
 cdef void _headers_into(char *out, const char **ptrs, Py_ssize_t *lens, Py_ssize_t n, uint32_t seed) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
-        _put_u32(out + 8 * i, <uint32_t>lens[i])
-        _put_u32(out + 8 * i + 4, bk_crc32c_extend(seed, ptrs[i], <size_t>lens[i]))
+        _put_u32(out + JN_JOURNAL_RECORD_HEAD_BYTES * i, <uint32_t>lens[i])
+        _put_u32(out + JN_JOURNAL_RECORD_HEAD_BYTES * i + 4, bk_crc32c_extend(seed, ptrs[i], <size_t>lens[i]))
 
 
 def frame_headers(bodies, unsigned long long seed=0):
@@ -176,7 +179,7 @@ def frame_headers(bodies, unsigned long long seed=0):
                 raise ValueError(f"journal record body {i} is {ln} bytes; the length field is 32 bits")
             lens[i] = ln
             total += ln
-        out = PyBytes_FromStringAndSize(NULL, 8 * n)
+        out = PyBytes_FromStringAndSize(NULL, JN_JOURNAL_RECORD_HEAD_BYTES * n)
         dst = PyBytes_AS_STRING(out)
         if total >= _NOGIL_MIN_BYTES:
             with nogil:
@@ -194,20 +197,20 @@ def frame_headers(bodies, unsigned long long seed=0):
 
 cdef inline int _check_one(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end,
                            uint64_t max_len, Py_ssize_t *body_len, uint32_t seed) noexcept nogil:
-    """Status of the record at `pos` (0 = valid); sets body_len when the length is sane."""
+    """Status of the record at `pos` (JN_JOURNAL_SCAN_CLEAN = valid); sets body_len when the length is sane."""
     cdef uint32_t ln, crc
-    if end - pos < 8:
-        return 1
+    if end - pos < JN_JOURNAL_RECORD_HEAD_BYTES:
+        return JN_JOURNAL_SCAN_SHORT
     ln = _get_u32(b + pos)
     if ln == 0 or <uint64_t>ln > max_len:
-        return 2
-    if <uint64_t>(end - pos - 8) < <uint64_t>ln:
-        return 1
+        return JN_JOURNAL_SCAN_BAD_LENGTH
+    if <uint64_t>(end - pos - JN_JOURNAL_RECORD_HEAD_BYTES) < <uint64_t>ln:
+        return JN_JOURNAL_SCAN_SHORT
     crc = _get_u32(b + pos + 4)
-    if bk_crc32c_extend(seed, b + pos + 8, ln) != crc:
-        return 3
+    if bk_crc32c_extend(seed, b + pos + JN_JOURNAL_RECORD_HEAD_BYTES, ln) != crc:
+        return JN_JOURNAL_SCAN_BAD_CRC
     body_len[0] = ln
-    return 0
+    return JN_JOURNAL_SCAN_CLEAN
 
 
 cdef void _check_range(Py_ssize_t size, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_bytes,
@@ -238,7 +241,7 @@ def scan_records(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_by
         with nogil:
             while pos < end:
                 status = _check_one(b, pos, end, max_len, &body_len, <uint32_t>seed)
-                if status != 0:
+                if status != JN_JOURNAL_SCAN_CLEAN:
                     break
                 if count == cap:
                     cap = cap * 2 if cap else 256
@@ -247,10 +250,10 @@ def scan_records(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_record_by
                         status = -1
                         break
                     found = grown
-                found[2 * count] = pos + 8
+                found[2 * count] = pos + JN_JOURNAL_RECORD_HEAD_BYTES
                 found[2 * count + 1] = body_len
                 count += 1
-                pos += 8 + body_len
+                pos += JN_JOURNAL_RECORD_HEAD_BYTES + body_len
         if status == -1:
             raise MemoryError()
         records = [(found[2 * k], found[2 * k + 1]) for k in range(count)]
@@ -273,8 +276,8 @@ def find_valid_record(buf, Py_ssize_t start, Py_ssize_t end, Py_ssize_t max_reco
         b = <const unsigned char *>view.buf
         with nogil:
             pos = start
-            while pos + 8 < end:
-                if _check_one(b, pos, end, max_len, &body_len, <uint32_t>seed) == 0:
+            while pos + JN_JOURNAL_RECORD_HEAD_BYTES < end:
+                if _check_one(b, pos, end, max_len, &body_len, <uint32_t>seed) == JN_JOURNAL_SCAN_CLEAN:
                     hit = pos
                     break
                 pos += 1

@@ -1,5 +1,5 @@
 # Shared by the codec kernels (_codec.pyx, _codec_v3.pyx): included, not imported, so the
-# helpers inline into each module. The wire numbers come from the generated wire_layout.pxi.
+# helpers inline into each module. The wire numbers come from the generated formats.pxi.
 cimport cython
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
@@ -24,8 +24,8 @@ cdef extern from *:
     """
     object bk_codec_new_record(object type, Py_ssize_t n)
 
-# Every size, offset, op code and flag below is a WL_ name of bk/proto/layout.py (generated pxi).
-include "wire_layout.pxi"
+# Every size, offset, op code and flag below is a WL_ name of bk/formats/wire.py (generated formats.pxi).
+include "formats.pxi"
 
 cdef Py_ssize_t _NOGIL_MIN_BYTES = 64 * 1024
 

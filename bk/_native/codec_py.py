@@ -10,8 +10,8 @@ import struct
 
 import google_crc32c
 
-# The one layout module (a leaf: importing it loads nothing else of bk.proto).
-from bk.proto.layout import (
+# The one wire layout module (bk/formats: a leaf package that imports nothing else of bk).
+from bk.formats.wire import (
     ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, ENTRY_HEADER, ENTRY_IDS_LAC,
     FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, OP_ADD_ENTRY,
     OP_READ_ENTRY, READ_REQUEST_BYTES, pack_header,

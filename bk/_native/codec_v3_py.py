@@ -5,9 +5,9 @@ _codec_v3.pyx's comment for which frames are taken and which deferred.
 """
 from __future__ import annotations
 
-# The one layout module (a leaf: importing it loads nothing else of bk.proto).
-import bk.proto.layout as _L
-from bk.proto.layout import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, FLAG_DEFERRED_SYNC,
+# The one wire layout module (bk/formats: a leaf package that imports nothing else of bk).
+import bk.formats.wire as _L
+from bk.formats.wire import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, FLAG_DEFERRED_SYNC,
                              FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH)
 
 from .codec_py import (_I64_MAX, _I64_MIN, _MAX_VERSION, _OP_ADD, _add_ids, _check_record, _length, _new,

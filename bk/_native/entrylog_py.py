@@ -1,7 +1,8 @@
 """Entry-log byte kernel, pure-Python twin of `_entrylog.pyx` (same API, same results).
 
-Record layout (STORAGE.md "Entry logs"): `size u32 BE | entry (size bytes)`,
-and every entry begins with `ledger_id i64 BE | entry_id i64 BE`.
+Record layout (STORAGE.md "Entry logs"; defined in bk/formats/entrylog.py):
+`size u32 BE | entry (size bytes)`, and every entry begins with
+`ledger_id i64 BE | entry_id i64 BE`.
 
 frame_entries(entries, base_offset) -> (frame: bytes, offsets: list[int])
     Builds the records back to back. offsets[i] = base_offset + position of
@@ -54,13 +55,14 @@ from __future__ import annotations
 
 import struct
 
-SCAN_CLEAN = 0
-SCAN_TRUNCATED = 1
-SCAN_BAD_SIZE = 2
-MIN_ENTRY_BYTES = 16  # ledger id + entry id
+from bk.formats.entrylog import LOG_MIN_ENTRY_BYTES as MIN_ENTRY_BYTES
+from bk.formats.entrylog import LOG_SCAN_BAD_SIZE as SCAN_BAD_SIZE
+from bk.formats.entrylog import LOG_SCAN_CLEAN as SCAN_CLEAN
+from bk.formats.entrylog import LOG_SCAN_TRUNCATED as SCAN_TRUNCATED
+from bk.formats.entrylog import LOG_SIZE_FIELD as _U32
+from bk.formats.entrylog import LOG_SIZE_FIELD_BYTES as _F
 
-_U32 = struct.Struct(">I")
-_SIZE_IDS = struct.Struct(">Iqq")
+_SIZE_IDS = struct.Struct(">Iqq")  # a record's size field, then its entry's two ids
 _MAX_SIZE = 0xFFFFFFFF
 
 
@@ -79,7 +81,7 @@ def frame_entries(entries: list, base_offset: int) -> tuple[bytes, list[int]]:
         offsets.append(pos)
         parts.append(pack(n))
         parts.append(e)
-        pos += 4 + n
+        pos += _F + n
     return b"".join(parts), offsets
 
 
@@ -96,9 +98,9 @@ def frame_slice(entries: list, start: int, base_offset: int, max_frame_bytes: in
         size = _size_of(entries[stop])
         if size > _MAX_SIZE:
             raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
-        if stop > start and total + 4 + size > max_frame_bytes:
+        if stop > start and total + _F + size > max_frame_bytes:
             break
-        total += 4 + size
+        total += _F + size
         stop += 1
     frame, offsets = frame_entries(entries[start:stop], base_offset)
     return frame, offsets, stop
@@ -113,16 +115,16 @@ def record_headers(entries: list, start: int, base_offset: int, max_frame_bytes:
         size = _size_of(entries[stop])
         if size > _MAX_SIZE:
             raise ValueError(f"entry of {size} bytes does not fit a u32 size field")
-        if stop > start and total + 4 + size > max_frame_bytes:
+        if stop > start and total + _F + size > max_frame_bytes:
             break
-        total += 4 + size
+        total += _F + size
         stop += 1
     sizes = [_size_of(e) for e in entries[start:stop]]
     offsets = []
     pos = base_offset
     for size in sizes:
         offsets.append(pos)
-        pos += 4 + size
+        pos += _F + size
     return b"".join(map(_U32.pack, sizes)), offsets, stop
 
 
@@ -149,11 +151,11 @@ def ledger_runs(entries: list, start: int, stop: int) -> list[tuple[int, int]]:
             raise ValueError(f"entry {i} is {size} bytes, shorter than its ledger id")
         head = bytes(e[:8]) if type(e) is not bytes else e[:8]
         if head == prev:
-            run_bytes += 4 + size
+            run_bytes += _F + size
             continue
         if prev is not None:
             runs.append((int.from_bytes(prev, "big", signed=True), run_bytes))
-        prev, run_bytes = head, 4 + size
+        prev, run_bytes = head, _F + size
     if prev is not None:
         runs.append((int.from_bytes(prev, "big", signed=True), run_bytes))
     return runs
@@ -168,14 +170,14 @@ def scan_log(buf, start: int, end: int, max_entry_bytes: int) -> tuple[list, int
     unpack = _SIZE_IDS.unpack_from
     unpack_size = _U32.unpack_from
     while pos < end:
-        if end - pos < 4:
+        if end - pos < _F:
             return records, pos, SCAN_TRUNCATED
         (size,) = unpack_size(view, pos)
         if size < MIN_ENTRY_BYTES or size > max_entry_bytes:
             return records, pos, SCAN_BAD_SIZE
-        if end - pos - 4 < size:
+        if end - pos - _F < size:
             return records, pos, SCAN_TRUNCATED
         _, ledger_id, entry_id = unpack(view, pos)
         records.append((pos, size, ledger_id, entry_id))
-        pos += 4 + size
+        pos += _F + size
     return records, pos, SCAN_CLEAN

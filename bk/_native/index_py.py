@@ -1,6 +1,7 @@
 """Index byte kernel, pure-Python twin of `_index.pyx` (same API, same results).
 
-Location records of the LMDB index (STORAGE.md "Index (LMDB)"): key
+Location records of the LMDB index (STORAGE.md "Index (LMDB)"; defined in
+bk/formats/index.py): key
 `ledger_id u64 BE | entry_id u64 BE` (ids 0..2**63-1, so byte order is
 (ledger, entry) order), value `location u64 BE`.
 
@@ -25,12 +26,10 @@ from __future__ import annotations
 import operator
 import struct
 
-MAX_ID = (1 << 63) - 1
-MAX_LOCATION = (1 << 64) - 1
-RECORD_BYTES = 24
-KEY_BYTES = 16
-
-_RECORD = struct.Struct(">QQQ")
+from bk.formats.index import LOCATION_KEY_BYTES as KEY_BYTES
+from bk.formats.index import LOCATION_RECORD as _RECORD
+from bk.formats.index import LOCATION_RECORD_BYTES as RECORD_BYTES
+from bk.formats.index import MAX_ID, MAX_LOCATION
 
 
 def _first_bad(ledger_ids: list, entry_ids: list, locations: list) -> Exception:
@@ -56,7 +55,7 @@ def pack_locations(ledger_ids: list, entry_ids: list, locations: list) -> tuple[
         raise _first_bad(ledger_ids, entry_ids, locations) from None
     packed = b"".join(records)
     # ids above MAX_ID packed as u64 have their top bit set: checked at C speed on the join
-    if packed and (max(packed[0::RECORD_BYTES]) >= 0x80 or max(packed[8::RECORD_BYTES]) >= 0x80):
+    if packed and (max(packed[0::RECORD_BYTES]) >= 0x80 or max(packed[KEY_BYTES // 2::RECORD_BYTES]) >= 0x80):
         raise _first_bad(ledger_ids, entry_ids, locations)
     keys = [r[:KEY_BYTES] for r in records]
     ascending = all(map(operator.lt, keys, keys[1:]))

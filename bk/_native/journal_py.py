@@ -1,8 +1,9 @@
 """Journal byte kernel (pure Python twin of bk/_native/_journal.pyx).
 
 A journal record is `length u32 BE | crc32c(seed, body) u32 BE | body` (seed 0 in
-format 1 files, the file's seed in format 2: records.py). Same functions, same
-results as the native kernel; CRCs come from google_crc32c.
+format 1 files, the file's seed in format 2: records.py; the layout is
+bk/formats/journal.py's). Same functions, same results as the native kernel;
+CRCs come from google_crc32c.
 
 scan_records status: 0 clean end exactly at `end`, 1 short/truncated record at
 `stop`, 2 length 0 or > max_record_bytes at `stop`, 3 CRC mismatch at `stop`.
@@ -10,17 +11,14 @@ scan_records status: 0 clean end exactly at `end`, 1 short/truncated record at
 from __future__ import annotations
 
 import re
-import struct
 
 import google_crc32c
 
-STATUS_CLEAN = 0
-STATUS_SHORT = 1
-STATUS_BAD_LENGTH = 2
-STATUS_BAD_CRC = 3
+from bk.formats.journal import (JOURNAL_RECORD_HEAD as _head, JOURNAL_RECORD_HEAD_BYTES as _HEAD,
+                                JOURNAL_SCAN_BAD_CRC as STATUS_BAD_CRC, JOURNAL_SCAN_BAD_LENGTH as STATUS_BAD_LENGTH,
+                                JOURNAL_SCAN_CLEAN as STATUS_CLEAN, JOURNAL_SCAN_SHORT as STATUS_SHORT)
 
 _MAX_U32 = 0xFFFFFFFF
-_head = struct.Struct(">II")
 _extend = google_crc32c.extend
 _NONZERO = re.compile(rb"[^\x00]")
 
@@ -84,14 +82,14 @@ def _check_range(size: int, start: int, end: int, max_record_bytes: int, seed: i
 
 def _check_one(view: memoryview, pos: int, end: int, max_record_bytes: int, seed: int) -> tuple[int, int]:
     """(status, body_len) of the record at `pos`; status 0 means valid."""
-    if end - pos < 8:
+    if end - pos < _HEAD:
         return STATUS_SHORT, 0
     length, crc = _head.unpack_from(view, pos)
     if length == 0 or length > max_record_bytes:
         return STATUS_BAD_LENGTH, 0
-    if end - pos - 8 < length:
+    if end - pos - _HEAD < length:
         return STATUS_SHORT, 0
-    if _extend(seed, bytes(view[pos + 8:pos + 8 + length])) != crc:
+    if _extend(seed, bytes(view[pos + _HEAD:pos + _HEAD + length])) != crc:
         return STATUS_BAD_CRC, 0
     return STATUS_CLEAN, length
 
@@ -107,8 +105,8 @@ def scan_records(buf, start: int, end: int, max_record_bytes: int, seed: int = 0
         status, length = _check_one(view, pos, end, max_record_bytes, seed)
         if status:
             break
-        records.append((pos + 8, length))
-        pos += 8 + length
+        records.append((pos + _HEAD, length))
+        pos += _HEAD + length
     return records, pos, status
 
 
@@ -117,7 +115,7 @@ def find_valid_record(buf, start: int, end: int, max_record_bytes: int, seed: in
     view = memoryview(buf).cast("B")
     _check_range(len(view), start, end, max_record_bytes, seed)
     pos = start
-    while pos + 8 < end:
+    while pos + _HEAD < end:
         if view[pos:pos + 4] == b"\0\0\0\0":
             # a zero length is never valid: skip a zero run at C speed (a preallocated
             # tail is megabytes of zeros); a record may start up to 3 bytes before

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 
-import bk.proto.layout as _L
+import bk.formats.wire as _L
 
 from .codec_v3_py import _put_varint as _varint
 

@@ -38,7 +38,7 @@ import time
 from typing import Callable
 
 from bk import metrics
-from bk.entrylog import HEADER_BYTES
+from bk.formats.entrylog import LOG_HEADER_BYTES
 from bk.entrylog.usage import EntryLogMetadata
 from bk.errors import BKError
 
@@ -451,7 +451,7 @@ class GarbageCollector:
             # a ledger the scan saw and the index does not place here is kept while it lives
             ledgers = {lid: n for lid, n in meta.ledgers.items() if not self._is_dead(lid)}
             ledgers.update(indexed[log_id])
-            total = max(0, el.log_file_bytes(log_id) - HEADER_BYTES)
+            total = max(0, el.log_file_bytes(log_id) - LOG_HEADER_BYTES)
             with self._lock:
                 meta.ledgers = ledgers
                 meta.total_bytes = max(total, sum(ledgers.values()))

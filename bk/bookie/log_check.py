@@ -38,13 +38,13 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.errors import StorageError
 
 log = logging.getLogger(__name__)
 
 _OFFSET_MASK = (1 << 32) - 1
-_HEAD_BYTES = fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES  # the shortest whole record
+_HEAD_BYTES = fmt.LOG_RECORD_HEAD_BYTES  # the shortest whole record
 
 
 @dataclass
@@ -119,19 +119,19 @@ def log_files(ledger_dirs) -> dict[int, str]:
 
 
 def _record_size(fd: int, offset: int) -> int | None:
-    head = os.pread(fd, fmt.SIZE_FIELD_BYTES, offset)
-    return int.from_bytes(head, "big") if len(head) == fmt.SIZE_FIELD_BYTES else None
+    head = os.pread(fd, fmt.LOG_SIZE_FIELD_BYTES, offset)
+    return int.from_bytes(head, "big") if len(head) == fmt.LOG_SIZE_FIELD_BYTES else None
 
 
 def _fits(fd: int, offset: int, file_bytes: int, max_entry_bytes: int) -> bool:
     """Does the record at `offset` end inside the file? (a size field out of range: no)"""
-    if offset + _HEAD_BYTES > file_bytes or offset < fmt.HEADER_BYTES:
+    if offset + _HEAD_BYTES > file_bytes or offset < fmt.LOG_HEADER_BYTES:
         return False
-    if offset + fmt.SIZE_FIELD_BYTES + max_entry_bytes <= file_bytes:
+    if offset + fmt.LOG_SIZE_FIELD_BYTES + max_entry_bytes <= file_bytes:
         return True  # even the largest entry ends inside
     size = _record_size(fd, offset)
-    return size is not None and fmt.MIN_ENTRY_BYTES <= size <= max_entry_bytes and \
-        offset + fmt.SIZE_FIELD_BYTES + size <= file_bytes
+    return size is not None and fmt.LOG_MIN_ENTRY_BYTES <= size <= max_entry_bytes and \
+        offset + fmt.LOG_SIZE_FIELD_BYTES + size <= file_bytes
 
 
 def check_entry_logs(index, ledger_dirs, max_entry_bytes: int) -> LogCheck:
@@ -187,8 +187,8 @@ def _find_dead(index, files: dict[int, str], out: LogCheck, max_entry_bytes: int
             if d is None:
                 continue
             offset = loc & _OFFSET_MASK
-            if d.state == "truncated" and fmt.HEADER_BYTES <= offset and offset + _HEAD_BYTES <= d.file_bytes:
-                if offset + fmt.SIZE_FIELD_BYTES + max_entry_bytes <= d.file_bytes:
+            if d.state == "truncated" and fmt.LOG_HEADER_BYTES <= offset and offset + _HEAD_BYTES <= d.file_bytes:
+                if offset + fmt.LOG_SIZE_FIELD_BYTES + max_entry_bytes <= d.file_bytes:
                     continue  # even the largest entry would end inside: whole
                 near_end.append((d, lid, offset))
                 continue

@@ -54,7 +54,7 @@ from bk.proto import (
     encode_request,
 )
 from bk.proto import v3
-from bk.proto.layout import MASTER_KEY_LENGTH, READ_HEADER, READ_REQUEST_BYTES, READ_REQUEST_FRAME
+from bk.formats.wire import MASTER_KEY_LENGTH, READ_HEADER, READ_REQUEST_BYTES, READ_REQUEST_FRAME
 
 from bk.proto.v3 import LongPollReadResponse, long_poll_request
 

@@ -68,7 +68,7 @@ from bk.errors import (
 from bk import _native
 from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bk.proto import DigestManager, StatusCode
-from bk.proto.layout import FLAG_DEFERRED_SYNC
+from bk.formats.wire import FLAG_DEFERRED_SYNC
 
 from .quorum import AddFramer, in_write_set
 from .read_handle import ReadHandle

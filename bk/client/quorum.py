@@ -18,8 +18,8 @@ from __future__ import annotations
 from bk import _native
 from bk.errors import IncorrectParameterError
 from bk.proto import DigestManager, DigestType
-from bk.proto import layout
-from bk.proto.layout import ADD_REQUEST_MIN_BYTES, MASTER_KEY_LENGTH, OP_ADD_ENTRY, PROTOCOL_VERSION, pack_header
+from bk.formats import wire as layout
+from bk.formats.wire import ADD_REQUEST_MIN_BYTES, MASTER_KEY_LENGTH, OP_ADD_ENTRY, PROTOCOL_VERSION, pack_header
 
 _entry_header = layout.ENTRY_HEADER
 _frame_head = layout.FRAME_HEAD

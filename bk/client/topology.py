@@ -32,7 +32,7 @@ import time
 from typing import Iterable, Mapping
 
 from bk.errors import BKError, IncorrectParameterError, MetadataNotFoundError
-from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
+from bk.formats.wire import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from bk.errors import BookieConnectionError, UnauthorizedAccessError
 from bk.proto import AddRequest, AuthRequest, MessageEncodeError, decode_request, encode_request
 from bk.proto import v3
 from bk.proto.auth import AUTH_DISABLED_PLUGIN_NAME, TokenClientAuthProvider
-from bk.proto.layout import ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, HEADER, IDS, OP_ADD_ENTRY, OP_AUTH, split_header
+from bk.formats.wire import ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, HEADER, IDS, OP_ADD_ENTRY, OP_AUTH, split_header
 
 Op = v3.OperationType
 PROTOCOLS = ("v2", "v3")

@@ -1,8 +1,8 @@
-"""Append-only entry logs: EntryLogger (writer + readers), LogScan, the byte formats.
+"""Append-only entry logs: EntryLogger (writer + readers), LogScan, usage figures.
 
-The names below load lazily, so `import bk.entrylog.format` or `bk.entrylog.usage`
-(the pure format modules an outside reader such as spark/ uses) never loads the
-native kernels that the EntryLogger needs.
+The byte formats are bk/formats/entrylog.py's. The names below load lazily, so
+`import bk.entrylog.usage` (the pure module an outside reader such as spark/ uses)
+never loads the native kernels that the EntryLogger needs.
 """
 import importlib
 
@@ -10,7 +10,7 @@ _EXPORTS = {
     "EntryLogger": "logger", "DiskUsage": "logger",
     "LogScan": "files", "SCAN_CLEAN": "files", "SCAN_TRUNCATED": "files", "SCAN_BAD_SIZE": "files",
     "SCAN_REASONS": "files",
-    "HEADER_BYTES": "format", "make_location": "format", "split_location": "format",
+    "make_location": "format", "split_location": "format",
 }
 
 __all__ = list(_EXPORTS)

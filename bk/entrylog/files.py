@@ -13,14 +13,14 @@ from collections import OrderedDict
 from typing import Callable, Iterator
 
 from bk.errors import CorruptedStorageError, StorageError
-from bk.entrylog.format import HEADER_BYTES
+from bk.formats.entrylog import LOG_HEADER_BYTES, LOG_SCAN_BAD_SIZE as SCAN_BAD_SIZE, LOG_SCAN_CLEAN as SCAN_CLEAN
+from bk.formats.entrylog import LOG_SCAN_TRUNCATED as SCAN_TRUNCATED
 
 MAX_OPEN_READ_FILES = 256
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _FADV_RANDOM = getattr(os, "POSIX_FADV_RANDOM", None)
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 
-SCAN_CLEAN, SCAN_TRUNCATED, SCAN_BAD_SIZE = 0, 1, 2
 SCAN_REASONS = {SCAN_TRUNCATED: "torn tail", SCAN_BAD_SIZE: "bad size field"}  # why a scan stopped short
 
 
@@ -185,7 +185,7 @@ class LogScan:
 
     def _records(self) -> Iterator[tuple]:
         end = self.end_offset
-        if end < HEADER_BYTES:  # crash before the header was written whole
+        if end < LOG_HEADER_BYTES:  # crash before the header was written whole
             self.status, self.stop_offset = (SCAN_TRUNCATED if end > 0 else SCAN_CLEAN), 0
             return
         try:
@@ -194,7 +194,7 @@ class LogScan:
             raise StorageError(f"cannot open entry log {self.path}: {e.strerror}") from e
         loc_base = self.log_id << 32
         scan_log = self._kernel.scan_log
-        pos = HEADER_BYTES
+        pos = LOG_HEADER_BYTES
         want = self._chunk_bytes
         try:
             while pos < end:

@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple, Sequence
 
 from bk._native import load as load_kernel
 from bk.config import BookieConfig
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.entrylog import reads, spans
 from bk.entrylog.files import SCAN_CLEAN, SCAN_REASONS, LogScan, ReadFiles, read_error
 from bk.entrylog.usage import EntryLogMetadata
@@ -148,10 +148,10 @@ class EntryLogger:
         if type(entries) is not list:
             entries = list(entries)
         kernel = self._kernel
-        total, bad = kernel.check_sizes(entries, fmt.MIN_ENTRY_BYTES, self.max_entry_bytes)
+        total, bad = kernel.check_sizes(entries, fmt.LOG_MIN_ENTRY_BYTES, self.max_entry_bytes)
         if bad >= 0:
             raise ValueError(f"entry {bad} of the batch is {len(entries[bad])} bytes; entries must be "
-                             f"{fmt.MIN_ENTRY_BYTES}..{self.max_entry_bytes} bytes (max_frame_size_bytes)")
+                             f"{fmt.LOG_MIN_ENTRY_BYTES}..{self.max_entry_bytes} bytes (max_frame_size_bytes)")
         # Big entries are not copied into a frame: each record goes out as its size
         # field and the entry itself, two buffers of one pwritev.
         split = total >= SPLIT_MIN_ENTRY_BYTES * len(entries)
@@ -190,7 +190,7 @@ class EntryLogger:
                 k = len(locs)
             else:  # records 0..k-1 end at or before the limit
                 k = bisect.bisect_right(locs, limit_loc, 1) - 1
-                if k == 0 and self._written_end == fmt.HEADER_BYTES:
+                if k == 0 and self._written_end == fmt.LOG_HEADER_BYTES:
                     k = 1
             if k:
                 if k == len(locs):
@@ -394,22 +394,22 @@ class EntryLogger:
         log_id, offset = fmt.split_location(location)
         h = self._files.acquire(log_id)
         try:
-            if offset < fmt.HEADER_BYTES:
+            if offset < fmt.LOG_HEADER_BYTES:
                 raise CorruptedStorageError(f"location {location:#x} points into the header of {h.path}",
                                             path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
             # One pread for the whole record when the ledger's last record had its size: with
             # no kernel readahead (ReadFiles), a second pread is a second trip to the disk.
             buf = yield reads.Pread(h, max(self._record_sizes.get(ledger_id, 0), _READ_GUESS_BYTES), offset)
             size = self._check_entry_record(h.path, offset, buf, ledger_id, entry_id)
-            need = fmt.SIZE_FIELD_BYTES + size
+            need = fmt.LOG_SIZE_FIELD_BYTES + size
             self._remember_size(ledger_id, need)
             if len(buf) >= need:
-                return buf[fmt.SIZE_FIELD_BYTES:need]
+                return buf[fmt.LOG_SIZE_FIELD_BYTES:need]
             rest = yield reads.Pread(h, need - len(buf), offset + len(buf))
             if len(buf) + len(rest) < need:
                 raise CorruptedStorageError(f"{h.path}@{offset}: record of {size} bytes is cut short",
                                             path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
-            return b"".join((buf[fmt.SIZE_FIELD_BYTES:], rest))
+            return b"".join((buf[fmt.LOG_SIZE_FIELD_BYTES:], rest))
         finally:
             self._files.release(h)
 
@@ -435,8 +435,8 @@ class EntryLogger:
             records, stop, status = self._kernel.scan_log(buf, 0, len(buf), self.max_entry_bytes)
             if not records:
                 size, _, _ = self._check_record(h.path, offset, buf)  # raises on a bad size / short head
-                if fmt.SIZE_FIELD_BYTES + size <= end - offset:  # one record bigger than max_bytes
-                    buf = self.pread(h, fmt.SIZE_FIELD_BYTES + size, offset)
+                if fmt.LOG_SIZE_FIELD_BYTES + size <= end - offset:  # one record bigger than max_bytes
+                    buf = self.pread(h, fmt.LOG_SIZE_FIELD_BYTES + size, offset)
                     records, stop, status = self._kernel.scan_log(buf, 0, len(buf), self.max_entry_bytes)
                 if not records:
                     raise CorruptedStorageError(f"{h.path}@{offset}: record of {size} bytes is cut short",
@@ -451,7 +451,7 @@ class EntryLogger:
                 break
             used += size
             out.append((lid, eid, mv[off + 4:off + 4 + size], location + off))
-        self._remember_size(out[0][0], fmt.SIZE_FIELD_BYTES + len(out[0][2]))
+        self._remember_size(out[0][0], fmt.LOG_SIZE_FIELD_BYTES + len(out[0][2]))
         return out
 
     def read_span(self, ledger_id: int, entry_id: int, locations: list, max_bytes: int,
@@ -522,13 +522,13 @@ class EntryLogger:
         return size
 
     def _check_record(self, path: str, offset: int, buf: bytes) -> tuple[int, int, int]:
-        if len(buf) < fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES:
+        if len(buf) < fmt.LOG_SIZE_FIELD_BYTES + fmt.LOG_MIN_ENTRY_BYTES:
             raise CorruptedStorageError(f"{path}@{offset}: short read ({len(buf)} bytes) of a record head",
                                         path=path, offset=offset)
         size = int.from_bytes(buf[:4], "big")
-        if not fmt.MIN_ENTRY_BYTES <= size <= self.max_entry_bytes:
+        if not fmt.LOG_MIN_ENTRY_BYTES <= size <= self.max_entry_bytes:
             raise CorruptedStorageError(f"{path}@{offset}: record size {size} out of range "
-                                        f"{fmt.MIN_ENTRY_BYTES}..{self.max_entry_bytes}", path=path, offset=offset)
+                                        f"{fmt.LOG_MIN_ENTRY_BYTES}..{self.max_entry_bytes}", path=path, offset=offset)
         lid, eid = fmt.entry_ids(memoryview(buf)[4:20])
         return size, lid, eid
 
@@ -596,7 +596,7 @@ class EntryLogger:
         usage: dict[int, int] = {}
         scan = self.scan(log_id)
         for lid, _, _, size in scan:
-            usage[lid] = usage.get(lid, 0) + size + fmt.SIZE_FIELD_BYTES
+            usage[lid] = usage.get(lid, 0) + size + fmt.LOG_SIZE_FIELD_BYTES
         meta = EntryLogMetadata.from_ledgers_map(log_id, usage, "scan")
         if scan.status != SCAN_CLEAN:
             meta.damage = f"{SCAN_REASONS.get(scan.status, scan.status)} at offset {scan.stop_offset}"
@@ -648,7 +648,7 @@ class EntryLogger:
             return False
         log_id, offset = fmt.split_location(location)
         try:
-            return offset + fmt.SIZE_FIELD_BYTES + size <= self._records_end(log_id)
+            return offset + fmt.LOG_SIZE_FIELD_BYTES + size <= self._records_end(log_id)
         except StorageError:
             return False
 
@@ -661,7 +661,7 @@ class EntryLogger:
         except StorageError:
             return None
         try:
-            head = self.pread(h, fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES, offset)
+            head = self.pread(h, fmt.LOG_SIZE_FIELD_BYTES + fmt.LOG_MIN_ENTRY_BYTES, offset)
             if ids is None:
                 return self._check_record(h.path, offset, head)[0]
             return self._check_entry_record(h.path, offset, head, *ids)
@@ -721,7 +721,7 @@ class EntryLogger:
             raise StorageError(f"no entry log {log_id:x}")
         try:
             with open(path, "rb") as fh:
-                head = fh.read(fmt.HEADER_BYTES)
+                head = fh.read(fmt.LOG_HEADER_BYTES)
                 file_size = os.fstat(fh.fileno()).st_size
         except OSError as e:
             raise StorageError(f"cannot read entry log {path}: {e.strerror}") from e

@@ -22,12 +22,12 @@ import os
 import threading
 
 from bk import fileio
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.entrylog.files import ReadHandle, ReadFiles, read_error
 from bk.errors import CorruptedStorageError, StorageError
 
 DIRECT_ALIGN = 4096  # O_DIRECT offsets, lengths and buffers are multiples of this
-_HEAD_BYTES = fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES  # a record's size and ids
+_HEAD_BYTES = fmt.LOG_RECORD_HEAD_BYTES  # a record's size and ids
 _FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
@@ -206,7 +206,7 @@ def read_span(el, ledger_id: int, entry_id: int, locations: list, max_bytes: int
     end = el._records_end(log_id)
     h = el._files.acquire(log_id)
     try:
-        if offset < fmt.HEADER_BYTES:
+        if offset < fmt.LOG_HEADER_BYTES:
             raise CorruptedStorageError(f"location {locations[0]:#x} points into the header of {h.path}",
                                         path=h.path, offset=offset, ledger_id=ledger_id, entry_id=entry_id)
         if fileio.faults is not None:
@@ -293,17 +293,17 @@ def _span_records(el, path: str, ledger_id: int, entry_id: int, locations: list,
             break  # not stored, or stored elsewhere: the span ends here
         try:
             size = el._check_entry_record(path, pos, head(pos), ledger_id, entry_id + i)
-            if pos + fmt.SIZE_FIELD_BYTES + size > end:
+            if pos + fmt.LOG_SIZE_FIELD_BYTES + size > end:
                 raise CorruptedStorageError(f"{path}@{pos}: record of {size} bytes is cut short",
                                             path=path, offset=pos, ledger_id=ledger_id, entry_id=entry_id + i)
         except StorageError:
             if i == 0:
                 raise
             break
-        if count and pos + fmt.SIZE_FIELD_BYTES + size - offset > max_bytes:
+        if count and pos + fmt.LOG_SIZE_FIELD_BYTES + size - offset > max_bytes:
             break
-        pos += fmt.SIZE_FIELD_BYTES + size
+        pos += fmt.LOG_SIZE_FIELD_BYTES + size
         count += 1
         last = size
-    el._remember_size(ledger_id, fmt.SIZE_FIELD_BYTES + last)
+    el._remember_size(ledger_id, fmt.LOG_SIZE_FIELD_BYTES + last)
     return count, pos

@@ -1,7 +1,7 @@
 """Per-entry-log usage (BookKeeper's EntryLogMetadata): the one documented format GC,
 compaction, `bk shell listfilesondisc` and outside readers (Spark, issue 14) share.
 
-Pure module: standard library and `bk.entrylog.format` only (no `bk._native`, no
+Pure module: standard library and `bk.formats` only (no `bk._native`, no
 server, no lmdb), so a job that is handed a bookie's ledger directories can import
 it and read every entry log without the bookie running.
 
@@ -14,7 +14,7 @@ What a log's usage is
     live_bytes    sum(ledgers.values())
     usage         live_bytes / total_bytes (1.0 for an empty log, which GC deletes:
                   an empty log has no ledgers left either)
-The header (format.HEADER_BYTES) and the ledgers map itself are not counted: the
+The header (bk.formats.entrylog.LOG_HEADER_BYTES) and the ledgers map itself are not counted: the
 figures are what deleting or rewriting the ledgers' records frees or costs.
 
 Where the figures come from (`read_log_metadata`)
@@ -35,15 +35,14 @@ JSON (`to_dict` / `from_dict`, what the bookie's admin channel and
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
+from bk.formats.entry import ENTRY_IDS as _IDS
 
 SCAN_READ_BYTES = 4 * 1024 * 1024
-_SIZE = struct.Struct(">I")
-_IDS = struct.Struct(">qq")
+_SIZE = fmt.LOG_SIZE_FIELD
 
 
 @dataclass
@@ -127,7 +126,7 @@ def list_entry_logs(ledger_dir: str) -> list[tuple[int, str]]:
 def read_header(path: str) -> tuple[fmt.LogHeader | None, int]:
     """(header or None when it is unreadable, file size)."""
     with open(path, "rb") as fh:
-        head = fh.read(fmt.HEADER_BYTES)
+        head = fh.read(fmt.LOG_HEADER_BYTES)
         size = os.fstat(fh.fileno()).st_size
     try:
         return fmt.decode_header(head), size
@@ -161,11 +160,11 @@ def iter_records(path: str, max_entry_bytes: int = 0xFFFFFFFF, report: ScanRepor
     header, file_size = read_header(path)
     mapped = header is not None and 0 < header.map_offset <= file_size
     end = header.map_offset if mapped else file_size
-    pos = report.stop_offset = fmt.HEADER_BYTES
+    pos = report.stop_offset = fmt.LOG_HEADER_BYTES
     if end < pos:
         report.clean, report.reason = end == 0, "" if end == 0 else "torn header"
         return
-    head_bytes = fmt.SIZE_FIELD_BYTES + fmt.MIN_ENTRY_BYTES
+    head_bytes = fmt.LOG_RECORD_HEAD_BYTES
     buf, view, base = b"", memoryview(b""), pos  # buf holds the file's bytes [base, base + len(buf))
     with open(path, "rb", buffering=0) as fh:
         if hasattr(os, "posix_fadvise"):  # a front-to-back read: ask for the larger readahead
@@ -177,15 +176,15 @@ def iter_records(path: str, max_entry_bytes: int = 0xFFFFFFFF, report: ScanRepor
                 buf, base, rel = fh.read(min(chunk_bytes, end - pos)), pos, 0
                 view = memoryview(buf)
             avail = len(buf) - rel
-            size = _SIZE.unpack_from(buf, rel)[0] if avail >= fmt.SIZE_FIELD_BYTES else -1
-            if size < 0 or (fmt.MIN_ENTRY_BYTES <= size <= max_entry_bytes and
-                            (pos + fmt.SIZE_FIELD_BYTES + size > end or avail < head_bytes)):
+            size = _SIZE.unpack_from(buf, rel)[0] if avail >= fmt.LOG_SIZE_FIELD_BYTES else -1
+            if size < 0 or (fmt.LOG_MIN_ENTRY_BYTES <= size <= max_entry_bytes and
+                            (pos + fmt.LOG_SIZE_FIELD_BYTES + size > end or avail < head_bytes)):
                 report.clean, report.reason = False, "torn tail"
                 return
-            if not fmt.MIN_ENTRY_BYTES <= size <= max_entry_bytes:
+            if not fmt.LOG_MIN_ENTRY_BYTES <= size <= max_entry_bytes:
                 report.clean, report.reason = False, f"bad size {size}"
                 return
-            record_bytes = fmt.SIZE_FIELD_BYTES + size
+            record_bytes = fmt.LOG_SIZE_FIELD_BYTES + size
             if avail < record_bytes:  # the record runs past this chunk: read it whole
                 fh.seek(pos)
                 buf, base, rel = fh.read(min(max(chunk_bytes, record_bytes), end - pos)), pos, 0
@@ -194,7 +193,7 @@ def iter_records(path: str, max_entry_bytes: int = 0xFFFFFFFF, report: ScanRepor
                     report.clean, report.reason = False, "torn tail"
                     return
             report.records += 1
-            yield pos, view[rel + fmt.SIZE_FIELD_BYTES: rel + record_bytes]
+            yield pos, view[rel + fmt.LOG_SIZE_FIELD_BYTES: rel + record_bytes]
             pos += record_bytes
             report.stop_offset = pos
 
@@ -211,7 +210,7 @@ def scan_ledgers_map(path: str, report: ScanReport | None = None) -> dict[int, i
     """A ledgers map rebuilt by walking the records (size fields counted, as the stored map)."""
     usage: dict[int, int] = {}
     for lid, _eid, _off, size in scan_records(path, report=report):
-        usage[lid] = usage.get(lid, 0) + fmt.SIZE_FIELD_BYTES + size
+        usage[lid] = usage.get(lid, 0) + fmt.LOG_SIZE_FIELD_BYTES + size
     return usage
 
 

@@ -24,12 +24,14 @@ from bk._native import load as _load_kernel
 from bk.config import BookieConfig
 from bk.errors import CorruptedStorageError, IndexFullError, StorageError
 from bk.fileio import check_commit, ensure_dir, fsync_dir
+from bk.formats import index as ix
 from bk.index import state as st
 from bk.index.state import LedgerState, LogMark
 
 _MAX_READERS = 256
 _kernel = _load_kernel("index")
-_RECORD_BYTES = _kernel.RECORD_BYTES  # packed key (16) + value (8)
+_RECORD_BYTES = ix.LOCATION_RECORD_BYTES  # packed key then value
+_KEY_BYTES = ix.LOCATION_KEY_BYTES
 
 
 class Index:
@@ -67,9 +69,9 @@ class Index:
 
     # ------------------------------------------------------------ reads (any thread)
     def get_location(self, ledger_id: int, entry_id: int) -> int | None:
-        if not (0 <= ledger_id <= st.MAX_ID and 0 <= entry_id <= st.MAX_ID):
+        if not (0 <= ledger_id <= ix.MAX_ID and 0 <= entry_id <= ix.MAX_ID):
             return None  # such ids are never stored
-        key = st.LOCATION_KEY.pack(ledger_id, entry_id)
+        key = ix.LOCATION_KEY.pack(ledger_id, entry_id)
         try:
             with self._env.begin(db=self._locations) as txn:
                 value = txn.get(key)
@@ -81,7 +83,7 @@ class Index:
             raise CorruptedStorageError(
                 f"index location of ledger {ledger_id} entry {entry_id} is {len(value)} bytes, expected 8",
                 path=self.path, ledger_id=ledger_id, entry_id=entry_id)
-        return st.U64.unpack(value)[0]
+        return ix.LOCATION_VALUE.unpack(value)[0]
 
     def last_entry_id(self, ledger_id: int) -> int | None:
         """Highest entry id with a stored location for the ledger, or None."""
@@ -89,9 +91,9 @@ class Index:
         try:
             with self._env.begin(db=self._locations) as txn:
                 cur = txn.cursor()
-                if ledger_id == st.MAX_ID:
+                if ledger_id == ix.MAX_ID:
                     found = cur.last()
-                elif cur.set_range(st.LOCATION_KEY.pack(ledger_id + 1, 0)):
+                elif cur.set_range(ix.LOCATION_KEY.pack(ledger_id + 1, 0)):
                     found = cur.prev()  # the last key before the next ledger's first
                 else:
                     found = cur.last()  # no later ledger: the last key overall
@@ -190,7 +192,7 @@ class Index:
         out: list[int | None] = []
         try:
             with self._env.begin(db=self._locations) as txn:
-                get, pack, unpack = txn.get, st.LOCATION_KEY.pack, st.U64.unpack
+                get, pack, unpack = txn.get, ix.LOCATION_KEY.pack, ix.LOCATION_VALUE.unpack
                 for lid, eid in keys:
                     value = get(pack(lid, eid))
                     out.append(None if value is None or len(value) != 8 else unpack(value)[0])
@@ -249,7 +251,7 @@ class Index:
                                                     path=self.path)
                     raw = array.array("Q", b"".join(chunk))
                     if sys.byteorder == "little":
-                        raw.byteswap()  # stored big-endian (st.U64)
+                        raw.byteswap()  # stored big-endian (ix.LOCATION_VALUE)
                     locs = sorted(raw)
                     i = 0
                     while i < len(locs):
@@ -268,9 +270,9 @@ class Index:
         try:
             with self._env.begin(db=self._state) as txn:
                 cur = txn.cursor()
-                if cur.set_range(st.COMPACTING_PREFIX):
+                if cur.set_range(ix.COMPACTING_PREFIX):
                     for key in cur.iternext(values=False):
-                        if not key.startswith(st.COMPACTING_PREFIX):
+                        if not key.startswith(ix.COMPACTING_PREFIX):
                             break
                         log_id = st.parse_compacting_log_key(bytes(key))
                         if log_id is not None:
@@ -396,7 +398,7 @@ class IndexWriter:
             split = 0  # records [split, n) go past the last stored key
             if cur.last():
                 split = bisect.bisect_right(range(n), cur.key(),
-                                            key=lambda i: packed[i * _RECORD_BYTES:i * _RECORD_BYTES + 16])
+                                            key=lambda i: packed[i * _RECORD_BYTES:i * _RECORD_BYTES + _KEY_BYTES])
             if split:
                 cur.putmulti(items(packed, 0, split))
             if split < n:
@@ -425,7 +427,7 @@ class IndexWriter:
         try:
             txn.delete(key, db=idx._ledgers)
             cur = txn.cursor(db=idx._locations)
-            if cur.set_range(st.LOCATION_KEY.pack(ledger_id, 0)):
+            if cur.set_range(ix.LOCATION_KEY.pack(ledger_id, 0)):
                 while cur.key()[:8] == prefix:
                     removed += 1
                     if not cur.delete():  # delete moves to the next key; False at the end
@@ -440,7 +442,7 @@ class IndexWriter:
         keeps its newer location; a deleted one stays deleted). Returns how many moved."""
         txn = self._live()
         idx = self._index
-        pack, u64 = st.LOCATION_KEY.pack, st.U64
+        pack, u64 = ix.LOCATION_KEY.pack, ix.LOCATION_VALUE
         moved = 0
         try:
             for lid, eid, old, new in moves:

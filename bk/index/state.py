@@ -1,6 +1,7 @@
-"""Byte formats of the LMDB index (STORAGE.md "Index (LMDB)"): keys and values.
+"""Encoders and checking decoders of the LMDB index's keys and values, and LedgerState.
 
-Pure module (no lmdb): key/value encoders and decoders, LedgerState.
+Pure module (no lmdb). The layouts themselves are bk/formats/index.py's (one home for every
+format); this module adds the checks that turn a bad stored value into CorruptedStorageError:
 
     locations  key ledger_id i64 | entry_id i64 (big-endian; ids are non-negative,
                so byte order is (ledger, entry) order)   value location u64
@@ -19,25 +20,15 @@ import struct
 from dataclasses import dataclass
 
 from bk.errors import CorruptedStorageError
-from bk.journal import LogMark
+from bk.formats.index import (COMPACTING_PREFIX, LEDGER_FLAG_EXISTS, LEDGER_FLAG_FENCED, LEDGER_FLAG_LIMBO,
+                              LEDGER_FLAGS_KNOWN, LEDGER_KEY, LEDGER_LAC_LENGTH, LEDGER_MAX_KEY_BYTES,
+                              LEDGER_RECORD_MIN_BYTES, LOCATION_KEY, LOCATION_VALUE, LOG_MARK_PREFIX, LOG_MARK_VALUE,
+                              MAX_ID, STATE_FLAG_TRUE)
+from bk.formats.index import STATE_NEEDS_INTEGRITY_CHECK as NEEDS_INTEGRITY_CHECK  # noqa: F401  (bk.index's names)
+from bk.formats.index import STATE_UNCLEAN_SHUTDOWN as UNCLEAN_SHUTDOWN  # noqa: F401
+from bk.formats.journal import LogMark
 
-MAX_ID = (1 << 63) - 1
-
-FLAG_EXISTS = 1
-FLAG_FENCED = 2
-FLAG_LIMBO = 4
-_KNOWN_FLAGS = FLAG_EXISTS | FLAG_FENCED | FLAG_LIMBO
-
-LOCATION_KEY = struct.Struct(">QQ")  # unsigned packing rejects negative ids
-LEDGER_KEY = struct.Struct(">Q")
-U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
-_MARK = struct.Struct(">QQ")
-
-UNCLEAN_SHUTDOWN = "unclean_shutdown"
-NEEDS_INTEGRITY_CHECK = "needs_integrity_check"
 _FLAG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_TRUE = b"1"
 
 
 @dataclass(frozen=True)
@@ -55,16 +46,18 @@ class LedgerState:
             if v is not None:
                 v = bytes(v)
                 object.__setattr__(self, name, v or None)  # b"" and None encode alike
-        if self.master_key is not None and len(self.master_key) > 255:
-            raise ValueError(f"master key of {len(self.master_key)} bytes; at most 255 fit its u8 length")
+        if self.master_key is not None and len(self.master_key) > LEDGER_MAX_KEY_BYTES:
+            raise ValueError(f"master key of {len(self.master_key)} bytes; at most {LEDGER_MAX_KEY_BYTES} fit "
+                             "its u8 length")
         if self.explicit_lac is not None and len(self.explicit_lac) > 0xFFFFFFFF:
             raise ValueError("explicit LAC does not fit its u32 length")
 
     def encode(self) -> bytes:
-        flags = FLAG_EXISTS | (FLAG_FENCED if self.fenced else 0) | (FLAG_LIMBO if self.limbo else 0)
+        flags = (LEDGER_FLAG_EXISTS | (LEDGER_FLAG_FENCED if self.fenced else 0)
+                 | (LEDGER_FLAG_LIMBO if self.limbo else 0))
         key = self.master_key or b""
         lac = self.explicit_lac or b""
-        return bytes((flags, len(key))) + key + _U32.pack(len(lac)) + lac
+        return bytes((flags, len(key))) + key + LEDGER_LAC_LENGTH.pack(len(lac)) + lac
 
     @classmethod
     def decode(cls, value: bytes, *, path: str | None = None, ledger_id: int | None = None) -> "LedgerState":
@@ -74,18 +67,18 @@ class LedgerState:
                                          path=path, ledger_id=ledger_id)
 
         value = bytes(value)
-        if len(value) < 6:
-            raise bad(f"{len(value)} bytes, at least 6 expected")
+        if len(value) < LEDGER_RECORD_MIN_BYTES:
+            raise bad(f"{len(value)} bytes, at least {LEDGER_RECORD_MIN_BYTES} expected")
         flags, key_len = value[0], value[1]
-        if flags & ~_KNOWN_FLAGS or not flags & FLAG_EXISTS:
+        if flags & ~LEDGER_FLAGS_KNOWN or not flags & LEDGER_FLAG_EXISTS:
             raise bad(f"bad flags {flags:#x}")
         pos = 2 + key_len
         if len(value) < pos + 4:
             raise bad(f"master key of {key_len} bytes runs past the value")
-        (lac_len,) = _U32.unpack_from(value, pos)
+        (lac_len,) = LEDGER_LAC_LENGTH.unpack_from(value, pos)
         if len(value) != pos + 4 + lac_len:
             raise bad(f"explicit LAC length {lac_len} does not match the value ({len(value)} bytes)")
-        return cls(fenced=bool(flags & FLAG_FENCED), limbo=bool(flags & FLAG_LIMBO),
+        return cls(fenced=bool(flags & LEDGER_FLAG_FENCED), limbo=bool(flags & LEDGER_FLAG_LIMBO),
                    master_key=value[2:pos] or None, explicit_lac=value[pos + 4:] or None)
 
 
@@ -123,9 +116,10 @@ def split_ledger_key(key: bytes, path: str | None = None) -> int:
 
 def decode_location(value: bytes, path: str | None = None) -> int:
     """The location of a stored location value; CorruptedStorageError unless 8 bytes."""
-    if len(value) != U64.size:
-        raise CorruptedStorageError(f"index location value of {len(value)} bytes, expected {U64.size}", path=path)
-    return U64.unpack(value)[0]
+    if len(value) != LOCATION_VALUE.size:
+        raise CorruptedStorageError(f"index location value of {len(value)} bytes, expected {LOCATION_VALUE.size}",
+                                    path=path)
+    return LOCATION_VALUE.unpack(value)[0]
 
 
 def ledger_key(ledger_id: int) -> bytes:
@@ -141,7 +135,7 @@ def flag_key(name: str) -> bytes:
 def decode_flag(name: str, value: bytes | None, path: str | None = None) -> bool:
     if value is None:
         return False
-    if bytes(value) != _TRUE:
+    if bytes(value) != STATE_FLAG_TRUE:
         raise CorruptedStorageError(f"index flag {name!r} has value {bytes(value)!r}, expected b'1'", path=path)
     return True
 
@@ -149,23 +143,20 @@ def decode_flag(name: str, value: bytes | None, path: str | None = None) -> bool
 def log_mark_key(journal_index: int) -> bytes:
     if not isinstance(journal_index, int) or journal_index < 0:
         raise ValueError(f"journal index must be a non-negative integer, got {journal_index!r}")
-    return b"logmark/%d" % journal_index
+    return LOG_MARK_PREFIX + b"%d" % journal_index
 
 
 def encode_log_mark(mark: LogMark) -> bytes:
     try:
-        return _MARK.pack(mark.file_id, mark.offset)
+        return LOG_MARK_VALUE.pack(mark.file_id, mark.offset)
     except struct.error:
         raise ValueError(f"log mark {mark!r} does not fit u64 file id and offset") from None
 
 
 def decode_log_mark(value: bytes, path: str | None = None) -> LogMark:
-    if len(value) != _MARK.size:
-        raise CorruptedStorageError(f"index log mark is {len(value)} bytes, expected {_MARK.size}", path=path)
-    return LogMark(*_MARK.unpack(value))
-
-
-COMPACTING_PREFIX = b"compacting/"
+    if len(value) != LOG_MARK_VALUE.size:
+        raise CorruptedStorageError(f"index log mark is {len(value)} bytes, expected {LOG_MARK_VALUE.size}", path=path)
+    return LogMark(*LOG_MARK_VALUE.unpack(value))
 
 
 def compacting_log_key(log_id: int) -> bytes:

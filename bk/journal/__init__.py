@@ -6,7 +6,6 @@ from bk.journal.journal import Journal
 from bk.journal.records import (
     EXPLICIT_LAC,
     FENCE,
-    HEADER_BYTES,
     MASTER_KEY,
     META_IDS,
     LogMark,
@@ -25,7 +24,6 @@ __all__ = [
     "FENCE",
     "EXPLICIT_LAC",
     "META_IDS",
-    "HEADER_BYTES",
     "meta_body",
     "parse_ids",
     "file_path",

@@ -1,4 +1,7 @@
-"""Journal file and record formats (STORAGE.md, "Journal files").
+"""Journal files: headers, meta-records, file names (STORAGE.md, "Journal files").
+
+The byte layouts are bk/formats/journal.py's (one home for every format); this module
+writes and checks them, and turns a bad header into CorruptedStorageError.
 
 Format 1 (still read): a 16-byte header `BKJN | version u32 = 1 | file_id u64`,
 then records `length u32 | crc32c(body) u32 | body` back to back, appended.
@@ -23,56 +26,42 @@ from __future__ import annotations
 
 import os
 import re
-import struct
-from typing import NamedTuple
 
 from bk.config import BookieConfig
 from bk._native import load
 from bk.errors import CorruptedStorageError
+from bk.formats.entry import ENTRY_IDS as _ids
+from bk.formats.journal import (JOURNAL_ALIGNMENT_OFFSET, JOURNAL_FILE_SUFFIX, JOURNAL_FILLER_BYTES,
+                                JOURNAL_FILLER_FILE_END, JOURNAL_FILLER_LEDGER, JOURNAL_FILLER_PADDING,
+                                JOURNAL_FORMAT_V1, JOURNAL_FORMAT_V2, JOURNAL_FORMATS, JOURNAL_MAGIC,
+                                JOURNAL_MAX_ALIGNMENT, JOURNAL_MAX_RECORD_FLOOR_BYTES, JOURNAL_META_EXPLICIT_LAC,
+                                JOURNAL_META_FENCE, JOURNAL_META_MASTER_KEY, JOURNAL_MIN_ALIGNMENT,
+                                JOURNAL_MIN_BODY_BYTES, JOURNAL_V1_HEADER, JOURNAL_V1_HEADER_BYTES, JOURNAL_V2_HEADER,
+                                JOURNAL_V2_HEADER_BYTES, LogMark)
 
 _crc32c = load("journal").crc32c
 
-MAGIC = b"BKJN"
-FORMAT_V1 = 1
-FORMAT_V2 = 2
+# The names the journal package has always used, bound to the one definition.
+FORMAT_V1 = JOURNAL_FORMAT_V1
+FORMAT_V2 = JOURNAL_FORMAT_V2
 FORMAT_VERSION = FORMAT_V2  # the newest this code writes (format 1 is still read and writable)
-FORMATS = (FORMAT_V1, FORMAT_V2)
-HEADER_BYTES = 16  # format 1's header; format 2's header block is `alignment` bytes
-V2_HEADER_BYTES = 20
-RECORD_HEADER_BYTES = 8  # length u32 + crc32c u32
-MIN_BODY_BYTES = 16  # ledger_id i64 + entry_id i64
-
-# BookKeeper's meta-record ids (stored where an entry record has its entry id).
-MASTER_KEY = -0x1000
-FENCE = -0x2000
-EXPLICIT_LAC = -0x8000
+FORMATS = JOURNAL_FORMATS
+MIN_BODY_BYTES = JOURNAL_MIN_BODY_BYTES  # ledger_id i64 + entry_id i64
+MASTER_KEY = JOURNAL_META_MASTER_KEY  # BookKeeper's meta-record ids
+FENCE = JOURNAL_META_FENCE
+EXPLICIT_LAC = JOURNAL_META_EXPLICIT_LAC
 META_IDS = frozenset((MASTER_KEY, FENCE, EXPLICIT_LAC))
+FILLER_LEDGER = JOURNAL_FILLER_LEDGER  # format 2 filler records: skipped by replay, never handed on
+PADDING = JOURNAL_FILLER_PADDING
+FILE_END = JOURNAL_FILLER_FILE_END
+FILLER_BYTES = JOURNAL_FILLER_BYTES
 
-# Format 2 filler records (ledger id FILLER_LEDGER): skipped by replay, never handed on.
-FILLER_LEDGER = -1
-PADDING = -0x100  # fills a group up to the alignment boundary
-FILE_END = -0x200  # nothing after it in this file is journal data
-FILLER_BYTES = RECORD_HEADER_BYTES + MIN_BODY_BYTES  # the smallest filler record
-# Records are bounded by the wire frame size; the floor keeps files written with
-# a larger frame setting readable after the setting is lowered.
-MAX_RECORD_FLOOR_BYTES = 64 * 1024 * 1024
-
-_header = struct.Struct(">4sIQ")
-_header_v2 = struct.Struct(">4sIQI")
-_ids = struct.Struct(">qq")
-_NAME_RE = re.compile(r"^([0-9a-f]+)\.txn$")
-
-
-class LogMark(NamedTuple):
-    """A journal position: records at or after it are replayed. Ordered by (file_id, offset)."""
-
-    file_id: int
-    offset: int
+_NAME_RE = re.compile(r"^([0-9a-f]+)" + re.escape(JOURNAL_FILE_SUFFIX) + "$")
 
 
 def max_record_bytes(config: BookieConfig) -> int:
     """Largest record body log() accepts and replay considers a sane length."""
-    return max(config.max_frame_size_bytes, MAX_RECORD_FLOOR_BYTES)
+    return max(config.max_frame_size_bytes, JOURNAL_MAX_RECORD_FLOOR_BYTES)
 
 
 def meta_body(ledger_id: int, meta_id: int, data: bytes = b"") -> bytes:
@@ -89,18 +78,18 @@ def parse_ids(body) -> tuple[int, int]:
 
 def encode_header(file_id: int) -> bytes:
     """Format 1's header."""
-    return _header.pack(MAGIC, FORMAT_V1, file_id)
+    return JOURNAL_V1_HEADER.pack(JOURNAL_MAGIC, FORMAT_V1, file_id)
 
 
 def encode_header_v2(file_id: int, alignment: int) -> bytes:
     """Format 2's header block (`alignment` bytes)."""
-    head = _header_v2.pack(MAGIC, FORMAT_V2, file_id, alignment)
+    head = JOURNAL_V2_HEADER.pack(JOURNAL_MAGIC, FORMAT_V2, file_id, alignment)
     return head + bytes(alignment - len(head))
 
 
 def file_seed(file_id: int) -> int:
     """The CRC seed of format 2 file `file_id`: never 0 (format 1's), differs per id."""
-    return _crc32c(b"BKJN" + file_id.to_bytes(8, "big")) or 1
+    return _crc32c(JOURNAL_MAGIC + file_id.to_bytes(8, "big")) or 1
 
 
 def filler_body(kind: int, nbytes: int) -> bytes:
@@ -110,12 +99,13 @@ def filler_body(kind: int, nbytes: int) -> bytes:
 
 def check_header(data: bytes, file_id: int, path: str) -> tuple[int, int]:
     """(format version, offset of the first record) of journal file `file_id`'s header
-    `data` (at least V2_HEADER_BYTES when the file has them); CorruptedStorageError if bad."""
-    if len(data) < HEADER_BYTES:
+    `data` (at least JOURNAL_V2_HEADER_BYTES when the file has them); CorruptedStorageError if bad."""
+    if len(data) < JOURNAL_V1_HEADER_BYTES:
         raise CorruptedStorageError(
-            f"journal file {path}: header is {len(data)} bytes, expected {HEADER_BYTES}", path=path, offset=0)
-    magic, version, header_id = _header.unpack_from(data, 0)
-    if magic != MAGIC:
+            f"journal file {path}: header is {len(data)} bytes, expected {JOURNAL_V1_HEADER_BYTES}",
+            path=path, offset=0)
+    magic, version, header_id = JOURNAL_V1_HEADER.unpack_from(data, 0)
+    if magic != JOURNAL_MAGIC:
         raise CorruptedStorageError(f"journal file {path}: bad magic {magic!r} at offset 0", path=path, offset=0)
     if version not in FORMATS:
         raise CorruptedStorageError(
@@ -125,21 +115,22 @@ def check_header(data: bytes, file_id: int, path: str) -> tuple[int, int]:
             f"journal file {path}: header names file id {header_id:x}, the file name says {file_id:x}",
             path=path, offset=8)
     if version == FORMAT_V1:
-        return version, HEADER_BYTES
-    if len(data) < V2_HEADER_BYTES:
+        return version, JOURNAL_V1_HEADER_BYTES
+    if len(data) < JOURNAL_V2_HEADER_BYTES:
         raise CorruptedStorageError(
-            f"journal file {path}: format 2 header is {len(data)} bytes, expected {V2_HEADER_BYTES}",
+            f"journal file {path}: format 2 header is {len(data)} bytes, expected {JOURNAL_V2_HEADER_BYTES}",
             path=path, offset=0)
-    alignment = _header_v2.unpack_from(data, 0)[3]
+    alignment = JOURNAL_V2_HEADER.unpack_from(data, 0)[3]
     if not valid_alignment(alignment):
         raise CorruptedStorageError(
-            f"journal file {path}: bad alignment {alignment} in the header at offset 16", path=path, offset=16)
+            f"journal file {path}: bad alignment {alignment} in the header at offset {JOURNAL_ALIGNMENT_OFFSET}",
+            path=path, offset=JOURNAL_ALIGNMENT_OFFSET)
     return version, alignment
 
 
 def valid_alignment(n: int) -> bool:
     """A power of two from 512 (a disk sector) to 1 MiB."""
-    return 512 <= n <= 1 << 20 and n & (n - 1) == 0
+    return JOURNAL_MIN_ALIGNMENT <= n <= JOURNAL_MAX_ALIGNMENT and n & (n - 1) == 0
 
 
 def current_dir(journal_dir: str) -> str:
@@ -147,7 +138,7 @@ def current_dir(journal_dir: str) -> str:
 
 
 def file_path(journal_dir: str, file_id: int) -> str:
-    return os.path.join(current_dir(journal_dir), f"{file_id:x}.txn")
+    return os.path.join(current_dir(journal_dir), f"{file_id:x}{JOURNAL_FILE_SUFFIX}")
 
 
 def list_files(journal_dir: str) -> list[tuple[int, str]]:

@@ -30,14 +30,14 @@ from typing import Callable, NamedTuple
 
 from bk.errors import CorruptedStorageError, StorageError
 from bk.fileio import DurableFile
+from bk.formats.journal import (JOURNAL_RECORD_HEAD_BYTES, JOURNAL_SCAN_BAD_CRC, JOURNAL_SCAN_BAD_LENGTH,
+                                JOURNAL_SCAN_CLEAN, JOURNAL_SCAN_SHORT, JOURNAL_V1_HEADER_BYTES,
+                                JOURNAL_V2_HEADER_BYTES)
 from bk.journal.records import (
     FILE_END,
     FILLER_LEDGER,
     FORMAT_V1,
-    HEADER_BYTES,
     MIN_BODY_BYTES,
-    RECORD_HEADER_BYTES,
-    V2_HEADER_BYTES,
     LogMark,
     check_header,
     file_seed,
@@ -48,7 +48,16 @@ from bk.journal.records import (
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 * 1024 * 1024
-_WHY = {1: "truncated record", 2: "bad record length", 3: "record CRC mismatch"}
+_ZERO_HEAD = bytes(JOURNAL_RECORD_HEAD_BYTES)
+
+
+def _zero_head(data, pos: int) -> bool:
+    """A record head of zeros at `pos`: the preallocated or zeroed tail of a file, not damage."""
+    return data[pos:pos + JOURNAL_RECORD_HEAD_BYTES] == _ZERO_HEAD
+
+
+_WHY = {JOURNAL_SCAN_SHORT: "truncated record", JOURNAL_SCAN_BAD_LENGTH: "bad record length",
+        JOURNAL_SCAN_BAD_CRC: "record CRC mismatch"}
 
 OnRecord = Callable[[int, int, memoryview], None]
 
@@ -113,12 +122,12 @@ class _FileReplay:
             size = os.fstat(fd).st_size
             if size == 0:
                 return 0, 0, None  # created, crashed before the header: nothing in it
-            if size < HEADER_BYTES:
+            if size < JOURNAL_V1_HEADER_BYTES:
                 if not self.is_last:
-                    check_header(os.pread(fd, HEADER_BYTES, 0), self.file_id, self.path)
+                    check_header(os.pread(fd, JOURNAL_V1_HEADER_BYTES, 0), self.file_id, self.path)
                 # an interrupted file creation: the header never became durable
                 return 0, 0, self._cut(0, f"truncated file header ({size} bytes)")
-            self.version, data_start = check_header(os.pread(fd, V2_HEADER_BYTES, 0), self.file_id, self.path)
+            self.version, data_start = check_header(os.pread(fd, JOURNAL_V2_HEADER_BYTES, 0), self.file_id, self.path)
             if self.version != FORMAT_V1:
                 self.seed = file_seed(self.file_id)
                 if size < data_start:
@@ -152,23 +161,23 @@ class _FileReplay:
                     # the CRC matched, so these bytes were written as they are
                     raise CorruptedStorageError(
                         f"journal file {self.path}: record of {body_len} bytes at offset "
-                        f"{pos + body_offset - RECORD_HEADER_BYTES} is too short for ledger and entry ids",
-                        path=self.path, offset=pos + body_offset - RECORD_HEADER_BYTES)
+                        f"{pos + body_offset - JOURNAL_RECORD_HEAD_BYTES} is too short for ledger and entry ids",
+                        path=self.path, offset=pos + body_offset - JOURNAL_RECORD_HEAD_BYTES)
                 ledger_id, entry_id = parse_ids(body)
                 if ledger_id == FILLER_LEDGER:  # format 2 filler: padding, or the file's end
                     if entry_id == FILE_END:
-                        return count, pos + body_offset - RECORD_HEADER_BYTES, None
+                        return count, pos + body_offset - JOURNAL_RECORD_HEAD_BYTES, None
                     continue
                 on_record(ledger_id, entry_id, body)
                 count += 1
-            if status == 0:
+            if status == JOURNAL_SCAN_CLEAN:
                 pos += stop
                 continue
-            if status == 1 and pos + len(data) < size:
+            if status == JOURNAL_SCAN_SHORT and pos + len(data) < size:
                 # the chunk ended inside a record, not the file: read it whole next time
                 pos += stop
                 if len(data) - stop >= 4:
-                    want = max(CHUNK_BYTES, RECORD_HEADER_BYTES + int.from_bytes(data[stop:stop + 4], "big"))
+                    want = max(CHUNK_BYTES, JOURNAL_RECORD_HEAD_BYTES + int.from_bytes(data[stop:stop + 4], "big"))
                 continue
             if self.version != FORMAT_V1:
                 return count, pos + stop, self._end_v2(fd, pos + stop, size, data, stop, status)
@@ -179,8 +188,8 @@ class _FileReplay:
 
     def _end_v2(self, fd: int, offset: int, size: int, data: bytes, stop: int, status: int) -> str | None:
         """A format 2 file's data stops at `offset` without a FILE_END record."""
-        zeros = status == 2 and data[stop:stop + RECORD_HEADER_BYTES] == bytes(RECORD_HEADER_BYTES)
-        why = "end of the data" if status == 0 else "zeroed tail" if zeros else _WHY[status]
+        zeros = status == JOURNAL_SCAN_BAD_LENGTH and _zero_head(data, stop)
+        why = "end of the data" if status == JOURNAL_SCAN_CLEAN else "zeroed tail" if zeros else _WHY[status]
         if not self.is_last:
             raise CorruptedStorageError(
                 f"journal file {self.path}: {why} at offset {offset} without its end record, "
@@ -191,7 +200,7 @@ class _FileReplay:
                 f"journal file {self.path}: {why} at offset {offset}, "
                 f"but a valid record follows at offset {follow}",
                 path=self.path, offset=offset)
-        return self._close_v2(fd, offset, size, why, report=not (status == 0 or zeros))
+        return self._close_v2(fd, offset, size, why, report=not (status == JOURNAL_SCAN_CLEAN or zeros))
 
     def _close_v2(self, fd: int, offset: int, size: int, why: str, report: bool = True) -> str | None:
         """Write a durable FILE_END at `offset` (the file is done: a later one follows)."""
@@ -244,7 +253,7 @@ class _ReadOnlyFileReplay(_FileReplay):
         return self._cut(offset, why)
 
     def _end_v2(self, fd: int, offset: int, size: int, data: bytes, stop: int, status: int) -> str | None:
-        if status == 0 or (status == 2 and data[stop:stop + RECORD_HEADER_BYTES] == bytes(RECORD_HEADER_BYTES)):
+        if status == JOURNAL_SCAN_CLEAN or (status == JOURNAL_SCAN_BAD_LENGTH and _zero_head(data, stop)):
             return None  # the zeroed tail of a file still being written
         return self._cut(offset, _WHY[status])
 
@@ -280,7 +289,7 @@ def _pread_all(fd: int, n: int, offset: int, path: str) -> bytes:
 def _find_valid_after(fd: int, path: str, start: int, size: int, kernel, max_record_bytes: int,
                       seed: int = 0) -> int:
     """Offset of the first valid record in [start, size), or -1 (maps the file, no copy)."""
-    if size - start < RECORD_HEADER_BYTES + 1:
+    if size - start < JOURNAL_RECORD_HEAD_BYTES + 1:
         return -1
     try:
         mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)

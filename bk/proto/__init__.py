@@ -1,12 +1,12 @@
-"""Sans-I/O BookKeeper wire protocol: layouts, constants, messages, codec, framing, digests.
+"""Sans-I/O BookKeeper wire protocol: constants, messages, codec, framing, digests.
 
 No sockets and no asyncio here: the server and client adapters feed bytes in and
 write the bytes these functions return. See /work/shared/docs/PROTOCOL.md and
 docs/PROTOCOL-EXTENSIONS.md (READ_LAC, WRITE_LAC, GET_BOOKIE_INFO layouts).
 
-The package's names are loaded on first use (PEP 562), so importing the leaf
-module bk.proto.layout - which the pure kernel twins in bk._native do - does not
-import the codec, which itself loads those kernels.
+The byte layouts are bk/formats/wire.py's (bk.proto.layout re-exports them for
+callers not yet moved). The package's names are loaded on first use (PEP 562), so
+importing one module does not import the codec, which loads the native kernels.
 """
 from __future__ import annotations
 

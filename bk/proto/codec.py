@@ -22,12 +22,12 @@ from __future__ import annotations
 import struct
 
 from bk import _native
-from bk.proto import layout
+from bk.formats import wire as layout
 from bk.proto.constants import OpCode, StatusCode
-from bk.proto.layout import (
+from bk.formats.wire import (
     ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, BATCH_READ_ENTRY_LENGTH_BYTES,
     BATCH_READ_REQUEST_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES, ENTRY_HEADER_LENGTH, FLAG_DO_FENCING,
-    GET_BOOKIE_INFO_REQUEST_BYTES, GET_BOOKIE_INFO_RESPONSE_BYTES, HEADER_BYTES, ID_BYTES, LAC_HEADER_LENGTH,
+    GET_BOOKIE_INFO_REQUEST_BYTES, GET_BOOKIE_INFO_RESPONSE_BYTES, PACKET_HEADER_BYTES, ID_BYTES, LAC_HEADER_LENGTH,
     MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, PROTOCOL_VERSION, READ_LAC_REQUEST_BYTES,
     READ_LAC_RESPONSE_MIN_BYTES, READ_REQUEST_BYTES, READ_RESPONSE_HEADER_BYTES, RESPONSE_IDS_OFFSET,
     WRITE_LAC_BUF_OFFSET, WRITE_LAC_IDS_OFFSET, WRITE_LAC_REQUEST_MIN_BYTES, WRITE_LAC_RESPONSE_BYTES,
@@ -202,7 +202,7 @@ def _fencing_key(f, n, fixed, flags, what, op, version, ids):
 def _decode_read(f, n, version, flags):
     ids = {}
     if n >= READ_REQUEST_BYTES:
-        ledger_id, entry_id = _qq.unpack_from(f, HEADER_BYTES)
+        ledger_id, entry_id = _qq.unpack_from(f, PACKET_HEADER_BYTES)
         ids = {"ledger_id": ledger_id, "entry_id": entry_id}
     key = _fencing_key(f, n, READ_REQUEST_BYTES, flags, "READ", READ, version, ids)
     if ledger_id < 0 or entry_id < -1:
@@ -224,11 +224,11 @@ def _decode_batch_read(f, n, version, flags):
 
 
 def _decode_auth(f, n, version, flags):
-    return AuthRequest(flags, bytes(f[HEADER_BYTES:]), version)
+    return AuthRequest(flags, bytes(f[PACKET_HEADER_BYTES:]), version)
 
 
 def _decode_read_lac(f, n, version, flags):
-    ids = {"ledger_id": _q.unpack_from(f, HEADER_BYTES)[0]} if n >= READ_LAC_REQUEST_BYTES else {}
+    ids = {"ledger_id": _q.unpack_from(f, PACKET_HEADER_BYTES)[0]} if n >= READ_LAC_REQUEST_BYTES else {}
     if n != READ_LAC_REQUEST_BYTES or ids["ledger_id"] < 0:
         raise _bad(f"READ_LAC request of {n} bytes (expected {READ_LAC_REQUEST_BYTES}) "
                    "or negative ledger id", READ_LAC, version, flags, **ids)
@@ -257,7 +257,7 @@ def _decode_info(f, n, version, flags):
     if n != GET_BOOKIE_INFO_REQUEST_BYTES:
         raise _bad(f"GET_BOOKIE_INFO request of {n} bytes, expected {GET_BOOKIE_INFO_REQUEST_BYTES}",
                    INFO, version, flags)
-    return GetBookieInfoRequest(flags, _q.unpack_from(f, HEADER_BYTES)[0], version)
+    return GetBookieInfoRequest(flags, _q.unpack_from(f, PACKET_HEADER_BYTES)[0], version)
 
 
 _REQUEST_DECODERS = {
@@ -271,12 +271,12 @@ def _readable_ids(f, n: int, op: int) -> dict:
     if op == ADD and n >= ADD_ENTRY_OFFSET + 2 * ID_BYTES:
         return dict(zip(("ledger_id", "entry_id"), _qq.unpack_from(f, ADD_ENTRY_OFFSET)))
     if op in (READ, BATCH) and n >= READ_REQUEST_BYTES:
-        ids = dict(zip(("ledger_id", "entry_id"), _qq.unpack_from(f, HEADER_BYTES)))
+        ids = dict(zip(("ledger_id", "entry_id"), _qq.unpack_from(f, PACKET_HEADER_BYTES)))
         if op == BATCH and n >= READ_REQUEST_BYTES + ID_BYTES:
             ids["request_id"] = _q.unpack_from(f, READ_REQUEST_BYTES)[0]
         return ids
     if op == READ_LAC and n >= READ_LAC_REQUEST_BYTES:
-        return {"ledger_id": _q.unpack_from(f, HEADER_BYTES)[0]}
+        return {"ledger_id": _q.unpack_from(f, PACKET_HEADER_BYTES)[0]}
     if op == WRITE_LAC and n >= WRITE_LAC_IDS_OFFSET + ID_BYTES:
         return {"ledger_id": _q.unpack_from(f, WRITE_LAC_IDS_OFFSET)[0]}
     return {}
@@ -285,7 +285,7 @@ def _readable_ids(f, n: int, op: int) -> dict:
 def decode_request(frame) -> object:
     """The request message in one frame body (bytes or memoryview, without the length)."""
     n = len(frame)
-    if n < HEADER_BYTES:
+    if n < PACKET_HEADER_BYTES:
         raise RequestDecodeError(f"request frame of {n} bytes has no header")
     version, op, flags = split_header(_u32.unpack_from(frame, 0)[0])
     known_op = op if op <= 0xFF else None
@@ -496,7 +496,7 @@ def _decode_batch_read_response(f, n):
 
 
 def _decode_auth_response(f, n):
-    return AuthResponse(bytes(f[HEADER_BYTES:]))
+    return AuthResponse(bytes(f[PACKET_HEADER_BYTES:]))
 
 
 def _sized(f, n, pos, what):
@@ -549,7 +549,7 @@ def decode_response(frame) -> object:
     it is a memoryview, so pass a view only of a buffer nobody writes again (FrameDecoder's
     feeds do: 64 KiB entries are not copied on their way to the digest check)."""
     n = len(frame)
-    if n < HEADER_BYTES:
+    if n < PACKET_HEADER_BYTES:
         raise ResponseDecodeError(f"response frame of {n} bytes has no header")
     version, op, _ = split_header(_u32.unpack_from(frame, 0)[0])
     if version > MAX_ACCEPTED_VERSION:

@@ -1,6 +1,7 @@
 """Entry digests: the client frames every entry it writes and checks every entry it reads.
 
-Digest-framed entry (PROTOCOL.md):
+Digest-framed entry (PROTOCOL.md; the layout is bk/formats/entry.py's, which also frames and
+checks CRC entries without native code for spark/):
     ledger_id(8) entry_id(8) last_add_confirmed(8) length(8) digest(N) payload
 The digest covers the 32-byte header followed by the payload (the digest bytes
 themselves are skipped):
@@ -22,8 +23,8 @@ import struct
 import zlib
 
 from bk import _native
-from bk.proto import layout
 from bk.errors import BKError, DigestMismatchError
+from bk.formats.entry import CRC32_DIGEST, CRC32C_DIGEST, ENTRY_HEADER, LAC_HEADER
 from bk.proto.constants import DIGEST_LENGTH_BYTES, ENTRY_HEADER_LENGTH, LAC_HEADER_LENGTH, DigestType
 
 _codec = _native.load("codec")
@@ -31,10 +32,10 @@ _crc32c = _codec.crc32c
 _crc32 = zlib.crc32
 _compare = hmac.compare_digest
 
-_entry_header = layout.ENTRY_HEADER
-_lac_header = layout.IDS
-_u64 = struct.Struct(">Q")
-_u32 = struct.Struct(">I")
+_entry_header = ENTRY_HEADER
+_lac_header = LAC_HEADER
+_u64 = CRC32_DIGEST
+_u32 = CRC32C_DIGEST
 
 _MAC_PREFIX = b"mac"
 

@@ -26,8 +26,8 @@ from google.protobuf.message import DecodeError, EncodeError
 from bk import _native
 from bk.errors import BadRequestError, NoSuchEntryError, ProtocolError
 from bk.proto.constants import V2_STATUS_BY_V3, V3_STATUS, StatusCode
-from bk.proto import layout as L
-from bk.proto.layout import (FLAG_DEFERRED_SYNC, FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FRAME_LENGTH, IDS as LAC_IDS,
+from bk.formats import wire as L
+from bk.formats.wire import (FLAG_DEFERRED_SYNC, FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FRAME_LENGTH, IDS as LAC_IDS,
                              LAC_HEADER_LENGTH, MASTER_KEY_LENGTH)
 from bk.proto.messages import (AddRequest, AddResponse, ForceLedgerRequest, ForceLedgerResponse, GetBookieInfoRequest,
                                GetBookieInfoResponse, GetListOfEntriesRequest, GetListOfEntriesResponse,

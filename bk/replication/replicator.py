@@ -41,7 +41,7 @@ from bk.errors import (
 )
 from bk.meta.ledger_metadata import LedgerMetadata
 from bk.proto import DigestManager, DigestType, StatusCode, master_key
-from bk.proto.layout import ADD_RECOVERY_HEADER, FRAME_HEAD, HEADER_BYTES
+from bk.formats.wire import ADD_RECOVERY_HEADER, FRAME_HEAD, PACKET_HEADER_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class EntryCopy:
     # -- write
     def _send_to_target(self, entry_id: int, body: bytes, answered) -> None:
         """The default `store`: a recovery ADD to the target bookie over the wire."""
-        frame = b"".join((FRAME_HEAD.pack(HEADER_BYTES + len(self.key) + len(body), ADD_RECOVERY_HEADER), self.key,
+        frame = b"".join((FRAME_HEAD.pack(PACKET_HEADER_BYTES + len(self.key) + len(body), ADD_RECOVERY_HEADER), self.key,
                           body))
         self.target_client.send_add(frame, self.ledger_id, entry_id, answered)
 

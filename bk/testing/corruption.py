@@ -13,9 +13,10 @@ import os
 
 from bk import fileio
 from bk._native import load
-from bk.entrylog import format as fmt
 from bk.entrylog.files import LogScan
-from bk.journal.records import FILE_END, FILLER_LEDGER, RECORD_HEADER_BYTES, check_header, list_files, parse_ids
+from bk.formats import entrylog as fmt
+from bk.formats.journal import JOURNAL_RECORD_HEAD_BYTES
+from bk.journal.records import FILE_END, FILLER_LEDGER, check_header, list_files, parse_ids
 
 _PARTS = ("payload", "ids", "size")
 
@@ -56,7 +57,7 @@ def entry_records(ledger_dirs, ledger_id: int, entry_id: int) -> list[tuple[str,
 
 def _records_end(path: str) -> int:
     with open(path, "rb") as fh:
-        head = fh.read(fmt.HEADER_BYTES)
+        head = fh.read(fmt.LOG_HEADER_BYTES)
         size = os.fstat(fh.fileno()).st_size
     try:
         header = fmt.decode_header(head)
@@ -84,8 +85,8 @@ def flip_entry_bit(ledger_dirs, ledger_id: int, entry_id: int, part: str = "payl
     if part == "ids" and not 0 <= bit < 64:
         raise ValueError("an entry id has bits 0..63")
     for path, offset, size in copies:
-        at, which = {"payload": (offset + fmt.SIZE_FIELD_BYTES + size - 1, bit % 8),
-                     "ids": (offset + fmt.SIZE_FIELD_BYTES + 15 - bit // 8, bit % 8),  # big-endian id
+        at, which = {"payload": (offset + fmt.LOG_SIZE_FIELD_BYTES + size - 1, bit % 8),
+                     "ids": (offset + fmt.LOG_SIZE_FIELD_BYTES + 15 - bit // 8, bit % 8),  # big-endian id
                      "size": (offset, 6)}[part]
         flip_bit(path, at, which)
         done.append((path, at))
@@ -99,7 +100,7 @@ def truncate_entry(ledger_dirs, ledger_id: int, entry_id: int) -> tuple[str, int
     if not copies:
         raise LookupError(f"ledger {ledger_id} entry {entry_id} is in no entry log under {list(ledger_dirs)}")
     path, offset, size = copies[-1]
-    new_size = offset + fmt.SIZE_FIELD_BYTES + size // 2
+    new_size = offset + fmt.LOG_SIZE_FIELD_BYTES + size // 2
     os.truncate(path, new_size)
     return path, new_size
 
@@ -109,7 +110,7 @@ def strip_ledgers_map(path: str) -> int:
     zeroed, file cut where the map began), so the bookie learns its usage by a scan.
     Durable (fsynced, and told to the power-loss tracker); returns the new size."""
     with open(path, "r+b") as fh:
-        header = fmt.decode_header(fh.read(fmt.HEADER_BYTES))
+        header = fmt.decode_header(fh.read(fmt.LOG_HEADER_BYTES))
         if not header.map_offset:
             raise ValueError(f"{path} has no ledgers map")
         fh.seek(0)
@@ -159,14 +160,14 @@ def journal_records(journal_dirs, ledger_id: int, entry_id: int) -> list[tuple[s
             with open(path, "rb") as fh:
                 data = fh.read()
             _version, pos = check_header(data, fid, path)  # records start after the header (block)
-            while pos + RECORD_HEADER_BYTES <= len(data):
+            while pos + JOURNAL_RECORD_HEAD_BYTES <= len(data):
                 n = int.from_bytes(data[pos:pos + 4], "big")
-                body = data[pos + RECORD_HEADER_BYTES:pos + RECORD_HEADER_BYTES + n]
+                body = data[pos + JOURNAL_RECORD_HEAD_BYTES:pos + JOURNAL_RECORD_HEAD_BYTES + n]
                 if n < 16 or len(body) < n or parse_ids(body) == (FILLER_LEDGER, FILE_END):
                     break  # (a format 2 file's zeroed or stale tail: nothing of this file's)
                 if parse_ids(body) == (ledger_id, entry_id):
                     found.append((path, pos, n))
-                pos += RECORD_HEADER_BYTES + n
+                pos += JOURNAL_RECORD_HEAD_BYTES + n
     return found
 
 
@@ -181,7 +182,7 @@ def flip_journal_bit(journal_dirs, ledger_id: int, entry_id: int, part: str = "p
         raise LookupError(f"ledger {ledger_id} entry {entry_id} is in no journal under {list(journal_dirs)}")
     done = []
     for path, offset, n in copies:
-        at = offset + RECORD_HEADER_BYTES + (n - 1 if part == "payload" else 15)
+        at = offset + JOURNAL_RECORD_HEAD_BYTES + (n - 1 if part == "payload" else 15)
         flip_bit(path, at, bit)
         done.append((path, at))
     return done

@@ -22,7 +22,7 @@ import pytest
 
 from bk import eventloop
 from bk.client import BookKeeper, BookieClient
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.proto import DigestManager, StatusCode
 from bk.testing.cluster import LocalCluster, run_shell
 from bk.testing.powerloss import simulate_power_loss

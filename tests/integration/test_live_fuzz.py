@@ -13,7 +13,7 @@ import fuzz
 from bk import eventloop
 from bk.proto import FrameDecoder, ReadRequest, StatusCode, decode_response, encode_request, v3
 from bk.testing.cluster import LocalCluster
-from bk.proto.layout import OP_READ_LAC, PROTOCOL_VERSION, pack_header
+from bk.formats.wire import OP_READ_LAC, PROTOCOL_VERSION, pack_header
 from fuzz.live import fuzz_bookie
 
 READ_LAC_HEADER = pack_header(PROTOCOL_VERSION, OP_READ_LAC)

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from bk.client import BookKeeper
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.meta.ledger_metadata import LedgerState
 from bk.proto import StatusCode
 from bk.testing.cluster import LocalCluster

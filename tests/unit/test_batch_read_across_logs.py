@@ -13,7 +13,7 @@ import pytest
 
 from bk.bookie import Bookie
 from bk.config import load_config
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.entrylog.spans import BufferSpan, FileSpan
 from bk.proto import BatchReadRequest
 from bk.server.processor import RequestProcessor

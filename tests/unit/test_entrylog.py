@@ -7,7 +7,9 @@ import threading
 import pytest
 
 from bk.config import BookieConfig, load_config
-from bk.entrylog import EntryLogger, format as fmt, logger as logger_mod
+from bk.entrylog import EntryLogger
+from bk.entrylog import logger as logger_mod
+from bk.formats import entrylog as fmt
 from bk.entrylog.logger import DiskUsage
 from bk.errors import ConfigError, CorruptedStorageError, DiskFullError, NoSuchEntryError, StorageError
 
@@ -26,7 +28,7 @@ def entry(ledger_id: int, entry_id: int, payload_len: int, seed: int = 0) -> byt
 
 def read_header(path):
     with open(path, "rb") as fh:
-        return fmt.decode_header(fh.read(fmt.HEADER_BYTES))
+        return fmt.decode_header(fh.read(fmt.LOG_HEADER_BYTES))
 
 
 @pytest.fixture
@@ -56,7 +58,7 @@ def test_round_trip_many_sizes_many_logs(dirs):
     for (lid, eid), (loc, e) in written.items():
         assert el.read_entry(lid, eid, loc) == e
         log_id, off = fmt.split_location(loc)
-        assert off >= fmt.HEADER_BYTES and (off + 4 + len(e) <= 64 * KiB or off == fmt.HEADER_BYTES)
+        assert off >= fmt.LOG_HEADER_BYTES and (off + 4 + len(e) <= 64 * KiB or off == fmt.LOG_HEADER_BYTES)
     el.close()
 
 
@@ -64,7 +66,7 @@ def test_locations_are_sequential_records(tmp_path):
     el = EntryLogger([str(tmp_path)], cfg())
     es = [entry(1, i, i) for i in range(20)]
     locs = el.add_entries(es)
-    assert locs[0] == (el.current_log_id << 32) | fmt.HEADER_BYTES
+    assert locs[0] == (el.current_log_id << 32) | fmt.LOG_HEADER_BYTES
     for a, b, e in zip(locs, locs[1:], es):
         assert b - a == 4 + len(e)
     assert el.add_entries([]) == []
@@ -85,7 +87,7 @@ def test_rotation_writes_a_valid_ledgers_map(tmp_path):
     path = el.log_path(first)
     hdr = read_header(path)
     assert hdr.log_id == first and hdr.map_count == 3
-    assert hdr.map_offset == fmt.HEADER_BYTES + sum(expect.values())
+    assert hdr.map_offset == fmt.LOG_HEADER_BYTES + sum(expect.values())
     with open(path, "rb") as fh:
         raw = fh.read()
     assert len(raw) == hdr.map_offset + fmt.ledgers_map_bytes(3)
@@ -105,7 +107,7 @@ def test_batch_split_across_rotation_and_oversized_entry(tmp_path):
     assert len({fmt.split_location(l)[0] for l in locs}) == 3
     big = entry(2, 0, 100 * KiB)  # bigger than the limit: a log of its own
     [bloc] = el.add_entries([big])
-    assert fmt.split_location(bloc)[1] == fmt.HEADER_BYTES
+    assert fmt.split_location(bloc)[1] == fmt.LOG_HEADER_BYTES
     for e, loc in zip(es + [big], locs + [bloc]):
         assert el.read_entry(*struct.unpack(">qq", e[:16]), loc) == e
     el.add_entries([entry(3, 0, 10)])  # and the next entry goes to a fresh log again
@@ -184,7 +186,7 @@ def test_corruption_is_never_no_such_entry(tmp_path):
     with pytest.raises(CorruptedStorageError):
         el.read_entry(9, 0, (el.current_log_id << 32) | 10_000_000)  # past the end
     with pytest.raises(CorruptedStorageError):
-        el.read_entry(9, 0, (999 << 32) | fmt.HEADER_BYTES)  # no such log
+        el.read_entry(9, 0, (999 << 32) | fmt.LOG_HEADER_BYTES)  # no such log
     el.close()
 
 
@@ -523,10 +525,10 @@ def test_flush_bytes_syncs_in_steps_during_a_big_batch(tmp_path, monkeypatch):
         monkeypatch.undo()
         if expect_steps:
             # a sync once at least `step` bytes are unsynced; no write bigger than a step
-            assert len(during) >= 2 and max(w for w in writes if w > fmt.HEADER_BYTES) <= step
+            assert len(during) >= 2 and max(w for w in writes if w > fmt.LOG_HEADER_BYTES) <= step
             assert all(step <= b - a <= 2 * step for a, b in zip(during, during[1:]))
         else:
-            assert during == [s for s in during if s <= fmt.HEADER_BYTES]  # only the new log's header
+            assert during == [s for s in during if s <= fmt.LOG_HEADER_BYTES]  # only the new log's header
         assert [el.read_entry(1, i, loc) for i, loc in enumerate(locs)] == entries
         el.close()
 
@@ -552,7 +554,7 @@ def test_flush_steps_grow_while_the_checkpoint_is_behind(tmp_path, monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(logger_mod.DurableFile, "fsync", fsync)
             locs = el.add_entries(entries)
-        during = [s for s in syncs if s > fmt.HEADER_BYTES]
+        during = [s for s in syncs if s > fmt.LOG_HEADER_BYTES]
         gaps[behind] = [b - a for a, b in zip(during, during[1:])]
         el.flush()
         assert [el.read_entry(1, i, loc) for i, loc in enumerate(locs)] == entries

@@ -7,7 +7,8 @@ import pytest
 
 from bk._native import load
 from bk.config import load_config
-from bk.entrylog import SCAN_BAD_SIZE, SCAN_CLEAN, SCAN_TRUNCATED, EntryLogger, LogScan, format as fmt
+from bk.entrylog import SCAN_BAD_SIZE, SCAN_CLEAN, SCAN_TRUNCATED, EntryLogger, LogScan
+from bk.formats import entrylog as fmt
 
 KiB = 1024
 
@@ -76,7 +77,7 @@ def test_unclosed_log_is_not_appended_after_restart(tmp_path):
     el2.flush()
     assert fmt.split_location(more[0])[0] == last + 1
     assert os.path.getsize(path) == size  # untouched
-    assert fmt.decode_header(open(path, "rb").read(fmt.HEADER_BYTES)).map_offset == 0
+    assert fmt.decode_header(open(path, "rb").read(fmt.LOG_HEADER_BYTES)).map_offset == 0
     for i, loc in enumerate(locs):
         assert el2.read_entry(3, i, loc) == es[i]
     assert el2.ledgers_map(last) == usage_of(es)  # no stored map: scanned
@@ -146,7 +147,7 @@ def test_bad_ledgers_map_crc_falls_back_to_scan(tmp_path):
     log_id = el.current_log_id
     el.close()
     path = el.log_path(log_id)
-    hdr = fmt.decode_header(open(path, "rb").read(fmt.HEADER_BYTES))
+    hdr = fmt.decode_header(open(path, "rb").read(fmt.LOG_HEADER_BYTES))
     assert hdr.map_count == 3
     with open(path, "r+b") as fh:
         fh.seek(hdr.map_offset + 5)
@@ -170,7 +171,7 @@ def test_scan_across_chunk_boundaries(tmp_path, chunk):
     log_id = el.current_log_id
     el.close()
     path = el.log_path(log_id)
-    end = fmt.decode_header(open(path, "rb").read(fmt.HEADER_BYTES)).map_offset
+    end = fmt.decode_header(open(path, "rb").read(fmt.LOG_HEADER_BYTES)).map_offset
     scan = LogScan(load("entrylog"), path, log_id, end, 1 << 20, chunk_bytes=chunk)
     got = list(scan)
     assert scan.status == SCAN_CLEAN and scan.stop_offset == end

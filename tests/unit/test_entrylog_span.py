@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from bk.entrylog import EntryLogger, format as fmt, spans as spans_mod
+from bk.entrylog import EntryLogger
+from bk.entrylog import spans as spans_mod
+from bk.formats import entrylog as fmt
 from bk.entrylog.spans import BufferSpan, FileSpan
 from bk.errors import CorruptedStorageError
 

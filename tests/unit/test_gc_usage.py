@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from bk.config import load_config
-from bk.entrylog import EntryLogger, format as fmt
+from bk.entrylog import EntryLogger
+from bk.formats import entrylog as fmt
 from bk.entrylog.usage import (EntryLogMetadata, ScanReport, list_entry_logs, read_ledgers_map, read_log_metadata,
                                scan_records)
 
@@ -61,7 +62,7 @@ def test_corrupt_map_is_rebuilt_by_scan(tmp_path):
     _, expected = write_logs(tmp_path)
     log_id, path = list_entry_logs(str(tmp_path / "ledgers"))[0]
     with open(path, "r+b") as fh:
-        header = fmt.decode_header(fh.read(fmt.HEADER_BYTES))
+        header = fmt.decode_header(fh.read(fmt.LOG_HEADER_BYTES))
         fh.seek(header.map_offset + 3)
         b = fh.read(1)
         fh.seek(header.map_offset + 3)
@@ -110,7 +111,7 @@ def test_pure_scan_agrees_with_the_kernel_scan(tmp_path):
 
 
 def test_usage_module_loads_no_native_code():
-    code = ("import sys, bk.entrylog.usage, bk.entrylog.format; "
+    code = ("import sys, bk.entrylog.usage, bk.formats.entrylog, bk.formats.entry; "
             "bad = [m for m in sys.modules if m.startswith(('bk._native', 'bk.server', 'bk.index', 'lmdb'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -15,7 +15,7 @@ import pytest
 
 from bk import eventloop
 from bk.bookie import Bookie
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.testing.corruption import logs_holding
 from bk.testing.gc_host import DeletePolicy
 
@@ -25,7 +25,7 @@ from tests.unit.test_gc_damaged_logs import NO_COMPACTION, check, log_id_of, mak
 def point_header_at(path: str, offset: int) -> None:
     """Rewrite the header's map offset (the map itself stays where it was written)."""
     with open(path, "r+b") as fh:
-        header = fmt.decode_header(fh.read(fmt.HEADER_BYTES))
+        header = fmt.decode_header(fh.read(fmt.LOG_HEADER_BYTES))
         assert header.map_offset and header.map_offset != offset
         fh.seek(0)
         fh.write(fmt.encode_header(header.log_id, offset, header.map_count))

@@ -8,7 +8,7 @@ import os
 import shutil
 
 from bk.client import BookKeeper
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.meta.ledger_manager import LedgerManager
 from bk.testing.inprocess import InProcessCluster
 

@@ -17,10 +17,10 @@ from bk.config import load_config
 from bk.errors import BadRequestError, DiskFullError, StorageError
 from bk.fileio import DurableFile
 from bk.journal.journal import FIELDS
+from bk.formats.journal import JOURNAL_V1_HEADER_BYTES
 from bk.journal import (
     EXPLICIT_LAC,
     FENCE,
-    HEADER_BYTES,
     MASTER_KEY,
     Journal,
     LogMark,
@@ -340,7 +340,7 @@ def test_rotation_creates_consecutive_files_with_headers(tmp_path):
     assert ids == list(range(first, first + len(ids))) and len(ids) >= 3
     for fid, path in files:
         with open(path, "rb") as fh:
-            head = fh.read(HEADER_BYTES)
+            head = fh.read(JOURNAL_V1_HEADER_BYTES)
         assert head == b"BKJN" + struct.pack(">IQ", 1, fid)
     for _, path in files[:-1]:
         assert os.path.getsize(path) >= 64 * 1024
@@ -383,11 +383,11 @@ def test_gc_deletes_files_behind_the_mark_only(tmp_path):
 def test_last_mark_tracks_written_records(tmp_path):
     j = Journal(str(tmp_path), make_config())
     j.start()
-    assert j.last_mark() == LogMark(j.current_file_id, HEADER_BYTES)
+    assert j.last_mark() == LogMark(j.current_file_id, JOURNAL_V1_HEADER_BYTES)
     c = Completions()
     j.log(entry(1, 0, 100), c.cb, 0)
     c.wait(1)
-    assert j.last_mark() == LogMark(j.current_file_id, HEADER_BYTES + 108)
+    assert j.last_mark() == LogMark(j.current_file_id, JOURNAL_V1_HEADER_BYTES + 108)
     j.stop()
 
 
@@ -593,7 +593,7 @@ def test_big_records_are_written_without_a_frame_copy_and_replay_the_same(tmp_pa
     assert [b for _, _, b in got] == bodies
     from bk._native import load
     with open(file_path(str(tmp_path), 1), "rb") as f:
-        assert f.read()[HEADER_BYTES:] == load("journal").frame_records(bodies)
+        assert f.read()[JOURNAL_V1_HEADER_BYTES:] == load("journal").frame_records(bodies)
 
 
 def test_a_bad_body_among_big_records_fails_alone(tmp_path):

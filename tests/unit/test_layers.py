@@ -65,8 +65,8 @@ THIRD_PARTY_HOME = {"kazoo": {"meta"}, "lmdb": {"index"}, "prometheus_client": {
 # spark/ (top level, its own layer): bk's pure format modules (bk.formats, the leaf package of
 # every layout, and the two below), bk.meta's API and the CLI's progress helper; never
 # bk._native, the server, the bookie or kazoo.
-SPARK_ALLOWED_BK = {"bk.entrylog.format", "bk.entrylog.usage", "bk.proto.constants", "bk.errors", "bk.cli.progress",
-                    "bk.entrylog"}  # `from bk.entrylog import format, usage`: the package loads lazily
+SPARK_ALLOWED_BK = {"bk.entrylog.usage", "bk.errors", "bk.cli.progress",
+                    "bk.entrylog"}  # `from bk.entrylog import usage`: the package loads lazily
 SPARK_FORBIDDEN_THIRD_PARTY = {"kazoo", "lmdb", "aiohttp", "uvloop"}
 
 
@@ -80,17 +80,9 @@ def _spark_allows(name: str) -> bool:
 
 
 # (importing file, imported module) -> the issue 29 part that removes it. Exact: see the docstring.
-FORMATS_PART = "issue 29, 'One home for every format' (layouts move to the leaf package bk/formats)"
-KNOWN_VIOLATIONS = {
-    # bk._native's pure twins read the wire layout from bk.proto.layout, a layer above them: the
-    # proto/_native edge issue 29 names (bk.proto's own imports of bk._native run down the layers)
-    ("bk/_native/codec_py.py", "bk.proto.layout"): FORMATS_PART,
-    ("bk/_native/codec_v3_py.py", "bk.proto.layout"): FORMATS_PART,
-    ("bk/_native/reads_py.py", "bk.proto.layout"): FORMATS_PART,
-    # the index persists journal log marks with the journal's LogMark (a peer, not a layer below):
-    # the log mark's (file_id, offset) layout belongs with the journal's records in bk/formats
-    ("bk/index/state.py", "bk.journal"): FORMATS_PART,
-}
+# (issue 29's "One home for every format" removed the last four: the kernels' pure twins read
+# bk.formats.wire, the index's log marks are bk.formats.journal.LogMark.)
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 
 
 def _layer_of(path: pathlib.Path) -> str:

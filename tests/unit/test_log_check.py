@@ -14,7 +14,7 @@ import pytest
 
 from bk.bookie import Bookie
 from bk.bookie.log_check import check_entry_logs
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.errors import LedgerLimboError, NoSuchEntryError, StorageError
 from bk.testing.cluster import write_toml
 

@@ -9,7 +9,7 @@ from bk._native import load_native, load_pure
 from bk.proto import AddRequest, FrameDecoder, encode_request, v3
 from bk.client.wire_v3 import request_to_v3
 from bk.proto.constants import V2_STATUS_BY_V3
-from bk.proto.layout import FLAG_DEFERRED_SYNC
+from bk.formats.wire import FLAG_DEFERRED_SYNC
 
 PURE = load_pure("codec_v3")
 NATIVE = load_native("codec_v3")

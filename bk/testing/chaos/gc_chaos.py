@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from bk._native import load
 from bk.bookie import Bookie
 from bk.bookie.log_check import is_dead
-from bk.entrylog import format as fmt
+from bk.formats import entrylog as fmt
 from bk.entrylog.files import LogScan
 from bk.errors import BookieIOError, NoSuchEntryError, NoSuchLedgerError, StorageError
 from bk.testing.corruption import damage_record_size, strip_ledgers_map

@@ -1,5 +1,7 @@
-# GENERATED from bk/proto/layout.py by setup.py (layout.pxi_text()): do not edit.
-# tests/unit/test_proto_layout.py fails when this copy is stale.
+# GENERATED from bk/formats/*.py by setup.py (bk/formats/pxi.py, pxi_text()): do not edit.
+# tests/unit/test_formats.py fails when this copy is stale.
+
+# bk.formats.wire
 cdef enum:
     WL_MAX_ACCEPTED_VERSION = 2
     WL_OP_ADD_ENTRY = 1
@@ -8,7 +10,7 @@ cdef enum:
     WL_READ_REQUEST_BYTES = 20
     WL_FLAG_RECOVERY_ADD = 2
     WL_FLAG_DEFERRED_SYNC = 8
-    WL_HEADER_BYTES = 4
+    WL_PACKET_HEADER_BYTES = 4
     WL_MASTER_KEY_LENGTH = 20
     WL_ENTRY_HEADER_LENGTH = 32
     WL_ENTRY_LAC_OFFSET = 16
@@ -43,3 +45,25 @@ cdef enum:
     WL_V3_WIRE_VARINT = 0
     WL_V3_WIRE_LEN = 2
     WL_V3_WRITE_FLAG_DEFERRED_SYNC = 1
+
+# bk.formats.journal
+cdef enum:
+    JN_JOURNAL_RECORD_HEAD_BYTES = 8
+    JN_JOURNAL_SCAN_CLEAN = 0
+    JN_JOURNAL_SCAN_SHORT = 1
+    JN_JOURNAL_SCAN_BAD_LENGTH = 2
+    JN_JOURNAL_SCAN_BAD_CRC = 3
+
+# bk.formats.entrylog
+cdef enum:
+    EL_LOG_SIZE_FIELD_BYTES = 4
+    EL_LOG_MIN_ENTRY_BYTES = 16
+    EL_LOG_SCAN_CLEAN = 0
+    EL_LOG_SCAN_TRUNCATED = 1
+    EL_LOG_SCAN_BAD_SIZE = 2
+
+# bk.formats.index
+cdef enum:
+    IX_LOCATION_KEY_BYTES = 16
+    IX_LOCATION_VALUE_BYTES = 8
+    IX_LOCATION_RECORD_BYTES = 24
