@@ -116,6 +116,53 @@ def total_space(dirs) -> DiskUsage:
     return DiskUsage(total, free, (1.0 - free / total) if total else 1.0)
 
 
+# The one thread that runs statvfs for the event loop (on_space_thread). A daemon, so that a
+# call hung on a sick disk neither holds up the process's exit nor takes a worker of the
+# default executor, which the read path uses.
+_space_queue = None
+_space_lock = threading.Lock()
+
+
+async def on_space_thread(fn, *args):
+    """`fn(*args)` (total_space, disk_space, or a function calling them) on the disk-space
+    thread, awaited from the event loop. Calls run one at a time: behind a hung statvfs, later
+    ones wait for it instead of each taking a thread."""
+    global _space_queue
+    import asyncio
+    import queue
+
+    with _space_lock:
+        if _space_queue is None:
+            _space_queue = queue.SimpleQueue()
+            threading.Thread(target=_space_worker, args=(_space_queue,), name="bk-disk-space", daemon=True).start()
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    _space_queue.put((fn, args, loop, fut))
+    return await fut
+
+
+def _space_worker(q) -> None:
+    while True:
+        fn, args, loop, fut = q.get()
+        try:
+            result, error = fn(*args), None
+        except BaseException as e:  # handed to the awaiting caller
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(_settle, fut, result, error)
+        except RuntimeError:  # that loop is closed: nobody waits any more
+            pass
+
+
+def _settle(fut, result, error) -> None:
+    if fut.done():  # the caller was cancelled
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
 def check_commit(path: str) -> None:
     """bk.index calls this before an LMDB commit: an injected commit failure raises
     StorageError (DiskFullError for ENOSPC) and the transaction is aborted."""

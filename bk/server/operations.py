@@ -22,12 +22,11 @@ handler and a row in `Operations.handlers` and `ERROR_ANSWERS` here.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from time import monotonic
 
 from bk import metrics
-from bk.fileio import total_space
+from bk.fileio import on_space_thread, total_space
 from bk.errors import BookieError, LedgerLimboError, NoSuchEntryError, NoSuchLedgerError, StorageError
 from bk.proto import (FLAG_DO_FENCING, BatchReadRequest, BatchReadResponse, GetBookieInfoRequest,
                       GetBookieInfoResponse, ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse,
@@ -194,7 +193,7 @@ class Operations:
 
     async def bookie_info(self, req: GetBookieInfoRequest) -> GetBookieInfoResponse:
         """GET_BOOKIE_INFO: free and total bytes of the ledger dirs, each only if asked for."""
-        total, free, *_ = await asyncio.to_thread(total_space, self.config.ledger_dirs)  # as HTTP's, off the loop
+        total, free, *_ = await on_space_thread(total_space, self.config.ledger_dirs)  # as HTTP's, off the loop
         return GetBookieInfoResponse(0, free if req.requested_info & BOOKIE_INFO_FREE_DISK_SPACE else 0,
                                      total if req.requested_info & BOOKIE_INFO_TOTAL_DISK_CAPACITY else 0)
 

@@ -9,8 +9,9 @@ A path belongs to the longest mounted prefix; a path under no mount raises ENOEN
 names every dir it uses). `free_bytes` is what an unprivileged writer may use (f_bavail);
 `reserved_bytes` is root's reserve on top (f_bfree = free + reserved), so a reader that
 takes f_bfree for free space is caught. Each call records whether it ran on a thread with a
-running event loop (`calls_on_loop`): statvfs may block on a sick disk, and the event loop
-must never wait for it.
+running event loop (`calls_on_loop`) and the calling thread's name (`threads`): statvfs may
+block on a sick disk, and neither the event loop nor the default executor (the read path's)
+may wait for it.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class FakeStatvfs:
         self._lock = threading.Lock()
         self.calls: list[str] = []
         self.calls_on_loop: list[str] = []
+        self.threads: set[str] = set()  # names of the threads that called
 
     def mount(self, path: str, *, total_bytes: int, free_bytes: int, reserved_bytes: int = 0) -> None:
         """A filesystem at `path` (replaces one mounted there before: a disk filling up)."""
@@ -60,6 +62,7 @@ class FakeStatvfs:
             on_loop = False
         with self._lock:
             self.calls.append(path)
+            self.threads.add(threading.current_thread().name)
             if on_loop:
                 self.calls_on_loop.append(path)
             best = max((m for m in self._mounts if path == m or path.startswith(m.rstrip("/") + "/")),

@@ -75,6 +75,7 @@ def test_wire_reports_what_http_reports_off_the_loop(disks):
     free_only = asyncio.run(ask(BOOKIE_INFO_FREE_DISK_SPACE))
     assert (free_only.free_disk_bytes, free_only.total_disk_bytes) == (FREE, 0)
     assert fake.calls and fake.calls_on_loop == []
+    assert fake.threads == {"bk-disk-space"}  # not a worker of the default executor (the read path's)
 
 
 def test_disk_checker_entry_logger_and_gc_see_the_same_per_dir_usage(disks):
@@ -102,3 +103,17 @@ def test_disk_checker_entry_logger_and_gc_see_the_same_per_dir_usage(disks):
     fake.mount(os.path.dirname(l3), total_bytes=4_000, free_bytes=2_000)  # space freed on fs-b
     asyncio.run(BookieServer._check_disks(server))
     assert server._writable_dirs == 3 and states[-1] == (False, "")
+
+
+def test_the_disk_space_thread_hands_back_errors(disks):
+    """A dir statvfs cannot read (here: on no fake filesystem) fails the awaiting caller, and
+    the thread goes on serving the next one."""
+    _, cfg = disks
+
+    async def run():
+        with pytest.raises(FileNotFoundError):
+            await fileio.on_space_thread(fileio.disk_space, "/no/such/fake/dir")
+        return await fileio.on_space_thread(fileio.total_space, cfg.ledger_dirs)
+
+    space = asyncio.run(run())
+    assert (space.free_bytes, space.total_bytes) == (FREE, TOTAL)
