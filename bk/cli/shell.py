@@ -6,16 +6,14 @@ bookie's local files need none). --metadata-uri, --conf and --json go anywhere o
 the command line. Output is human-readable on stdout; --json prints one JSON
 document of machine fields for scripts. Exit code 0 on success, 1 on failure
 (the error on stderr; with --json also a JSON error document on stdout).
-
-Commands live in modules: this one, and those named in SHELL_MODULES, each with
-`add_parsers(cmds)` and a `COMMANDS` dict of name -> `async def fn(uri, args)`
-(a fn with `fn.local = True` runs without a metadata store: uri is None).
+`bk shell COMMAND --help` explains a command and its arguments.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import base64
+import inspect
 import json
 import os
 import sys
@@ -24,29 +22,13 @@ import time
 from bk import eventloop
 from bk.errors import BKError, ConfigError
 
-COMMANDS = {}
-# modules of more commands (bk.cli.<name>): add yours here, one line
-SHELL_MODULES = ("shell_recovery", "shell_ops", "shell_local", "shell_integrity", "shell_cookie", "shell_gc", "shell_format",
-                 "shell_compact", "shell_meta", "shell_close", "shell_index")
+from .commands import arg, at_least, command_table, one_of
 
-
-def _at_least(lowest: int):
-    """argparse type: an int >= lowest, with a clear error otherwise."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {value}")
-        return value
-    return parse
-
-def command(name: str, help: str):
-    def register(fn):
-        COMMANDS[name] = (fn, help)
-        return fn
-    return register
+# Every command is declared with @command (bk.cli.commands) in this module or in one
+# named here (bk.cli.<name>); a new module is one more name in this list.
+SHELL_MODULES = ("shell_recovery", "shell_ops", "shell_local", "shell_integrity", "shell_cookie", "shell_gc",
+                 "shell_format", "shell_compact", "shell_meta", "shell_close", "shell_index")
+COMMANDS, command = command_table()
 
 
 def _add_common(parser, top: bool) -> None:
@@ -64,49 +46,42 @@ def _modules():
     return [importlib.import_module(f"bk.cli.{name}") for name in SHELL_MODULES]
 
 
+def table() -> dict:
+    """Every command by each of its names (BookKeeper's spellings too): this module's and
+    SHELL_MODULES'. Two commands claiming one name is a programming error, raised here."""
+    out: dict = {}
+    for module in (sys.modules[__name__], *_modules()):
+        for cmd in module.COMMANDS.values():
+            for name in cmd.names:
+                if name in out:
+                    raise ValueError(f"shell command name {name} is declared by {out[name].fn.__module__} and "
+                                     f"{cmd.fn.__module__}")
+                out[name] = cmd
+    return out
+
+
+def _parser(cmds, name: str, help: str, description: str | None, raw: bool, args: tuple, aliases=()):
+    c = cmds.add_parser(name, help=help, aliases=list(aliases), description=description or help,
+                        formatter_class=argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter)
+    for a in args:
+        a.add_to(c)
+    _add_common(c, top=False)
+    return c
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("shell", help="admin and test commands", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p, top=True)
     cmds = p.add_subparsers(dest="shell_command", metavar="SHELL_COMMAND")
     cmds.required = True
-
-    c = cmds.add_parser("initnewcluster", help="create the cluster's znodes (INSTANCEID, LAYOUT, ...)")
-    c.add_argument("--if-needed", action="store_true", help="succeed quietly when already initialised")
-    c = cmds.add_parser("listbookies", help="list registered bookies")
-    c.add_argument("--readonly", action="store_true", help="list read-only bookies instead of writable ones")
-    c.add_argument("--all", action="store_true", help="list writable and read-only bookies")
-    cmds.add_parser("listledgers", help="list ledger ids")
-    c = cmds.add_parser("ledgermetadata", help="show, dump or restore one ledger's metadata")
-    c.add_argument("ledger_id", type=int)
-    g = c.add_mutually_exclusive_group()
-    g.add_argument("--dump", metavar="FILE", help="write the metadata (binary, as stored) to FILE")
-    g.add_argument("--restore", metavar="FILE", help="create the ledger's metadata from a --dump FILE")
-    c.add_argument("--force", action="store_true", help="with --restore: overwrite existing metadata")
-    c = cmds.add_parser("simpletest", help="write and read back a ledger; prints entries/s")
-    c.add_argument("--ensemble", type=int, default=3)
-    c.add_argument("--write-quorum", type=int, default=2)
-    c.add_argument("--ack-quorum", type=int, default=2)
-    c.add_argument("--entries", type=_at_least(0), default=1000)
-    c.add_argument("--entry-size", type=_at_least(0), default=1024)
-    c.add_argument("--in-flight", type=_at_least(1), default=1000, help="adds outstanding at once")
-    c.add_argument("--keep", action="store_true", help="do not delete the ledger afterwards")
-    c = cmds.add_parser("readledger", help="print a ledger's entries")
-    c.add_argument("ledger_id", type=int)
-    c.add_argument("--first", type=int, default=0)
-    c.add_argument("--last", type=int, default=None, help="default: the last confirmed entry")
-    c.add_argument("--password", default="", help="the ledger's password (default empty)")
-    c.add_argument("--recover", action="store_true", help="open with recovery (fences and closes an open ledger)")
-    c.add_argument("--format", choices=["text", "hex", "base64"], default="text")
-    c.add_argument("--bookie", default=None, metavar="BOOKIE_ID",
-                   help="read from this bookie only (entries it does not hold are skipped)")
-    c = cmds.add_parser("deleteledger", help="delete a ledger")
-    c.add_argument("ledger_id", type=int)
-    c.add_argument("--force", action="store_true", help="do not ask")
-    for module in _modules():
-        module.add_parsers(cmds)
-    for c in cmds.choices.values():
-        _add_common(c, top=False)
+    for cmd in sorted({id(c): c for c in table().values()}.values(), key=lambda c: c.name):
+        c = _parser(cmds, cmd.name, cmd.help, cmd.description, cmd.raw_description, cmd.args, cmd.aliases)
+        if cmd.actions:
+            verbs = c.add_subparsers(dest=f"{cmd.name}_command", metavar="ACTION")
+            verbs.required = True
+            for a in cmd.actions:
+                _parser(verbs, a.name, a.help, a.description, False, a.args)
     p.set_defaults(func=run)
 
 
@@ -122,19 +97,14 @@ def metadata_uri(args) -> str:
     raise ConfigError("no metadata service: give --metadata-uri URI, --conf FILE or set BK_METADATA_SERVICE_URI")
 
 
-def _find(name: str):
-    for module in _modules():
-        if name in module.COMMANDS:
-            return module.COMMANDS[name]
-    return globals()["cmd_" + name]
-
-
 def run(args) -> int:
-    fn = _find(args.shell_command)
+    cmd = table()[args.shell_command]
     try:
-        uri = None if getattr(fn, "local", False) else metadata_uri(args)
-        result = eventloop.run(fn(uri, args))
-    except BKError as e:
+        uri = None if cmd.local else metadata_uri(args)
+        result = cmd.fn(uri, args)
+        if inspect.isawaitable(result):
+            result = eventloop.run(result)
+    except cmd.errors as e:
         if args.json:
             print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
         print(f"bk shell {args.shell_command}: error: {e}", file=sys.stderr)
@@ -153,6 +123,8 @@ async def _store(uri: str):
 
 
 # ---------------------------------------------------------------- commands
+@command("initnewcluster", help="create the cluster's znodes (INSTANCEID, LAYOUT, ...)",
+         args=(arg("--if-needed", action="store_true", help="succeed quietly when already initialised"),))
 async def cmd_initnewcluster(uri, args):
     from bk.meta.cluster import init_new_cluster, is_initialized, read_instance_id
     store = await _store(uri)
@@ -168,6 +140,9 @@ async def cmd_initnewcluster(uri, args):
         await store.close()
 
 
+@command("listbookies", help="list registered bookies",
+         args=(arg("--readonly", action="store_true", help="list read-only bookies instead of writable ones"),
+               arg("--all", action="store_true", help="list writable and read-only bookies")))
 async def cmd_listbookies(uri, args):
     from bk.meta.registration import RegistrationManager
     store = await _store(uri)
@@ -186,6 +161,7 @@ async def cmd_listbookies(uri, args):
     return {"bookies": chosen, "text": "\n".join(chosen) or f"no {kind} bookies"}
 
 
+@command("listledgers", help="list ledger ids")
 async def cmd_listledgers(uri, args):
     from bk.meta.ledger_manager import LedgerManager
     store = await _store(uri)
@@ -199,6 +175,11 @@ async def cmd_listledgers(uri, args):
 from bk.meta.ledger_metadata import metadata_dict  # noqa: E402 - re-exported for shell modules
 
 
+@command("ledgermetadata", help="show, dump or restore one ledger's metadata",
+         args=(arg("ledger_id", type=int, help="the ledger"),
+               one_of(arg("--dump", metavar="FILE", help="write the metadata (binary, as stored) to FILE"),
+                      arg("--restore", metavar="FILE", help="create the ledger's metadata from a --dump FILE")),
+               arg("--force", action="store_true", help="with --restore: overwrite existing metadata")))
 async def cmd_ledgermetadata(uri, args):
     from bk.meta.ledger_manager import LedgerManager
     if args.restore:
@@ -258,6 +239,14 @@ async def _restore_metadata(uri, args):
             "text": f"{how} ledger {args.ledger_id}'s metadata from {args.restore}"}
 
 
+@command("simpletest", help="write and read back a ledger; prints entries/s",
+         args=(arg("--ensemble", type=int, default=3, help="ensemble size (default 3)"),
+               arg("--write-quorum", type=int, default=2, help="write quorum size (default 2)"),
+               arg("--ack-quorum", type=int, default=2, help="ack quorum size (default 2)"),
+               arg("--entries", type=at_least(0), default=1000, help="entries to write (default 1000)"),
+               arg("--entry-size", type=at_least(0), default=1024, help="bytes an entry (default 1024)"),
+               arg("--in-flight", type=at_least(1), default=1000, help="adds outstanding at once (default 1000)"),
+               arg("--keep", action="store_true", help="do not delete the ledger afterwards")))
 async def cmd_simpletest(uri, args):
     from bk.client import BookKeeper
     payload = os.urandom(args.entry_size)
@@ -334,6 +323,16 @@ def _render(data: bytes, fmt: str) -> str:
     return data.decode("utf-8", errors="backslashreplace")
 
 
+@command("readledger", help="print a ledger's entries",
+         args=(arg("ledger_id", type=int, help="the ledger"),
+               arg("--first", type=int, default=0, help="first entry id (default 0)"),
+               arg("--last", type=int, default=None, help="last entry id (default: the last confirmed entry)"),
+               arg("--password", default="", help="the ledger's password (default empty)"),
+               arg("--recover", action="store_true", help="open with recovery (fences and closes an open ledger)"),
+               arg("--format", choices=["text", "hex", "base64"], default="text",
+                   help="how payloads are printed (default text)"),
+               arg("--bookie", default=None, metavar="BOOKIE_ID",
+                   help="read from this bookie only (entries it does not hold are skipped)")))
 async def cmd_readledger(uri, args):
     from bk.client import BookKeeper
     if args.bookie:
@@ -352,6 +351,9 @@ async def cmd_readledger(uri, args):
     return {"ledger_id": args.ledger_id, "entries": rows, "text": text}
 
 
+@command("deleteledger", help="delete a ledger",
+         args=(arg("ledger_id", type=int, help="the ledger"),
+               arg("--force", action="store_true", help="do not ask")))
 async def cmd_deleteledger(uri, args):
     from bk.client import BookKeeper
     if not args.force and sys.stdin.isatty():

@@ -23,22 +23,10 @@ import logging
 
 from bk.errors import BKError, ConfigError
 
-from .commands import command_table
-from .shell import _at_least
+from .commands import arg, at_least, command_table
 
 COMMANDS, command = command_table()
 log = logging.getLogger("bk.shell")
-
-
-def add_parsers(cmds) -> None:
-    c = cmds.add_parser(
-        "closeledger", help="show what each replica of an open ledger holds; close it at a chosen entry",
-        description=__doc__.split("\n\n", 1)[1], formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    c.add_argument("ledger_id", type=int)
-    c.add_argument("--at-entry", type=_at_least(-1), default=None, metavar="N", help="close with last entry N")
-    c.add_argument("--i-accept-data-loss", action="store_true",
-                   help="required with --at-entry: entries after N are given up, acknowledged or not")
-    c.add_argument("--password", default=None, help="the ledger's password (default: the one in its metadata)")
 
 
 async def _ask(client, ledger_id: int, digest, flags: int = 0, master_key: bytes | None = None) -> dict:
@@ -80,7 +68,14 @@ async def _length_at(bkc, digest, md, entry_id: int) -> int:
                   "is unknown")
 
 
-@command("closeledger")
+@command(
+    "closeledger", help="show what each replica of an open ledger holds; close it at a chosen entry",
+    description=__doc__.split("\n\n", 1)[1], raw_description=True,
+    args=(arg("ledger_id", type=int, help="the ledger"),
+          arg("--at-entry", type=at_least(-1), default=None, metavar="N", help="close with last entry N"),
+          arg("--i-accept-data-loss", action="store_true",
+              help="required with --at-entry: entries after N are given up, acknowledged or not"),
+          arg("--password", default=None, help="the ledger's password (default: the one in its metadata)")))
 async def cmd_closeledger(uri, args):
     from bk.client import BookKeeper
     from bk.errors import MetadataVersionError

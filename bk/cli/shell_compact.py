@@ -21,21 +21,11 @@ import urllib.request
 
 from bk.errors import BKError, ConfigError
 
+from .commands import arg, command_table
 from .progress import progress_bar
 
-COMMANDS: dict = {}
+COMMANDS, command = command_table()
 COMPACT_PATH = "/api/v1/bookie/gc/compact"
-
-
-def add_parsers(cmds) -> None:
-    c = cmds.add_parser("compact", help="compact the entry logs a `bk analytics gc` plan lists, on each bookie")
-    c.add_argument("--plan", required=True, metavar="SUMMARY_JSON", help="summary.json of bk analytics gc")
-    c.add_argument("--bookie", action="append", metavar="BOOKIE_ID", help="only this bookie (repeatable)")
-    c.add_argument("--socket", action="append", default=[], metavar="BOOKIE_ID=PATH", help="reach it by admin socket")
-    c.add_argument("--url", action="append", default=[], metavar="BOOKIE_ID=URL", help="reach it at this HTTP URL")
-    c.add_argument("--token", default="", help="the bookies' http_server_token")
-    c.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait per bookie (default 3600)")
-    c.add_argument("--dry-run", action="store_true", help="print what each bookie would be asked, send nothing")
 
 
 def load_plan(path: str) -> tuple[float, dict[str, list[int]]]:
@@ -121,6 +111,16 @@ async def _routes(args, bookies: list[str]) -> dict[str, tuple[str, str]]:
     return routes
 
 
+# local: the metadata store is asked (in _routes) only for bookies without --socket/--url
+@command("compact", local=True, help="compact the entry logs a `bk analytics gc` plan lists, on each bookie",
+         args=(arg("--plan", required=True, metavar="SUMMARY_JSON", help="summary.json of bk analytics gc"),
+               arg("--bookie", action="append", metavar="BOOKIE_ID", help="only this bookie (repeatable)"),
+               arg("--socket", action="append", default=[], metavar="BOOKIE_ID=PATH",
+                   help="reach it by admin socket"),
+               arg("--url", action="append", default=[], metavar="BOOKIE_ID=URL", help="reach it at this HTTP URL"),
+               arg("--token", default="", help="the bookies' http_server_token"),
+               arg("--timeout", type=float, default=3600.0, help="seconds to wait per bookie (default 3600)"),
+               arg("--dry-run", action="store_true", help="print what each bookie would be asked, send nothing")))
 async def cmd_compact(uri, args):
     threshold, plan = load_plan(args.plan)
     if args.bookie:
@@ -177,7 +177,3 @@ async def cmd_compact(uri, args):
     lines.append(f"  total freed {freed} bytes")
     return {"ok": all(r["ok"] for r in by_bookie.values()), "threshold": threshold, "bookies": by_bookie,
             "bytes_freed": freed, "text": "\n".join(lines)}
-
-
-cmd_compact.local = True  # the metadata store is asked only for bookies without --socket/--url
-COMMANDS["compact"] = cmd_compact

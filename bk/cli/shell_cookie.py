@@ -20,89 +20,14 @@ written. --json prints only machine fields; failures exit 1 with the reason on s
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 
 from bk.errors import BKError, CookieError, MetadataNotFoundError, MetadataVersionError
 
-_CONF_HELP = "the bookie's TOML configuration (its directories, address and metadata_service_uri)"
+from .commands import action, arg, command_table, one_of
 
-
-def add_parsers(cmds) -> None:
-    c = cmds.add_parser("cookie", help="show, update, delete or generate a bookie's cookie",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = c.add_subparsers(dest="cookie_command", metavar="ACTION")
-    sub.required = True
-
-    def action(name: str, help: str, description: str):
-        p = sub.add_parser(name, help=help, description=description)
-        # also accepted after the action; SUPPRESS keeps `bk shell --json cookie ...` working too
-        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-        p.add_argument("--conf", metavar="FILE", default=argparse.SUPPRESS, help=_CONF_HELP)
-        return p
-
-    def dir_lists(p, new: str) -> None:
-        for kind in ("journal", "ledger"):
-            p.add_argument(f"--{kind}-dirs", metavar="D,..", help=f"{new}{kind} directories, comma-separated")
-
-    p = action("show", "print the cookie in ZooKeeper; with --conf also each directory's and whether they match",
-               "Print BOOKIE_ID's cookie as ZooKeeper holds it and whether the bookie is registered. With"
-               " --conf FILE (the bookie's configuration, on the bookie's host) also read current/VERSION in"
-               " every journal, ledger and index directory and say, for each, whether it matches ZooKeeper's;"
-               " and whether the configuration itself matches (what the bookie checks when it boots).")
-    p.add_argument("bookie_id", nargs="?", help="host:port (default: the one --conf describes)")
-
-    p = action("update", "change a stopped bookie's address or directory list (ZooKeeper and directories)",
-               "Rewrite the cookie of a STOPPED bookie. --new-bookie-id moves it to a new address: the cookie"
-               " is created under the new id, the directories are restamped, and the old znode is deleted"
-               " (BookKeeper's updatecookie -bookieId). A new directory list (--journal-dirs, --ledger-dirs,"
-               " --index-dir, or --dirs-from-conf) replaces the one in the cookie; directories may be added"
-               " (they must be empty) but not removed unless --force (the bookie would stop seeing their"
-               " data). With --conf, run on the bookie's host: every directory of the new cookie is checked"
-               " (it must hold the old or the new cookie, or be empty) and restamped, and the configuration"
-               " must describe the new cookie. Without --conf only ZooKeeper changes, and the directories"
-               " must be restamped later (run again with --conf on the bookie's host) or the bookie will"
-               " refuse to start.")
-    p.add_argument("bookie_id", nargs="?", help="the bookie's current id, host:port (default: from --conf)")
-    p.add_argument("--new-bookie-id", metavar="HOST:PORT", help="the bookie's new address")
-    dir_lists(p, "new ")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--index-dir", metavar="D", help="new index directory (apart from the ledger dirs)")
-    g.add_argument("--no-index-dir", action="store_true", help="the index lives in the first ledger dir again")
-    p.add_argument("--dirs-from-conf", action="store_true", help="take the new directory lists from --conf")
-    p.add_argument("--force", action="store_true",
-                   help="even while the bookie is registered, with removed directories, or with directories"
-                        " or a configuration that do not agree")
-
-    p = action("delete", "delete a bookie's cookie from ZooKeeper (refused while it is registered)",
-               "Delete BOOKIE_ID's cookie znode (its directories are not touched). Do this only for a bookie"
-               " that is gone for good and whose ledgers have been re-replicated (`recover`): a bookie whose"
-               " cookie is deleted refuses to start on its old directories. Refused while the bookie is"
-               " registered as available (writable or read-only) unless --force.")
-    p.add_argument("bookie_id", help="host:port")
-    p.add_argument("--force", action="store_true", help="delete even while the bookie is registered")
-
-    p = action("generate", "print (or write to a file) the cookie a configuration implies; changes nothing",
-               "Build the cookie a bookie with this configuration must have and print it in the stored text"
-               " form, or write it to --output FILE. Nothing in ZooKeeper or in the bookie's directories is"
-               " touched. Directories come from --conf or --journal-dirs/--ledger-dirs/--index-dir; the"
-               " instance id from --instance-id or the cluster's INSTANCEID znode.")
-    p.add_argument("bookie_id", nargs="?", help="host:port (default: the one --conf describes)")
-    dir_lists(p, "")
-    p.add_argument("--index-dir", metavar="D", help="index directory, if apart from the ledger dirs")
-    p.add_argument("--instance-id", metavar="ID", help="default: the cluster's INSTANCEID")
-    p.add_argument("--output", "-o", metavar="FILE", help="write the cookie text here instead of printing it")
-    p.add_argument("--force", action="store_true", help="overwrite --output FILE if it exists")
-
-
-async def cmd_cookie(uri: str, args) -> dict:
-    from bk.meta import open_store
-    store = await open_store(uri)
-    try:
-        return await ACTIONS[args.cookie_command](store, args)
-    finally:
-        await store.close()
+COMMANDS, command = command_table()
 
 
 # ---------------------------------------------------------------- helpers
@@ -417,7 +342,70 @@ async def _generate(store, args) -> dict:
     return _result(args, fields, text.rstrip("\n"))
 
 
-ACTIONS = {"show": _show, "update": _update, "delete": _delete, "generate": _generate}
+
+# ---------------------------------------------------------------- the command
+def _dir_lists(new: str) -> tuple:
+    return tuple(arg(f"--{kind}-dirs", metavar="D,..", help=f"{new}{kind} directories, comma-separated")
+                 for kind in ("journal", "ledger"))
 
 
-COMMANDS = {"cookie": cmd_cookie}
+ACTIONS = (
+    action("show", "print the cookie in ZooKeeper; with --conf also each directory's and whether they match",
+           "Print BOOKIE_ID's cookie as ZooKeeper holds it and whether the bookie is registered. With"
+           " --conf FILE (the bookie's configuration, on the bookie's host) also read current/VERSION in"
+           " every journal, ledger and index directory and say, for each, whether it matches ZooKeeper's;"
+           " and whether the configuration itself matches (what the bookie checks when it boots).",
+           args=(arg("bookie_id", nargs="?", help="host:port (default: the one --conf describes)"),), fn=_show),
+    action("update", "change a stopped bookie's address or directory list (ZooKeeper and directories)",
+           "Rewrite the cookie of a STOPPED bookie. --new-bookie-id moves it to a new address: the cookie"
+           " is created under the new id, the directories are restamped, and the old znode is deleted"
+           " (BookKeeper's updatecookie -bookieId). A new directory list (--journal-dirs, --ledger-dirs,"
+           " --index-dir, or --dirs-from-conf) replaces the one in the cookie; directories may be added"
+           " (they must be empty) but not removed unless --force (the bookie would stop seeing their"
+           " data). With --conf, run on the bookie's host: every directory of the new cookie is checked"
+           " (it must hold the old or the new cookie, or be empty) and restamped, and the configuration"
+           " must describe the new cookie. Without --conf only ZooKeeper changes, and the directories"
+           " must be restamped later (run again with --conf on the bookie's host) or the bookie will"
+           " refuse to start.",
+           args=(arg("bookie_id", nargs="?", help="the bookie's current id, host:port (default: from --conf)"),
+                 arg("--new-bookie-id", metavar="HOST:PORT", help="the bookie's new address"),
+                 *_dir_lists("new "),
+                 one_of(arg("--index-dir", metavar="D", help="new index directory (apart from the ledger dirs)"),
+                        arg("--no-index-dir", action="store_true",
+                            help="the index lives in the first ledger dir again")),
+                 arg("--dirs-from-conf", action="store_true", help="take the new directory lists from --conf"),
+                 arg("--force", action="store_true",
+                     help="even while the bookie is registered, with removed directories, or with directories"
+                          " or a configuration that do not agree")), fn=_update),
+    action("delete", "delete a bookie's cookie from ZooKeeper (refused while it is registered)",
+           "Delete BOOKIE_ID's cookie znode (its directories are not touched). Do this only for a bookie"
+           " that is gone for good and whose ledgers have been re-replicated (`recover`): a bookie whose"
+           " cookie is deleted refuses to start on its old directories. Refused while the bookie is"
+           " registered as available (writable or read-only) unless --force.",
+           args=(arg("bookie_id", help="host:port"),
+                 arg("--force", action="store_true", help="delete even while the bookie is registered")),
+           fn=_delete),
+    action("generate", "print (or write to a file) the cookie a configuration implies; changes nothing",
+           "Build the cookie a bookie with this configuration must have and print it in the stored text"
+           " form, or write it to --output FILE. Nothing in ZooKeeper or in the bookie's directories is"
+           " touched. Directories come from --conf or --journal-dirs/--ledger-dirs/--index-dir; the"
+           " instance id from --instance-id or the cluster's INSTANCEID znode.",
+           args=(arg("bookie_id", nargs="?", help="host:port (default: the one --conf describes)"),
+                 *_dir_lists(""),
+                 arg("--index-dir", metavar="D", help="index directory, if apart from the ledger dirs"),
+                 arg("--instance-id", metavar="ID", help="default: the cluster's INSTANCEID"),
+                 arg("--output", "-o", metavar="FILE", help="write the cookie text here instead of printing it"),
+                 arg("--force", action="store_true", help="overwrite --output FILE if it exists")),
+           fn=_generate),
+)
+
+
+@command("cookie", help="show, update, delete or generate a bookie's cookie", description=__doc__,
+         raw_description=True, actions=ACTIONS)
+async def cmd_cookie(uri: str, args) -> dict:
+    from bk.meta import open_store
+    store = await open_store(uri)
+    try:
+        return await {a.name: a.fn for a in ACTIONS}[args.cookie_command](store, args)
+    finally:
+        await store.close()

@@ -22,7 +22,6 @@ with os._exit(137) right after that step (tests/integration/test_bookieformat.py
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import socket
@@ -30,19 +29,10 @@ import sys
 
 from bk.errors import BKError, ConfigError, MetadataNotFoundError
 
-COMMANDS = {}
+from .commands import arg, command_table
+
+COMMANDS, command = command_table()
 CRASH_HOOK = "BK_TEST_FORMAT_CRASH_AFTER"
-
-
-def add_parsers(cmds) -> None:
-    c = cmds.add_parser(
-        "bookieformat", help="wipe a STOPPED bookie's journal, ledger and index directories (needs --conf)",
-        description=__doc__.split("\n\n", 2)[2].split("Test hook")[0].strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("--delete-cookie", action="store_true", help="also delete the bookie's cookie in ZooKeeper")
-    c.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-    c.add_argument("--force", action="store_true",
-                   help="format even though ledger metadata still names this bookie (their copies here are lost)")
 
 
 def _crash_point(step: str) -> None:
@@ -72,6 +62,13 @@ async def _named_in(store, bookie_id: str) -> list[int]:
             if any(bookie_id in ensemble for _, ensemble in md.segments)]
 
 
+@command(
+    "bookieformat", help="wipe a STOPPED bookie's journal, ledger and index directories (needs --conf)",
+    description=__doc__.split("\n\n", 2)[2].split("Test hook")[0].strip(), raw_description=True,
+    args=(arg("--delete-cookie", action="store_true", help="also delete the bookie's cookie in ZooKeeper"),
+          arg("--yes", "-y", action="store_true", help="do not ask for confirmation"),
+          arg("--force", action="store_true",
+              help="format even though ledger metadata still names this bookie (their copies here are lost)")))
 async def cmd_bookieformat(uri, args):
     from bk.config import load_config
     from bk.meta import open_store
@@ -139,6 +136,3 @@ async def cmd_bookieformat(uri, args):
                " (bk shell cookie delete, or --delete-cookie)"))
     return {"ok": True, "formatted": True, "bookie_id": bookie_id, "directories": dirs,
             "ledgers_naming_it": len(named), "zk_cookie_deleted": zk_deleted, "text": text}
-
-
-COMMANDS["bookieformat"] = cmd_bookieformat

@@ -1,4 +1,4 @@
-"""`bk shell` commands for garbage collection and compaction (registered by bk.cli.shell).
+"""`bk shell` commands for garbage collection and compaction (declared with @command).
 
     listfilesondisc [--ledger-dirs DIR ...] [--index-dir DIR]     entry logs from the files
     listfilesondisc -txn|-log|-idx [--journal-dirs DIR ...]       BookKeeper's: paths of those files
@@ -16,64 +16,23 @@ come from the options, else from `bk shell --conf bookie.toml`. Every command ta
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
 from bk.errors import BKError, ConfigError
 
-
-# its commands run through this module's own run() (set as each parser's func), not
-# bk.cli.shell's table; --json and --conf come from the shell's common options
-COMMANDS: dict = {}
+from .commands import arg, command_table
 
 
-def add_parsers(cmds) -> None:
-    def common(c, local: bool) -> None:
-        if local:
-            c.add_argument("--ledger-dirs", nargs="+", metavar="DIR", help="the bookie's ledger dirs")
-            c.add_argument("--index-dir", metavar="DIR", help="its index dir (default: as the bookie)")
-        else:
-            c.add_argument("--socket", metavar="PATH", help="the bookie's admin socket "
-                                                            "(default: <first ledger dir>/admin.sock)")
-            c.add_argument("--ledger-dirs", nargs="+", metavar="DIR", help="find the socket from these")
-            c.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait (default 3600)")
-        c.set_defaults(func=run)
-
-    c = cmds.add_parser("listfilesondisc", help="list a bookie's entry logs: total and live bytes, usage",
-                        description="Without a switch: every entry log with its total and live bytes. With "
-                                    "BookKeeper's switches: the paths of the journal files (-txn), entry logs "
-                                    "(-log) and index files (-idx), sorted, each kind under its heading.")
-    c.add_argument("-txn", "--journal", dest="list_journal", action="store_true", help="list the journal files")
-    c.add_argument("-log", "--entrylog", dest="list_entrylog", action="store_true", help="list the entry log files")
-    c.add_argument("-idx", "--index", dest="list_index", action="store_true", help="list the index files")
-    c.add_argument("--journal-dirs", nargs="+", metavar="DIR", help="the bookie's journal dirs (for -txn)")
-    common(c, True)
-    c = cmds.add_parser("readlogmetadata", help="one entry log's ledgers and their bytes")
-    c.add_argument("log", help="log id (hex, as in the file name) or the log file's path")
-    common(c, True)
-    c = cmds.add_parser("triggergc", help="run a GC pass (and compaction) on a running bookie now")
-    c.add_argument("--force-major", action="store_true", help="run a major compaction even if not due")
-    c.add_argument("--force-minor", action="store_true", help="run a minor compaction even if not due")
-    common(c, False)
-    c = cmds.add_parser("gcstatus", help="a running bookie's GC: last pass, totals, settings")
-    common(c, False)
-
-
-def run(args) -> int:
-    fn = {"listfilesondisc": listfilesondisc, "readlogmetadata": readlogmetadata,
-          "triggergc": triggergc, "gcstatus": gcstatus}[args.shell_command]
-    try:
-        result = fn(args)
-    except (BKError, OSError, ValueError) as e:
-        if args.json:
-            print(json.dumps({"ok": False, "error": str(e), "error_type": type(e).__name__}))
-        print(f"bk shell {args.shell_command}: error: {e}", file=sys.stderr)
-        return 1
-    text = result.pop("text")
-    print(json.dumps(result, indent=2) if args.json else text)
-    return 0 if result.get("ok", True) else 1
+COMMANDS, command = command_table()
+# an unreadable file or a malformed one is the command's clear error, as a BKError is
+ERRORS = (OSError, ValueError)
+LOCAL_ARGS = (arg("--ledger-dirs", nargs="+", metavar="DIR", help="the bookie's ledger dirs"),
+              arg("--index-dir", metavar="DIR", help="its index dir (default: as the bookie)"))
+SOCKET_ARGS = (arg("--socket", metavar="PATH",
+                   help="the bookie's admin socket (default: <first ledger dir>/admin.sock)"),
+               arg("--ledger-dirs", nargs="+", metavar="DIR", help="find the socket from these"),
+               arg("--timeout", type=float, default=3600.0, help="seconds to wait (default 3600)"))
 
 
 # ---------------------------------------------------------------- local files
@@ -153,7 +112,17 @@ def _file_lists(args, cfg) -> dict:
     return {"ok": True, **{f"{k}_files": v for k, v in kinds.items()}, "text": "\n".join(lines).rstrip()}
 
 
-def listfilesondisc(args) -> dict:
+@command("listfilesondisc", local=True, errors=ERRORS,
+         help="list a bookie's entry logs: total and live bytes, usage",
+         description="Without a switch: every entry log with its total and live bytes. With "
+                     "BookKeeper's switches: the paths of the journal files (-txn), entry logs "
+                     "(-log) and index files (-idx), sorted, each kind under its heading.",
+         args=(arg("-txn", "--journal", dest="list_journal", action="store_true", help="list the journal files"),
+               arg("-log", "--entrylog", dest="list_entrylog", action="store_true", help="list the entry log files"),
+               arg("-idx", "--index", dest="list_index", action="store_true", help="list the index files"),
+               arg("--journal-dirs", nargs="+", metavar="DIR", help="the bookie's journal dirs (for -txn)"),
+               *LOCAL_ARGS))
+def listfilesondisc(uri, args) -> dict:
     cfg = _config(args)
     if args.list_journal or args.list_entrylog or args.list_index:
         return _file_lists(args, cfg)
@@ -189,7 +158,9 @@ def listfilesondisc(args) -> dict:
             "damaged_logs": len(damaged), "live_basis": basis, "text": "\n".join(lines)}
 
 
-def readlogmetadata(args) -> dict:
+@command("readlogmetadata", local=True, errors=ERRORS, help="one entry log's ledgers and their bytes",
+         args=(arg("log", help="log id (hex, as in the file name) or the log file's path"), *LOCAL_ARGS))
+def readlogmetadata(uri, args) -> dict:
     from bk.entrylog import format as fmt
     path = args.log
     if os.path.sep in path or path.endswith(fmt.LOG_SUFFIX):
@@ -280,7 +251,11 @@ def _pass_with_progress(args) -> dict:
     return done["out"]
 
 
-def triggergc(args) -> dict:
+@command("triggergc", local=True, errors=ERRORS, help="run a GC pass (and compaction) on a running bookie now",
+         args=(arg("--force-major", action="store_true", help="run a major compaction even if not due"),
+               arg("--force-minor", action="store_true", help="run a minor compaction even if not due"),
+               *SOCKET_ARGS))
+def triggergc(uri, args) -> dict:
     out = _pass_with_progress(args)
     lines = [f"GC pass at {_when(out.get('start_ms'))} took {out.get('duration_ms')} ms",
              f"  ledgers deleted   {len(out.get('ledgers_deleted', []))} "
@@ -298,7 +273,9 @@ def _or_unknown(value):
     return "unknown" if value is None else value
 
 
-def gcstatus(args) -> dict:
+@command("gcstatus", local=True, errors=ERRORS, help="a running bookie's GC: last pass, totals, settings",
+         args=SOCKET_ARGS)
+def gcstatus(uri, args) -> dict:
     st = _call(args, "gc_status")
     st["ok"] = True
     lines = [f"GC {'running a pass now' if st.get('running') else 'idle'}; last pass {_when(st.get('last_run_start_ms'))}"

@@ -1,4 +1,4 @@
-"""`bk shell` commands on one bookie's index and entry logs (registered by bk.cli.shell).
+"""`bk shell` commands on one bookie's index and entry logs (declared with @command).
 
     ledger LEDGER [-m]        BookKeeper's `ledger`: every entry the index holds for the
                               ledger and where it lies (entry log, offset); N/A for an
@@ -18,8 +18,7 @@ import os
 
 from bk.errors import BKError
 
-from .commands import command_table
-from .shell import _at_least
+from .commands import arg, at_least, command_table
 
 COMMANDS, command = command_table()
 
@@ -35,25 +34,8 @@ def _log_id(text: str) -> int:
     return value
 
 
-def add_parsers(cmds) -> None:
-    def dirs(c) -> None:
-        c.add_argument("--ledger-dirs", nargs="+", metavar="DIR", help="the bookie's ledger dirs")
-        c.add_argument("--index-dir", metavar="DIR", help="its index dir (default: as the bookie)")
-
-    c = cmds.add_parser("ledger", help="one ledger's entries in this bookie's index and where each lies",
-                        description="BookKeeper's `ledger`: dump the index entries of one ledger (local files; "
-                                    "the index is opened read-only, so the bookie may run).")
-    c.add_argument("ledger_id", type=_at_least(0))
-    c.add_argument("-m", "--meta", action="store_true", help="also print the ledger's record in the index")
-    dirs(c)
-    c = cmds.add_parser("activeledgers", help="the ledgers with data in one entry log that the metadata store has",
-                        description="BookKeeper's `activeledgers`: the ledgers of entry log N (its ledgers map, or "
-                                    "a scan) that still exist in the metadata store.")
-    c.add_argument("-logId", "-l", "--logid", dest="log_id", type=_log_id, required=True,
-                   help="the entry log's id (decimal as BookKeeper takes it, or 0x... as in the file name)")
-    c.add_argument("-timeout", "-t", "--timeout", dest="timeout_ms", type=_at_least(1), default=60_000,
-                   help="ms to list the metadata store's ledgers (default 60000)")
-    dirs(c)
+DIR_ARGS = (arg("--ledger-dirs", nargs="+", metavar="DIR", help="the bookie's ledger dirs"),
+            arg("--index-dir", metavar="DIR", help="its index dir (default: as the bookie)"))
 
 
 def _index(args):
@@ -67,7 +49,13 @@ def _index(args):
     return Index(path, cfg, readonly=True)
 
 
-@command("ledger", local=True)
+@command(
+    "ledger", local=True, help="one ledger's entries in this bookie's index and where each lies",
+    description="BookKeeper's `ledger`: dump the index entries of one ledger (local files; "
+                "the index is opened read-only, so the bookie may run).",
+    args=(arg("ledger_id", type=at_least(0), help="the ledger"),
+          arg("-m", "--meta", action="store_true", help="also print the ledger's record in the index"),
+          *DIR_ARGS))
 async def cmd_ledger(uri, args):
     from bk.entrylog.format import split_location
     lid = args.ledger_id
@@ -103,7 +91,15 @@ async def cmd_ledger(uri, args):
     return d
 
 
-@command("activeledgers")
+@command(
+    "activeledgers", help="the ledgers with data in one entry log that the metadata store has",
+    description="BookKeeper's `activeledgers`: the ledgers of entry log N (its ledgers map, or "
+                "a scan) that still exist in the metadata store.",
+    args=(arg("-logId", "-l", "--logid", dest="log_id", type=_log_id, required=True,
+              help="the entry log's id (decimal as BookKeeper takes it, or 0x... as in the file name)"),
+          arg("-timeout", "-t", "--timeout", dest="timeout_ms", type=at_least(1), default=60_000,
+              help="ms to list the metadata store's ledgers (default 60000)"),
+          *DIR_ARGS))
 async def cmd_activeledgers(uri, args):
     from bk.meta import open_store
     from bk.meta.ledger_manager import LedgerManager

@@ -1,4 +1,4 @@
-"""`bk shell` commands for running without the journal (BP-46; registered by bk.cli.shell).
+"""`bk shell` commands for running without the journal (BP-46; declared with @command).
 
     fixcookie            (with --conf FILE of a STOPPED bookie) the cookie fix by hand: check the
                          bookie's directories against its cookie in the metadata store; where
@@ -20,36 +20,22 @@ import time
 
 from bk.errors import BKError, ConfigError, CookieError
 
-from .commands import command_table
+from .commands import arg, command_table
 
 COMMANDS, command = command_table()
 REPAIR_PREFIX = "repair."
 
 
-def add_parsers(cmds) -> None:
-    c = cmds.add_parser(
-        "fixcookie", help="BP-46: repair a stopped bookie whose directories lost their cookies (needs --conf)",
-        description="Run with the bookie stopped: `bk shell --conf bookie.toml fixcookie`. Where the bookie's"
-                    " directories lost their cookies (a replaced or wiped disk), put every ledger of the bookie in"
-                    " limbo and fence it (the open ones only when their last ensemble names the bookie) (BP-46 phase one: it never answers 'no such entry' for what it may have"
-                    " lost), make that durable, then stamp the cookie. The bookie copies what it lost from its"
-                    " peers when it next starts. A cookie that differs (another address, other directories,"
-                    " another cluster) is not fixed here: see `bk shell cookie`.")
-    c.add_argument("--dry-run", action="store_true", help="only report what the check finds")
-    cmds.add_parser(
-        "entrylogcheck", help="which entry logs a stopped bookie's index names and which are missing or cut short",
-        description="Run with the bookie stopped: `bk shell --conf bookie.toml entrylogcheck [--json]`. Reads"
-                    " only: the index (one walk) and the entry log files. Exit status 1 when entries are gone"
-                    " with their logs (a wiped ledger dir, a deleted or truncated log); the bookie's next start"
-                    " finds the same, puts their ledgers in limbo and copies them back from its peers.")
-    c = cmds.add_parser("repairstatus", help="BP-46: each live bookie's self-repair progress")
-    c.add_argument("bookie_id", nargs="?", default=None, help="only this bookie (host:port)")
-    c.add_argument("--watch", action="store_true",
-                   help="with BOOKIE_ID: follow its repair (a progress bar on a terminal) until it is done")
-    c.add_argument("--timeout", type=float, default=None, metavar="S", help="with --watch: give up after S seconds")
-
-
-@command("fixcookie")
+@command(
+    "fixcookie", help="BP-46: repair a stopped bookie whose directories lost their cookies (needs --conf)",
+    description="Run with the bookie stopped: `bk shell --conf bookie.toml fixcookie`. Where the bookie's"
+                " directories lost their cookies (a replaced or wiped disk), put every ledger of the bookie in"
+                " limbo and fence it (the open ones only when their last ensemble names the bookie) (BP-46 phase"
+                " one: it never answers 'no such entry' for what it may have"
+                " lost), make that durable, then stamp the cookie. The bookie copies what it lost from its"
+                " peers when it next starts. A cookie that differs (another address, other directories,"
+                " another cluster) is not fixed here: see `bk shell cookie`.",
+    args=(arg("--dry-run", action="store_true", help="only report what the check finds"),))
 async def cmd_fixcookie(uri, args):
     from bk.bookie import Bookie
     from bk.config import load_config
@@ -99,7 +85,13 @@ async def cmd_fixcookie(uri, args):
         await store.close()
 
 
-@command("entrylogcheck", local=True)
+@command(
+    "entrylogcheck", local=True,
+    help="which entry logs a stopped bookie's index names and which are missing or cut short",
+    description="Run with the bookie stopped: `bk shell --conf bookie.toml entrylogcheck [--json]`. Reads"
+                " only: the index (one walk) and the entry log files. Exit status 1 when entries are gone"
+                " with their logs (a wiped ledger dir, a deleted or truncated log); the bookie's next start"
+                " finds the same, puts their ledgers in limbo and copies them back from its peers.")
 async def cmd_entrylogcheck(uri, args):
     import asyncio
     import os
@@ -181,7 +173,12 @@ def _line(b: dict) -> str:
             f" ({r.get('bytes_copied')} bytes) copied, {r.get('errors')} errors, {r.get('elapsed_s')}s")
 
 
-@command("repairstatus")
+@command("repairstatus", help="BP-46: each live bookie's self-repair progress",
+         args=(arg("bookie_id", nargs="?", default=None, help="only this bookie (host:port)"),
+               arg("--watch", action="store_true",
+                   help="with BOOKIE_ID: follow its repair (a progress bar on a terminal) until it is done"),
+               arg("--timeout", type=float, default=None, metavar="S",
+                   help="with --watch: give up after S seconds")))
 async def cmd_repairstatus(uri, args):
     if args.watch:
         return await _watch(uri, args)

@@ -16,25 +16,9 @@ import os
 
 from bk.errors import BKError, IncorrectParameterError
 
-from .commands import command_table
+from .commands import arg, command_table
 
 COMMANDS, command = command_table()
-
-
-def add_parsers(cmds) -> None:
-    cmds.add_parser("lastmark", help="the journal log marks persisted in this bookie's index (local files)")
-    c = cmds.add_parser("readjournal", help="print a journal file's records (local files)")
-    c.add_argument("file_id", nargs="?", default=None, help="journal file id in hex (default: the newest)")
-    c.add_argument("--journal-dir", default=None, help="default: the first of journal_dirs")
-    c.add_argument("--ledger", type=int, default=None, help="only this ledger's records")
-    c.add_argument("--print-msg", action="store_true", help="print each entry's payload")
-    c = cmds.add_parser("readlog", help="print an entry log's records (local files)")
-    c.add_argument("log", help="entry log id in hex, or a path to a .log file")
-    c.add_argument("--ledger", type=int, default=None, help="only this ledger's records")
-    c.add_argument("--entry", type=int, default=None, help="only this entry id (with --ledger)")
-    c.add_argument("--print-msg", action="store_true", help="print each entry's payload")
-    cmds.add_parser("localconsistencycheck",
-                    help="check every index location against the entry logs (a stopped bookie's files)")
 
 
 def _config(args):
@@ -56,7 +40,7 @@ def _payload(entry: bytes) -> str:
     return bytes(entry).decode("utf-8", errors="backslashreplace")
 
 
-@command("lastmark", local=True)
+@command("lastmark", help="the journal log marks persisted in this bookie's index (local files)", local=True)
 async def cmd_lastmark(uri, args):
     import asyncio
 
@@ -78,7 +62,11 @@ async def cmd_lastmark(uri, args):
     return {"marks": rows, "text": text}
 
 
-@command("readjournal", local=True)
+@command("readjournal", help="print a journal file's records (local files)", local=True,
+         args=(arg("file_id", nargs="?", default=None, help="journal file id in hex (default: the newest)"),
+               arg("--journal-dir", default=None, help="default: the first of journal_dirs"),
+               arg("--ledger", type=int, default=None, help="only this ledger's records"),
+               arg("--print-msg", action="store_true", help="print each entry's payload")))
 async def cmd_readjournal(uri, args):
     import asyncio
 
@@ -167,7 +155,11 @@ def scan_log_file(cfg, log_id: int, path: str):
     return LogScan(load("entrylog"), path, log_id, end, cfg.max_frame_size_bytes)
 
 
-@command("readlog", local=True)
+@command("readlog", help="print an entry log's records (local files)", local=True,
+         args=(arg("log", help="entry log id in hex, or a path to a .log file"),
+               arg("--ledger", type=int, default=None, help="only this ledger's records"),
+               arg("--entry", type=int, default=None, help="only this entry id (with --ledger)"),
+               arg("--print-msg", action="store_true", help="print each entry's payload")))
 async def cmd_readlog(uri, args):
     import asyncio
 
@@ -248,7 +240,8 @@ def consistency_check(cfg) -> dict:
     return {"ok": not problems, "locations_checked": checked, "entry_logs": len(paths), "problems": problems}
 
 
-@command("localconsistencycheck", local=True)
+@command("localconsistencycheck", local=True,
+         help="check every index location against the entry logs (a stopped bookie's files)")
 async def cmd_localconsistencycheck(uri, args):
     import asyncio
 

@@ -1,4 +1,4 @@
-"""`bk shell` commands that change or read ledger and bookie metadata (registered by bk.cli.shell).
+"""`bk shell` commands that change or read ledger and bookie metadata (declared with @command).
 
     updateledgers -bookieId hostname|ip          this bookie's id in every ledger: old form -> new form
     updatebookieinledger -srcBookie A -destBookie B   bookie A -> bookie B in every ledger's ensembles
@@ -24,67 +24,26 @@ import time
 
 from bk.errors import BKError, ConfigError
 
-from .commands import command_table
+from .commands import arg, at_least, command_table
 from .progress import progress_bar
-from .shell import _at_least
 
 COMMANDS, command = command_table()
 log = logging.getLogger("bk.shell")
 
 
-def add_parsers(cmds) -> None:
-    def updates(c) -> None:
-        c.add_argument("-updatespersec", "--updates-per-sec", dest="updates_per_sec", type=_at_least(1), default=5,
-                       help="metadata writes per second (default 5)")
-        c.add_argument("-maxOutstandingReads", "--max-outstanding-reads", dest="max_outstanding_reads",
-                       type=_at_least(1), default=25, help="metadata reads in flight while scanning (default 25)")
-        c.add_argument("-limit", "--limit", dest="limit", type=_at_least(1), default=None,
-                       help="update at most this many ledgers (default: all)")
-        c.add_argument("-verbose", "-v", "--verbose", dest="verbose", action="store_true",
-                       help="print every ledger updated")
-        c.add_argument("-printprogress", "--print-progress", dest="print_progress", type=_at_least(0), default=10,
-                       help="without a terminal, print progress every N seconds (0: never; default 10)")
-        c.add_argument("--force", action="store_true", help="do not ask (on a terminal)")
-
-    c = cmds.add_parser(
-        "updateledgers", help="replace this bookie's old id by its new one (hostname <-> ip) in every ledger",
-        description="BookKeeper's updateledgers: after a bookie switched its id between its IP address and its "
-                    "host name (advertised_address), rewrite the id in every ledger's ensembles. The new id is "
-                    "the bookie's from --conf; the old one is the same port with the other form of its address. "
-                    "Run `bk shell cookie update` for the bookie's cookie too, with the bookie stopped.")
-    c.add_argument("-bookieId", "--bookie-id", dest="bookie_id", choices=["hostname", "ip"], required=True,
-                   help="the form of the NEW id: hostname (advertised_address is a host name) or ip")
-    updates(c)
-    c = cmds.add_parser(
-        "updatebookieinledger", help="replace one bookie id by another in every ledger's ensembles",
-        description="BookKeeper's updateBookieInLedger: rewrite ensembles naming the source bookie to name the "
-                    "destination bookie (which must hold the source's data, e.g. its disks were moved). "
-                    "Refused while the source bookie is registered.")
-    c.add_argument("-srcBookie", "-sb", "--src-bookie", dest="src_bookie", required=True, metavar="HOST:PORT")
-    c.add_argument("-destBookie", "-db", "--dest-bookie", dest="dest_bookie", required=True, metavar="HOST:PORT")
-    updates(c)
-    c = cmds.add_parser("endpointinfo", help="the endpoints and properties a bookie registered",
-                        description="BookKeeper's endpointinfo: the BookieServiceInfo a bookie published at its "
-                                    "registration (bookie-rpc, http, ...). Fails for an unknown bookie, or one "
-                                    "that published no endpoint (it may be down).")
-    c.add_argument("-b", "-bookieid", "--bookieid", dest="bookie", required=True, metavar="BOOKIE_ID")
-    cmds.add_parser(
-        "initbookie", help="check that this bookie (--conf) can start as a new one: empty dirs, no cookie",
-        description="BookKeeper's initbookie: succeeds only when the bookie's journal, ledger and index "
-                    "directories are missing or empty, the cluster is initialised, and its bookie id is neither "
-                    "registered (running) nor has a cookie in the metadata store. It changes nothing: the bookie "
-                    "creates its directories and cookie at its first start. To reuse a bookie id, "
-                    "`bookieformat --delete-cookie` first.")
-    c = cmds.add_parser(
-        "forceauditchecks", help="make the auditor's next start run the chosen periodic checks at once",
-        description="BookKeeper's forceauditchecks: set the recorded last run of the chosen auditor checks 21 "
-                    "days back, so the auditor runs them as soon as it (re)starts; restart the auditor (its "
-                    "AutoRecovery) afterwards. bk's auditor has no replicas check: -rc sets the znode "
-                    "BookKeeper's own auditors read.")
-    c.add_argument("-calc", "--checkallledgerscheck", dest="calc", action="store_true",
-                   help="the ledger check (every ledger's bookies probed)")
-    c.add_argument("-ppc", "--placementpolicycheck", dest="ppc", action="store_true", help="the placement check")
-    c.add_argument("-rc", "--replicascheck", dest="rc", action="store_true", help="the replicas check")
+# BookKeeper's UpdateLedgerOp options, shared by updateledgers and updatebookieinledger
+UPDATE_ARGS = (
+    arg("-updatespersec", "--updates-per-sec", dest="updates_per_sec", type=at_least(1), default=5,
+        help="metadata writes per second (default 5)"),
+    arg("-maxOutstandingReads", "--max-outstanding-reads", dest="max_outstanding_reads", type=at_least(1),
+        default=25, help="metadata reads in flight while scanning (default 25)"),
+    arg("-limit", "--limit", dest="limit", type=at_least(1), default=None,
+        help="update at most this many ledgers (default: all)"),
+    arg("-verbose", "-v", "--verbose", dest="verbose", action="store_true", help="print every ledger updated"),
+    arg("-printprogress", "--print-progress", dest="print_progress", type=at_least(0), default=10,
+        help="without a terminal, print progress every N seconds (0: never; default 10)"),
+    arg("--force", action="store_true", help="do not ask (on a terminal)"),
+)
 
 
 def _confirm(args, question: str) -> bool:
@@ -209,7 +168,15 @@ def old_and_new_ids(cfg, form: str) -> tuple[str, str]:
     return f"{old}:{port}", f"{host}:{port}"
 
 
-@command("updateledgers")
+@command(
+    "updateledgers", help="replace this bookie's old id by its new one (hostname <-> ip) in every ledger",
+    description="BookKeeper's updateledgers: after a bookie switched its id between its IP address and its "
+                "host name (advertised_address), rewrite the id in every ledger's ensembles. The new id is "
+                "the bookie's from --conf; the old one is the same port with the other form of its address. "
+                "Run `bk shell cookie update` for the bookie's cookie too, with the bookie stopped.",
+    args=(arg("-bookieId", "--bookie-id", dest="bookie_id", choices=["hostname", "ip"], required=True,
+              help="the form of the NEW id: hostname (advertised_address is a host name) or ip"),
+          *UPDATE_ARGS))
 async def cmd_updateledgers(uri, args):
     from bk.config import load_config
     if not args.conf:
@@ -218,12 +185,28 @@ async def cmd_updateledgers(uri, args):
     return await replace_bookie(uri, old, new, args)
 
 
-@command("updatebookieinledger")
+@command(
+    "updatebookieinledger", aliases=("updateBookieInLedger",),
+    help="replace one bookie id by another in every ledger's ensembles",
+    description="BookKeeper's updateBookieInLedger: rewrite ensembles naming the source bookie to name the "
+                "destination bookie (which must hold the source's data, e.g. its disks were moved). "
+                "Refused while the source bookie is registered.",
+    args=(arg("-srcBookie", "-sb", "--src-bookie", dest="src_bookie", required=True, metavar="HOST:PORT",
+              help="the bookie id to replace"),
+          arg("-destBookie", "-db", "--dest-bookie", dest="dest_bookie", required=True, metavar="HOST:PORT",
+              help="the bookie id that replaces it"),
+          *UPDATE_ARGS))
 async def cmd_updatebookieinledger(uri, args):
     return await replace_bookie(uri, args.src_bookie, args.dest_bookie, args)
 
 
-@command("endpointinfo")
+@command(
+    "endpointinfo", help="the endpoints and properties a bookie registered",
+    description="BookKeeper's endpointinfo: the BookieServiceInfo a bookie published at its "
+                "registration (bookie-rpc, http, ...). Fails for an unknown bookie, or one "
+                "that published no endpoint (it may be down).",
+    args=(arg("-b", "-bookieid", "--bookieid", dest="bookie", required=True, metavar="BOOKIE_ID",
+              help="the bookie, host:port"),))
 async def cmd_endpointinfo(uri, args):
     from bk.meta.registration import RegistrationManager
     store = await _open(uri)
@@ -251,7 +234,16 @@ async def cmd_endpointinfo(uri, args):
 FORCED_CHECK_AGE_MS = 21 * 24 * 3600 * 1000  # BookKeeper's: longer than any check's usual interval
 
 
-@command("forceauditchecks")
+@command(
+    "forceauditchecks", help="make the auditor's next start run the chosen periodic checks at once",
+    description="BookKeeper's forceauditchecks: set the recorded last run of the chosen auditor checks 21 "
+                "days back, so the auditor runs them as soon as it (re)starts; restart the auditor (its "
+                "AutoRecovery) afterwards. bk's auditor has no replicas check: -rc sets the znode "
+                "BookKeeper's own auditors read.",
+    args=(arg("-calc", "--checkallledgerscheck", dest="calc", action="store_true",
+              help="the ledger check (every ledger's bookies probed)"),
+          arg("-ppc", "--placementpolicycheck", dest="ppc", action="store_true", help="the placement check"),
+          arg("-rc", "--replicascheck", dest="rc", action="store_true", help="the replicas check")))
 async def cmd_forceauditchecks(uri, args):
     from bk.meta.underreplication import LedgerUnderreplicationManager
     chosen = [name for name, on in (("checkallledgers", args.calc), ("placementpolicycheck", args.ppc),
@@ -276,7 +268,13 @@ async def cmd_forceauditchecks(uri, args):
             "text": f"last run of {', '.join(chosen)} set to {when}: restart the auditor to run them now"}
 
 
-@command("initbookie")
+@command(
+    "initbookie", help="check that this bookie (--conf) can start as a new one: empty dirs, no cookie",
+    description="BookKeeper's initbookie: succeeds only when the bookie's journal, ledger and index "
+                "directories are missing or empty, the cluster is initialised, and its bookie id is neither "
+                "registered (running) nor has a cookie in the metadata store. It changes nothing: the bookie "
+                "creates its directories and cookie at its first start. To reuse a bookie id, "
+                "`bookieformat --delete-cookie` first.")
 async def cmd_initbookie(uri, args):
     import os
 

@@ -19,24 +19,10 @@ from bk.client.placement import OneBookiePlacement
 from bk.errors import BKError, IncorrectParameterError
 from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
-from .commands import command_table
+from .commands import arg, command_table
 
 COMMANDS, command = command_table()
 BOOKIE_INFO_TIMEOUT_S = 5.0
-
-
-def add_parsers(cmds) -> None:
-    c = cmds.add_parser("bookieinfo", help="state, free/total disk space and HTTP address of the bookies")
-    c.add_argument("bookie_id", nargs="?", default=None, help="one bookie (default: every registered bookie)")
-    cmds.add_parser("clusterinfo", help="bookie counts, auditor, replication state, under-replicated ledgers")
-    cmds.add_parser("whatisinstanceid", help="the cluster's instance id")
-    c = cmds.add_parser("bookiesanity", help="write and read back a small ledger on one bookie alone")
-    c.add_argument("--bookie", default=None, help="the bookie (default: the one --conf describes)")
-    c.add_argument("--entries", type=int, default=10)
-    cmds.add_parser("queryautorecoverystatus", help="under-replicated ledgers, their missing replicas and workers")
-    c = cmds.add_parser("nukeexistingcluster", help="delete every znode of the cluster (all metadata!)")
-    c.add_argument("--instance-id", required=True, help="the cluster's instance id (whatisinstanceid), as a guard")
-    c.add_argument("--force", action="store_true", help="even with bookies registered")
 
 
 async def _with_client(uri, fn):
@@ -59,7 +45,8 @@ def _http_url(info) -> str | None:
     return info.http_url() if info is not None else None
 
 
-@command("bookieinfo")
+@command("bookieinfo", help="state, free/total disk space and HTTP address of the bookies",
+         args=(arg("bookie_id", nargs="?", default=None, help="one bookie (default: every registered bookie)"),))
 async def cmd_bookieinfo(uri, args):
     async def go(bkc):
         reg = bkc.registration
@@ -82,7 +69,7 @@ async def cmd_bookieinfo(uri, args):
     return await _with_client(uri, go)
 
 
-@command("clusterinfo")
+@command("clusterinfo", help="bookie counts, auditor, replication state, under-replicated ledgers")
 async def cmd_clusterinfo(uri, args):
     from bk.meta.cluster import read_instance_id
     from bk.meta.underreplication import LedgerUnderreplicationManager
@@ -115,7 +102,7 @@ async def cmd_clusterinfo(uri, args):
     return await _with_client(uri, go)
 
 
-@command("whatisinstanceid")
+@command("whatisinstanceid", help="the cluster's instance id")
 async def cmd_whatisinstanceid(uri, args):
     from bk.meta import open_store
     from bk.meta.cluster import read_instance_id
@@ -128,7 +115,9 @@ async def cmd_whatisinstanceid(uri, args):
     return {"instance_id": instance, "text": f"instance id: {instance}"}
 
 
-@command("bookiesanity")
+@command("bookiesanity", help="write and read back a small ledger on one bookie alone",
+         args=(arg("--bookie", default=None, help="the bookie (default: the one --conf describes)"),
+               arg("--entries", type=int, default=10, help="entries to write and read back (default 10)")))
 async def cmd_bookiesanity(uri, args):
     from bk.client import BookKeeper
 
@@ -157,7 +146,7 @@ async def cmd_bookiesanity(uri, args):
             "text": f"bookie sanity test succeeded on {bookie}: {args.entries} entries written and read back"}
 
 
-@command("queryautorecoverystatus")
+@command("queryautorecoverystatus", help="under-replicated ledgers, their missing replicas and workers")
 async def cmd_queryautorecoverystatus(uri, args):
     from bk.meta import open_store
     from bk.meta.underreplication import LedgerUnderreplicationManager
@@ -182,7 +171,9 @@ async def cmd_queryautorecoverystatus(uri, args):
     return {"ledger_replication_enabled": enabled, "ledgers": ledgers, "text": "\n".join(lines)}
 
 
-@command("nukeexistingcluster")
+@command("nukeexistingcluster", help="delete every znode of the cluster (all metadata!)",
+         args=(arg("--instance-id", required=True, help="the cluster's instance id (whatisinstanceid), as a guard"),
+               arg("--force", action="store_true", help="even with bookies registered")))
 async def cmd_nukeexistingcluster(uri, args):
     """Delete the whole metadata root, only when --instance-id matches it (and no bookie is
     registered, unless --force): the ids guard against nuking the wrong cluster."""

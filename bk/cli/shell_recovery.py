@@ -1,4 +1,4 @@
-"""`bk shell` commands for bookie recovery and AutoRecovery (registered by bk.cli.shell).
+"""`bk shell` commands for bookie recovery and AutoRecovery (declared with @command).
 
     recover BOOKIE_ID [--ledger ID] [--target BOOKIE_ID] [--query] [--dry-run]
             [--skip-open-ledgers] [--delete-cookie] [--rate BYTES_PER_S] [--yes]
@@ -22,45 +22,9 @@ import sys
 from bk.errors import IncorrectParameterError
 
 from .progress import progress_bar
-from .commands import command_table
+from .commands import arg, command_table, one_of
 
 COMMANDS, command = command_table()
-
-
-def add_parsers(cmds) -> None:
-    c = cmds.add_parser("recover", help="re-replicate every ledger of a lost bookie (manual recovery)")
-    c.add_argument("bookie_id", help="the lost bookie, host:port")
-    c.add_argument("--ledger", type=int, default=None, help="only this ledger")
-    c.add_argument("--target", default=None, help="copy to this bookie (default: a random writable bookie"
-                                                  " outside each segment)")
-    c.add_argument("--query", action="store_true", help="only list the ledgers that use the bookie")
-    c.add_argument("--dry-run", action="store_true", help="print what would be done and change nothing")
-    c.add_argument("--skip-open-ledgers", action="store_true",
-                   help="never fence: leave alone ledgers that are not closed and whose last (still written)"
-                        " segment uses the bookie")
-    c.add_argument("--delete-cookie", action="store_true",
-                   help="delete the bookie's cookie once every ledger is recovered")
-    c.add_argument("--rate", default=None, metavar="BYTES_PER_S",
-                   help="copy at most this many bytes per second (e.g. 50MiB; default: no limit)")
-    c.add_argument("--batch-size", type=int, default=None, help="entries in flight (default 100)")
-    c.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-    c = cmds.add_parser("autorecovery", help="enable, disable or show AutoRecovery (ledger replication)")
-    g = c.add_mutually_exclusive_group()
-    g.add_argument("--enable", action="store_true")
-    g.add_argument("--disable", action="store_true")
-    g.add_argument("--status", action="store_true", help="the default")
-    c = cmds.add_parser("lostbookierecoverydelay", help="show or set the auditor's lost-bookie delay")
-    c.add_argument("--set", type=int, default=None, metavar="SECONDS")
-    cmds.add_parser("whoisauditor", help="the bookie whose AutoRecovery is the auditor")
-    c = cmds.add_parser("listunderreplicated", help="list ledgers marked under-replicated")
-    c.add_argument("--missing-replica", default=None, metavar="BOOKIE_ID", help="only those missing this bookie")
-    c.add_argument("--print-missing-replicas", action="store_true")
-    c.add_argument("--print-worker", action="store_true", help="the worker holding each ledger's lock")
-    cmds.add_parser("triggeraudit", help="make the auditor audit every bookie now (and check placement, when its"
-                    " auditor_periodic_placement_policy_check_interval_s is set)")
-    c = cmds.add_parser("decommissionbookie", help="move everything off a stopped bookie, then delete its cookie")
-    c.add_argument("bookie_id")
-    c.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up after this long")
 
 
 def _settings(args) -> tuple[int, int]:
@@ -129,7 +93,22 @@ def _plan_text(plans, args) -> str:
     return "\n".join(lines)
 
 
-@command("recover")
+@command("recover", help="re-replicate every ledger of a lost bookie (manual recovery)",
+         args=(arg("bookie_id", help="the lost bookie, host:port"),
+               arg("--ledger", type=int, default=None, help="only this ledger"),
+               arg("--target", default=None,
+                   help="copy to this bookie (default: a random writable bookie outside each segment)"),
+               arg("--query", action="store_true", help="only list the ledgers that use the bookie"),
+               arg("--dry-run", action="store_true", help="print what would be done and change nothing"),
+               arg("--skip-open-ledgers", action="store_true",
+                   help="never fence: leave alone ledgers that are not closed and whose last (still written)"
+                        " segment uses the bookie"),
+               arg("--delete-cookie", action="store_true",
+                   help="delete the bookie's cookie once every ledger is recovered"),
+               arg("--rate", default=None, metavar="BYTES_PER_S",
+                   help="copy at most this many bytes per second (e.g. 50MiB; default: no limit)"),
+               arg("--batch-size", type=int, default=None, help="entries in flight (default 100)"),
+               arg("--yes", "-y", action="store_true", help="do not ask for confirmation")))
 async def cmd_recover(uri, args):
     from bk.client import BookKeeper
     from bk.replication import BookieRecovery
@@ -200,7 +179,10 @@ async def _with_urm(uri, fn):
         await store.close()
 
 
-@command("autorecovery")
+@command("autorecovery", help="enable, disable or show AutoRecovery (ledger replication)",
+         args=(one_of(arg("--enable", action="store_true", help="enable ledger replication"),
+                      arg("--disable", action="store_true", help="disable ledger replication"),
+                      arg("--status", action="store_true", help="show its state (the default)")),))
 async def cmd_autorecovery(uri, args):
     from bk.replication.admin import replication_status
 
@@ -218,7 +200,8 @@ async def cmd_autorecovery(uri, args):
     return await _with_urm(uri, go)
 
 
-@command("lostbookierecoverydelay")
+@command("lostbookierecoverydelay", help="show or set the auditor's lost-bookie delay",
+         args=(arg("--set", type=int, default=None, metavar="SECONDS", help="the new delay"),))
 async def cmd_lostbookierecoverydelay(uri, args):
     async def go(urm):
         if args.set is not None:
@@ -230,7 +213,7 @@ async def cmd_lostbookierecoverydelay(uri, args):
     return await _with_urm(uri, go)
 
 
-@command("whoisauditor")
+@command("whoisauditor", help="the bookie whose AutoRecovery is the auditor")
 async def cmd_whoisauditor(uri, args):
     from bk.replication.election import current_auditor
 
@@ -240,7 +223,10 @@ async def cmd_whoisauditor(uri, args):
     return await _with_urm(uri, go)
 
 
-@command("listunderreplicated")
+@command("listunderreplicated", help="list ledgers marked under-replicated",
+         args=(arg("--missing-replica", default=None, metavar="BOOKIE_ID", help="only those missing this bookie"),
+               arg("--print-missing-replicas", action="store_true", help="each ledger's missing replicas"),
+               arg("--print-worker", action="store_true", help="the worker holding each ledger's lock")))
 async def cmd_listunderreplicated(uri, args):
     from bk.replication.admin import list_underreplicated
 
@@ -260,7 +246,8 @@ async def cmd_listunderreplicated(uri, args):
     return await _with_urm(uri, go)
 
 
-@command("triggeraudit")
+@command("triggeraudit", help="make the auditor audit every bookie now (and check placement, when its"
+                                 " auditor_periodic_placement_policy_check_interval_s is set)")
 async def cmd_triggeraudit(uri, args):
     from bk.replication.admin import trigger_audit
     from bk.replication.election import current_auditor
@@ -274,7 +261,9 @@ async def cmd_triggeraudit(uri, args):
     return await _with_urm(uri, go)
 
 
-@command("decommissionbookie")
+@command("decommissionbookie", help="move everything off a stopped bookie, then delete its cookie",
+         args=(arg("bookie_id", help="the stopped bookie, host:port"),
+               arg("--timeout", type=float, default=None, metavar="SECONDS", help="give up after this long")))
 async def cmd_decommissionbookie(uri, args):
     from bk.client import BookKeeper
     from bk.meta.underreplication import LedgerUnderreplicationManager

@@ -249,5 +249,5 @@ def test_shell_reports_a_damaged_log(tmp_path, capsys):
             return b.gc.status()
     st = eventloop.run(status())
     shell_gc._call = lambda args, op, **kw: dict(st)  # the admin socket's answer, as the shell reads it
-    text = shell_gc.gcstatus(None)["text"]
+    text = shell_gc.gcstatus(None, None)["text"]
     assert f"DAMAGED entry log {log_id:x}: bad size field at offset {damaged_at}" in text
