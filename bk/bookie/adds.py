@@ -95,6 +95,18 @@ class AddPath:
         journals = self.journals
         return journals[ledger_id % len(journals)] if len(journals) > 1 else journals[0]
 
+    def _admitted(self, ledger_id: int, master_key: bytes):
+        """The ledger's descriptor (created if unknown) once `master_key` is admitted (adds,
+        fences, LAC writes); a first key is stored and journaled before anything else of the
+        request."""
+        storage = self.storage
+        desc = storage.get_ledger(ledger_id)
+        if desc is None:
+            desc = storage.create_ledger(ledger_id)
+        if desc.check_access(master_key):
+            self._store_key(desc, master_key)
+        return desc
+
     def _store_key(self, desc, master_key: bytes) -> None:
         """A ledger's first key (admitted by check_access): remember it and journal it,
         before any entry of it is queued to the same journal."""
@@ -124,13 +136,9 @@ class AddPath:
                 raise BadRequestError("negative entry id on an add", ledger_id=ledger_id, entry_id=entry_id)
             if self.read_only and not recovery:  # recovery adds still land (re-replication, recovery)
                 raise BookieReadOnlyError(ledger_id=ledger_id, entry_id=entry_id)
-            storage = self.storage
-            desc = storage.get_ledger(ledger_id)
-            if desc is None:
-                desc = storage.create_ledger(ledger_id)
-            if desc.check_access(master_key):
-                self._store_key(desc, master_key)
+            desc = self._admitted(ledger_id, master_key)
             desc.check_writable(recovery)
+            storage = self.storage
             if not storage.put(ledger_id, entry_id, entry):
                 if not _deadline:
                     _deadline = time.monotonic() + self._full_wait_s

@@ -33,20 +33,9 @@ def _learn_explicit_lac(desc, lac_buf) -> None:
 
 class LimboPath:
     """Bookie's fences, LAC writes and the BP-46 integrity check's local half. Uses the
-    Bookie's storage, read_only, _loop, _journal and _store_key."""
+    Bookie's storage, read_only, _loop, _journal and _admitted (bk.bookie.adds)."""
 
     # ------------------------------------------------------------ fencing, LAC writes
-    def _admitted(self, ledger_id: int, master_key: bytes):
-        """The ledger's descriptor (created if unknown) once `master_key` is admitted; a first
-        key is stored and journaled before anything else of the request."""
-        storage = self.storage
-        desc = storage.get_ledger(ledger_id)
-        if desc is None:
-            desc = storage.create_ledger(ledger_id)
-        if desc.check_access(master_key):
-            self._store_key(desc, master_key)
-        return desc
-
     async def fence_ledger(self, ledger_id: int, master_key: bytes) -> None:
         """Fence (idempotent); returns once the fence is durable."""
         desc = self._admitted(ledger_id, master_key)
