@@ -28,8 +28,8 @@ bk.server.connection fires the events and reads the states.
 - life: CLOSE asks the transport to close (answers owed to requests before it still leave)
   and may come again; LOST is the transport's connection_lost, once.
 
-A connection serves requests (`serving`) while it is OPEN, admitted (AUTH_OFF or
-AUTHENTICATED) and not HANDSHAKING. The parts are independent: no event of one part
+A connection serves requests while it is OPEN, admitted (AUTH_OFF or AUTHENTICATED: the
+auth gate is off) and not HANDSHAKING (answers are held). The parts are independent: no event of one part
 depends on another's state (as START_TLS and AUTH may come in either protocol).
 """
 from __future__ import annotations
@@ -162,10 +162,6 @@ class ConnectionPhase:
     def admitted(self) -> bool:
         """Requests other than AUTH and START_TLS may pass (bk.server.auth)."""
         return self.auth is not S.UNAUTHENTICATED
-
-    @property
-    def serving(self) -> bool:
-        return self.life is S.OPEN and self.admitted and self.tls is not S.HANDSHAKING
 
     def __repr__(self) -> str:
         return f"ConnectionPhase(wire={self.wire.name}, tls={self.tls.name}, auth={self.auth.name}, life={self.life.name})"
