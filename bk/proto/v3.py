@@ -31,9 +31,9 @@ from bk.formats.wire import (FLAG_DEFERRED_SYNC, FLAG_DO_FENCING, FLAG_RECOVERY_
                              LAC_HEADER_LENGTH, MASTER_KEY_LENGTH)
 from bk.proto.messages import (AddRequest, AddResponse, ForceLedgerRequest, ForceLedgerResponse, GetBookieInfoRequest,
                                GetBookieInfoResponse, GetListOfEntriesRequest, GetListOfEntriesResponse,
-                               LongPollReadRequest, LongPollReadResponse, MessageEncodeError, ReadLacRequest, ReadLacResponse,
-                               ReadRequest, ReadResponse, ResponseDecodeError, WriteLacRequest, WriteLacResponse,
-                               _safe_repr)
+                               LongPollReadRequest, LongPollReadResponse, MessageEncodeError, ReadLacRequest,
+                               ReadLacResponse, ReadRequest, ReadResponse, ResponseDecodeError, WriteLacRequest,
+                               WriteLacResponse, _safe_repr)
 
 _F = descriptor_pb2.FieldDescriptorProto
 _LABELS = {"required": _F.LABEL_REQUIRED, "optional": _F.LABEL_OPTIONAL, "repeated": _F.LABEL_REPEATED}
