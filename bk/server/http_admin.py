@@ -2,9 +2,10 @@
 
 An aiohttp application on the bookie's own event loop, started and stopped by
 BookieServer (settings http_server_*; docs/OPERATIONS.md lists the endpoints).
-The routes are one table (`ROUTES`, path -> method -> handler) filled by
-bk.server.http_handlers and bk.server.http_ops (BookKeeper's configuration, sanity,
-compaction suspension and storage expansion services); a handler is `async def handler(admin, request) -> web.Response`.
+It serves the routes it is handed: a list of Route(path, methods, handler), the bookie's
+being bk.server.http_routes.ROUTES (handlers in bk.server.http_handlers and
+bk.server.http_ops); a handler is `async def handler(admin, request) -> web.Response`.
+This module imports none of them: it is the server and the helpers they share.
 
 Rules kept here for every endpoint:
 - errors are JSON `{"error": "...", "status": N}`: an unknown path 404, a method
@@ -38,6 +39,7 @@ import hmac
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, NamedTuple
 
 from aiohttp import web
 
@@ -47,18 +49,26 @@ log = logging.getLogger(__name__)
 
 MUTATING = frozenset({"PUT", "POST", "DELETE"})
 OPEN_PATHS = frozenset({"/heartbeat", "/api/v1/bookie/is_ready", "/metrics"})
-ROUTES: dict[str, dict[str, object]] = {}  # path -> {method: handler}; see bk.server.http_handlers
 PAGE_SIZE = 100  # items a page of a paged answer (BookKeeper's ListLedgerService.LIST_LEDGER_BATCH_SIZE)
 STREAM_FLUSH_BYTES = 64 * 1024  # a streamed answer is written (and the loop yields) every this many bytes
 
 
-def route(path: str, *methods: str):
-    """Register a handler for `path` and `methods` in ROUTES."""
-    def register(fn):
-        for method in methods:
-            ROUTES.setdefault(path, {})[method] = fn
-        return fn
-    return register
+class Route(NamedTuple):
+    """`handler` answers `methods` on `path` (and on `path/`)."""
+    path: str
+    methods: tuple
+    handler: Callable
+
+
+def route_table(routes) -> dict[str, dict[str, Callable]]:
+    """path -> {method: handler}; a path and method given twice is an error, not a silent override."""
+    table: dict[str, dict[str, Callable]] = {}
+    for r in routes:
+        for method in r.methods:
+            if method in table.setdefault(r.path, {}):
+                raise ValueError(f"HTTP route {method} {r.path} is given twice")
+            table[r.path][method] = r.handler
+    return table
 
 
 class HttpError(Exception):
@@ -220,11 +230,11 @@ async def json_body(request: web.Request) -> dict:
 
 # ---------------------------------------------------------------- the server
 class HttpAdminServer:
-    """Serves ROUTES for one BookieServer (`self.server`)."""
+    """Serves `routes` (Route rows; the bookie's: bk.server.http_routes.ROUTES) for one
+    BookieServer (`self.server`)."""
 
-    def __init__(self, server, config):
-        from . import http_handlers, http_ops  # noqa: F401 - fill ROUTES
-
+    def __init__(self, server, config, routes):
+        self.routes = route_table(routes)
         self.server = server
         self.config = config
         self.port: int | None = None  # None once start() found the port taken (no HTTP server)
@@ -255,7 +265,7 @@ class HttpAdminServer:
         """Listen; None (with a WARNING) when another process holds the port."""
         ssl_context = self._ssl_context()  # bad TLS files: a ConfigError before anything listens
         app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
-        for path in ROUTES:  # BookKeeper's docs write some paths with a trailing slash: take both
+        for path in self.routes:  # BookKeeper's docs write some paths with a trailing slash: take both
             app.router.add_route("*", path, self._dispatch)
             app.router.add_route("*", path + "/", self._dispatch)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -353,7 +363,7 @@ class HttpAdminServer:
             return error_response(500, f"internal error: {type(e).__name__}: {e}")
 
     async def _dispatch(self, request: web.Request) -> web.Response:
-        methods = ROUTES[request.match_info.route.resource.canonical.rstrip("/")]
+        methods = self.routes[request.match_info.route.resource.canonical.rstrip("/")]
         handler = methods.get(request.method)
         if handler is None:
             if request.method == "HEAD" and "GET" in methods:

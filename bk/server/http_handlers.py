@@ -1,10 +1,8 @@
 """The HTTP admin API's endpoints (BookKeeper's paths and JSON shapes; docs/OPERATIONS.md).
 
 Each handler is `async def h(admin, request)` with `admin` the HttpAdminServer
-(`admin.server` the BookieServer). Registered in bk.server.http_admin.ROUTES by
-`@route(path, methods...)`. Garbage collection's endpoints (/api/v1/bookie/gc,
-/api/v1/bookie/gc_details) are registered by the GC module with the same
-decorator (see the marked place below).
+(`admin.server` the BookieServer). Each is served at the path bk.server.http_routes
+gives it.
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_
 
 from .admin import gc_calls
 from .http_admin import (PAGE_SIZE, HttpError, JsonStream, json_body, json_response, page_slice, param_bool,
-                         param_int, param_page, route, stream_json)
+                         param_int, param_page, stream_json)
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +31,10 @@ READ_MAX_ENTRIES = 1000  # /api/v1/ledger/read answers at most this many entries
 
 
 # ---------------------------------------------------------------- heartbeat, metrics (config: bk.server.http_ops)
-@route("/heartbeat", "GET")
 async def heartbeat(admin, request):
     return web.Response(text="OK\n")
 
 
-@route("/metrics", "GET")
 async def metrics_page(admin, request):
     body, content_type = metrics.exposition()
     resp = web.Response(body=body)
@@ -47,7 +43,6 @@ async def metrics_page(admin, request):
 
 
 # ---------------------------------------------------------------- this bookie
-@route("/api/v1/bookie/info", "GET")
 async def bookie_info(admin, request):
     # the same figures as GetBookieInfo's (bk.fileio.total_space), off the loop
     space = await admin.run_blocking(total_space, admin.config.ledger_dirs)
@@ -65,12 +60,10 @@ def _state(server) -> dict:
             "diskFull": bookie.disk_full}
 
 
-@route("/api/v1/bookie/state", "GET")
 async def bookie_state(admin, request):
     return json_response(_state(admin.server))
 
 
-@route("/api/v1/bookie/state/readonly", "GET", "PUT")
 async def bookie_readonly(admin, request):
     server = admin.server
     if request.method == "PUT":
@@ -86,7 +79,6 @@ async def bookie_readonly(admin, request):
     return json_response({"readOnly": bool(server.bookie.read_only)})
 
 
-@route("/api/v1/bookie/is_ready", "GET")
 async def bookie_is_ready(admin, request):
     server = admin.server
     if server.started and not server.shutting_down:
@@ -94,7 +86,6 @@ async def bookie_is_ready(admin, request):
     return web.Response(status=503, text="Bookie is not ready\n")
 
 
-@route("/api/v1/bookie/repair_status", "GET")
 async def repair_status(admin, request):
     """BP-46 (docs/JOURNAL-OFF.md): whether this bookie may have lost data and its self-repair's
     progress; bk's own endpoint (BookKeeper has none). `repair` is null when none ran since start."""
@@ -108,7 +99,6 @@ async def repair_status(admin, request):
         "repair": repair.status.as_dict() if repair is not None else None})
 
 
-@route("/api/v1/bookie/last_log_mark", "GET")
 async def last_log_mark(admin, request):
     """BookKeeper's GetLastLogMarkService answer: per journal, its current log mark (what a
     checkpoint would persist now) as {"LastLogMark: Journal Id - <id>(<id in hex>.txn)":
@@ -145,7 +135,6 @@ def _list_disk_files(config, kinds) -> dict:
     return out
 
 
-@route("/api/v1/bookie/list_disk_file", "GET")
 async def list_disk_file(admin, request):
     kind = request.query.get("file_type", "")
     kinds = ("journal", "entrylog", "index")
@@ -155,7 +144,6 @@ async def list_disk_file(admin, request):
 
 
 # ---------------------------------------------------------------- GC (docs/GC.md)
-@route("/api/v1/bookie/gc", "GET", "PUT")
 async def gc(admin, request):
     """GET: BookKeeper's {"is_in_force_gc": "true"|"false"} ("true" from the PUT until its pass
     ends). PUT (a mutation), body {"forceMajor": bool, "forceMinor": bool}: asks for a pass and
@@ -178,7 +166,6 @@ async def gc(admin, request):
     return json_response(f"Triggered GC on BookieServer: {admin.server.bookie_id}")
 
 
-@route("/api/v1/bookie/gc_details", "GET")
 async def gc_details(admin, request):
     """The collector's status (last pass, its figures, compactions, settings) as a one-item list,
     BookKeeper's shape for one ledger storage."""
@@ -188,7 +175,6 @@ async def gc_details(admin, request):
     return json_response([collector.status()])
 
 
-@route("/api/v1/bookie/gc/compact", "PUT")
 async def gc_compact(admin, request):
     """A compaction plan (bk analytics gc -> bk shell compact --plan): body {"logIds": [int, ...]};
     compacts exactly those logs through the GC's safe path and answers the pass's figures
@@ -213,7 +199,6 @@ def _usage_rows(paths: list[str]) -> list[dict]:
     return [log_usage_row(p) for p in paths]
 
 
-@route("/api/v1/bookie/entry_log_usage", "GET")
 async def entry_log_usage(admin, request):
     """Every entry log's usage read from the files (ledgers map, or a walk of the records
     when the log has none), bk's own endpoint for analytics on a Spark cluster that cannot
@@ -249,7 +234,6 @@ async def entry_log_usage(admin, request):
 
 
 # ---------------------------------------------------------------- the cluster
-@route("/api/v1/bookie/list_bookies", "GET")
 async def list_bookies(admin, request):
     kind = request.query.get("type", "")
     if kind not in ("rw", "ro"):
@@ -269,7 +253,6 @@ async def _bookie_space(pool, bookie_id: str) -> dict | None:
     return {"free": resp.free_disk_bytes, "total": resp.total_disk_bytes}
 
 
-@route("/api/v1/bookie/list_bookie_info", "GET")
 async def list_bookie_info(admin, request):
     bkc = await admin.client()
     reg = admin.server.registration
@@ -281,7 +264,6 @@ async def list_bookie_info(admin, request):
     return json_response(out)
 
 
-@route("/api/v1/bookie/cluster_info", "GET")
 async def cluster_info(admin, request):
     from bk.meta.underreplication import LedgerUnderreplicationManager
     from bk.replication.election import current_auditor
@@ -313,7 +295,6 @@ def _ledger_id(request) -> int:
     return param_int(request, "ledger_id", lowest=0)
 
 
-@route("/api/v1/ledger/list", "GET")
 async def ledger_list(admin, request):
     """BookKeeper's {"ledgerId": metadata or null}, by ledger id. `page` N (from 1) answers the
     Nth PAGE_SIZE ledgers (BookKeeper pages only with print_metadata; bk pages both), no
@@ -352,7 +333,6 @@ async def ledger_list(admin, request):
         return out.response
 
 
-@route("/api/v1/ledger/metadata", "GET")
 async def ledger_metadata(admin, request):
     from bk.meta.ledger_manager import LedgerManager
 
@@ -361,7 +341,6 @@ async def ledger_metadata(admin, request):
     return json_response({str(ledger_id): metadata_dict(ledger_id, md, version)})
 
 
-@route("/api/v1/ledger/read", "GET")
 async def ledger_read(admin, request):
     """Entries start_entry_id..end_entry_id (default: all up to the last confirmed, at most
     READ_MAX_ENTRIES) as text, or base64 with encoding=base64. Never fences: an open ledger
@@ -389,7 +368,6 @@ async def ledger_read(admin, request):
     return json_response({str(e.entry_id): render(bytes(e.data)) for e in entries})
 
 
-@route("/api/v1/ledger/delete", "DELETE")
 async def ledger_delete(admin, request):
     ledger_id = _ledger_id(request)
     bkc = await admin.client()
@@ -408,7 +386,6 @@ async def _with_urm(admin, fn):
         await urm.close()
 
 
-@route("/api/v1/autorecovery/status", "GET", "PUT")
 async def autorecovery_status(admin, request):
     async def go(urm):
         if request.method == "PUT":
@@ -422,7 +399,6 @@ async def autorecovery_status(admin, request):
     return await _with_urm(admin, go)
 
 
-@route("/api/v1/autorecovery/list_under_replicated_ledger", "GET")
 async def list_under_replicated(admin, request):
     from bk.replication.admin import list_underreplicated
 
@@ -440,7 +416,6 @@ async def list_under_replicated(admin, request):
     return await _with_urm(admin, go)
 
 
-@route("/api/v1/autorecovery/who_is_auditor", "GET")
 async def who_is_auditor(admin, request):
     from bk.replication.election import current_auditor
 
@@ -450,7 +425,6 @@ async def who_is_auditor(admin, request):
     return json_response({"Auditor": auditor})
 
 
-@route("/api/v1/autorecovery/trigger_audit", "PUT")
 async def trigger_audit(admin, request):
     from bk.replication.admin import trigger_audit as trigger
 
@@ -458,7 +432,6 @@ async def trigger_audit(admin, request):
     return json_response({"triggered": True})
 
 
-@route("/api/v1/autorecovery/lost_bookie_recovery_delay", "GET", "PUT")
 async def lost_bookie_recovery_delay(admin, request):
     async def go(urm):
         if request.method == "PUT":
@@ -489,7 +462,6 @@ def _bookie_list(value, name: str, required: bool) -> list[str]:
     return value
 
 
-@route("/api/v1/autorecovery/bookie", "PUT")
 async def recover_bookie(admin, request):
     """Recover the ledgers of lost bookies (BookKeeper's manual recovery), in the background:
     the answer says it started; the bookie's log says how it ended."""
@@ -518,7 +490,6 @@ async def recover_bookie(admin, request):
                           "delete_cookie": delete_cookie})
 
 
-@route("/api/v1/autorecovery/decommission", "PUT")
 async def decommission(admin, request):
     """Decommission a stopped bookie through AutoRecovery, in the background."""
     from bk.meta.underreplication import LedgerUnderreplicationManager

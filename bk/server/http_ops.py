@@ -4,7 +4,7 @@ check, suspending and resuming compaction, and storage expansion. Paths, methods
 and answers are BookKeeper's (its ConfigurationService, BookieSanityService,
 SuspendCompactionService, ResumeCompactionService, ExpandStorageService).
 
-Handlers are `async def h(admin, request)`, registered in bk.server.http_admin.ROUTES.
+Handlers are `async def h(admin, request)`, served at the paths bk.server.http_routes gives them.
 PUT is a mutation: 403 unless http_server_mutations_enabled, and beyond loopback the
 token (or mutual TLS) is required on every endpoint here (bk.server.http_admin).
 """
@@ -16,7 +16,7 @@ import logging
 
 from bk.errors import ConfigError
 
-from .http_admin import HttpError, json_body, json_response, route
+from .http_admin import HttpError, json_body, json_response
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ SANITY_TIMEOUT_S = 10.0  # ... bk bounds the whole check (create, add, close, op
 
 
 # ---------------------------------------------------------------- configuration
-@route("/api/v1/config/server_config", "GET", "PUT")
 async def server_config(admin, request):
     """GET: every setting (snake_case; the token shown as "<set>"). PUT (a mutation), body
     {"name": value, ...}: BookKeeper's "Success set server config." when every name is in
@@ -111,7 +110,6 @@ async def sanity_check(config, bookie_id: str) -> None:
             await bkc.close()
 
 
-@route("/api/v1/bookie/sanity", "GET")
 async def bookie_sanity(admin, request):
     """BookKeeper's {"passed": bool, "readOnly": bool}: a read-only bookie answers readOnly
     true (no test: it takes no adds); else a real write and read of a test ledger on this
@@ -157,7 +155,6 @@ def _said(verb: str, major: bool, minor: bool, bookie_id: str) -> str:
                      for kind, asked in (("major", major), ("minor", minor)) if asked)
 
 
-@route("/api/v1/bookie/gc/suspend_compaction", "GET", "PUT")
 async def suspend_compaction(admin, request):
     """GET: {"isMajorGcSuspended": "true"|"false", "isMinorGcSuspended": ...} (strings, as
     BookKeeper's). PUT (a mutation), body {"suspendMajor": bool, "suspendMinor": bool}: the GC
@@ -173,7 +170,6 @@ async def suspend_compaction(admin, request):
     return json_response(_said("Suspend", major, minor, admin.server.bookie_id))
 
 
-@route("/api/v1/bookie/gc/resume_compaction", "PUT")
 async def resume_compaction(admin, request):
     """PUT (a mutation), body {"resumeMajor": bool, "resumeMinor": bool}: undoes a suspension."""
     collector = _collector(admin)
@@ -207,7 +203,6 @@ def _prepare_new_dirs(dirs) -> list[str]:
     return busy
 
 
-@route("/api/v1/bookie/expand_storage", "PUT")
 async def expand_storage(admin, request):
     """BookKeeper's storage expansion (a mutation): the operator adds new, empty ledger dirs to
     the bookie's config file, then PUTs here. The file (with the bookie's --set overrides) is

@@ -167,7 +167,8 @@ class BookieServer:
             self._export_gauges()
             if cfg.http_server_enabled:
                 from .http_admin import HttpAdminServer
-                self.http = await HttpAdminServer(self, cfg).start()
+                from .http_routes import ROUTES
+                self.http = await HttpAdminServer(self, cfg, ROUTES).start()
             await self._check_disks()
             await self._register()
             if self._properties:  # the repair's progress changed while the registration waited

@@ -11,6 +11,7 @@ import aiohttp
 from bk import eventloop
 from bk.bookie import Bookie
 from bk.server.http_admin import HttpAdminServer
+from bk.server.http_routes import ROUTES
 from bk.testing.engine_host import engine_config, expected_entry, ledger_key
 
 SIZE = 1000
@@ -50,7 +51,7 @@ def test_put_gc_returns_before_the_pass_ends_and_reads_go_on(tmp_path):
             policy = HeldPolicy()
             b.gc.policy = policy
             server = types.SimpleNamespace(bookie=b, bookie_id="127.0.0.1:3181")
-            http = await HttpAdminServer(server, cfg).start()
+            http = await HttpAdminServer(server, cfg, ROUTES).start()
             try:
                 async with aiohttp.ClientSession(http.url) as s:
                     async def in_force() -> str:

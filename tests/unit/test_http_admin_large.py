@@ -17,6 +17,7 @@ from bk.meta.ledger_metadata import LedgerMetadata
 from bk.meta.memory import InMemoryStore
 from bk.server import http_admin, http_handlers
 from bk.server.http_admin import HttpAdminServer
+from bk.server.http_routes import ROUTES
 from bk.testing.engine_host import engine_config, expected_entry, ledger_key
 
 LEDGERS = 250
@@ -57,7 +58,7 @@ def run_with_server(tmp_path, body, ledgers: int = LEDGERS, **cfg_extra):
             await lm.create_ledger_metadata(i, LedgerMetadata.new(["127.0.0.1:3181"], 1, 1))
         async with Bookie(cfg) as b:
             server = types.SimpleNamespace(bookie=b, bookie_id="127.0.0.1:3181", store=store, config=cfg)
-            http = await HttpAdminServer(server, cfg).start()
+            http = await HttpAdminServer(server, cfg, ROUTES).start()
             try:
                 async with aiohttp.ClientSession(http.url) as s:
                     await body(s, b, store)
