@@ -21,18 +21,18 @@ import hmac
 import logging
 
 from bk.errors import BadRequestError, LedgerFencedError, UnauthorizedAccessError
+from bk.formats.entry import LAC_HEADER, LAC_HEADER_LENGTH, MASTER_KEY_LENGTH
 from bk.index import LedgerState
 
 log = logging.getLogger(__name__)
 
-MASTER_KEY_BYTES = 20
-
 
 def _stored_lac(ledger_id: int, lac_buf: bytes | None) -> int:
     """The LAC of a stored explicit LAC buffer (`ledger_id(8) lac(8) digest`) naming this ledger, else -1."""
-    if lac_buf is None or len(lac_buf) < 16 or int.from_bytes(lac_buf[:8], "big", signed=True) != ledger_id:
+    if lac_buf is None or len(lac_buf) < LAC_HEADER_LENGTH:
         return -1
-    return max(-1, int.from_bytes(lac_buf[8:16], "big", signed=True))
+    buf_ledger_id, lac = LAC_HEADER.unpack_from(lac_buf)
+    return max(-1, lac) if buf_ledger_id == ledger_id else -1
 
 
 class LedgerDescriptor:
@@ -65,12 +65,12 @@ class LedgerDescriptor:
     def check_access(self, master_key: bytes) -> bool:
         """Compare against the stored key in constant time; True when the ledger has no key
         yet, so `master_key` is its first and the caller must store (and journal) it before
-        anything of the request. A first key must be MASTER_KEY_BYTES long (BADREQ); a key
+        anything of the request. A first key must be MASTER_KEY_LENGTH long (BADREQ); a key
         that differs from the stored one, whatever its length, is EUA."""
         stored = self.master_key
         if stored is None:
-            if len(master_key) != MASTER_KEY_BYTES:
-                raise BadRequestError(f"master key must be {MASTER_KEY_BYTES} bytes", ledger_id=self.ledger_id)
+            if len(master_key) != MASTER_KEY_LENGTH:
+                raise BadRequestError(f"master key must be {MASTER_KEY_LENGTH} bytes", ledger_id=self.ledger_id)
             return True
         if not hmac.compare_digest(stored, master_key):
             raise UnauthorizedAccessError(ledger_id=self.ledger_id)
