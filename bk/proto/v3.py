@@ -369,18 +369,22 @@ def _long_poll_to_v3(m: LongPollReadRequest, r) -> None:
 def _read_from_v3(r):
     """A fencing ReadRequest, a LongPollReadRequest (previousLAC, no fencing: BookKeeper's
     isLongPollReadRequest) or a plain ReadRequest."""
-    flag = r.flag if r.HasField("flag") else 0  # an unset proto2 enum reads as its first value
-    fencing = flag == READ_FLAG_FENCE_LEDGER
-    piggyback = flag == READ_FLAG_ENTRY_PIGGYBACK
-    _check(r.ledgerId >= 0 and r.entryId >= -1, "with a negative id", r)
-    _check(not fencing or len(r.masterKey) == MASTER_KEY_LENGTH, "fencing without a master key", r)
-    _check(not piggyback or (r.HasField("previousLAC") and r.entryId == -1), "piggyback without previousLAC", r)
-    if fencing:
-        return ReadRequest(FLAG_DO_FENCING, r.ledgerId, r.entryId, r.masterKey, PROTOCOL_VERSION_V3)
+    ledger_id, entry_id = r.ledgerId, r.entryId
+    _check(ledger_id >= 0 and entry_id >= -1, "with a negative id", r)
+    if not r.HasField("flag"):  # an unset proto2 enum reads as its first value: presence decides
+        if r.HasField("previousLAC"):
+            return LongPollReadRequest(ledger_id, entry_id, r.previousLAC, r.timeOut if r.HasField("timeOut") else 0,
+                                       False)
+        return ReadRequest(0, ledger_id, entry_id, None, PROTOCOL_VERSION_V3)
+    if r.flag == READ_FLAG_FENCE_LEDGER:
+        _check(len(r.masterKey) == MASTER_KEY_LENGTH, "fencing without a master key", r)
+        return ReadRequest(FLAG_DO_FENCING, ledger_id, entry_id, r.masterKey, PROTOCOL_VERSION_V3)
+    piggyback = r.flag == READ_FLAG_ENTRY_PIGGYBACK
+    _check(not piggyback or (r.HasField("previousLAC") and entry_id == -1), "piggyback without previousLAC", r)
     if r.HasField("previousLAC"):
-        return LongPollReadRequest(r.ledgerId, r.entryId, r.previousLAC, r.timeOut if r.HasField("timeOut") else 0,
+        return LongPollReadRequest(ledger_id, entry_id, r.previousLAC, r.timeOut if r.HasField("timeOut") else 0,
                                    piggyback)
-    return ReadRequest(0, r.ledgerId, r.entryId, None, PROTOCOL_VERSION_V3)
+    return ReadRequest(0, ledger_id, entry_id, None, PROTOCOL_VERSION_V3)
 
 
 def _read_answer_from_v3(b, rc: int):
@@ -472,11 +476,12 @@ _OPERATIONS = (
                 _ledger_from_v3(GetListOfEntriesRequest), {GetListOfEntriesResponse: _entries_answer_to_v3}, None),
 )
 _REQUEST_TO_V3 = {t: (c.op, fill) for c in _OPERATIONS for t, fill in c.requests.items()}
-_ANSWER_TO_V3 = {t: (c.op, fill) for c in _OPERATIONS for t, fill in c.answers.items()}
+_ANSWER_TO_V3 = {t: (RESPONSE_BODY[c.op], fill) for c in _OPERATIONS for t, fill in c.answers.items()}
 _BY_OP = {c.op: c for c in _OPERATIONS}
+_FROM_V3 = {c.op: (REQUEST_BODY[c.op], c.request_from_v3) for c in _OPERATIONS if c.request_from_v3 is not None}
 # The operations a bookie serves through bk.server.operations (ADD takes the add path; AUTH and
 # START_TLS are the connection's)
-SERVED = frozenset(c.op for c in _OPERATIONS if c.request_from_v3 is not None)
+SERVED = frozenset(_FROM_V3)
 
 
 def request_to_v3(msg, txn_id: int):
@@ -496,17 +501,17 @@ def request_to_v3(msg, txn_id: int):
 def request_from_v3(req):
     """The neutral request of a v3 Request of a SERVED operation whose body is present;
     V3RequestError (EBADREQ) when its fields cannot be served as asked."""
-    op = req.header.operation
-    return _BY_OP[op].request_from_v3(getattr(req, REQUEST_BODY[op]))
+    body, convert = _FROM_V3[req.header.operation]
+    return convert(getattr(req, body))
 
 
 def response_to_v3(header, answer):
     """The v3 Response carrying the neutral `answer` to the request with `header`: the body's
     status is also the Response's, as BookKeeper's processors answer."""
-    op, fill = _ANSWER_TO_V3[type(answer)]
+    name, fill = _ANSWER_TO_V3[type(answer)]
     resp = Response()
     resp.header.CopyFrom(header)
-    body = getattr(resp, RESPONSE_BODY[op])
+    body = getattr(resp, name)
     fill(answer, body)
     resp.status = body.status
     return resp

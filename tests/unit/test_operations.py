@@ -68,7 +68,8 @@ def test_a_neutral_request_comes_back_from_its_v3_frame(msg):
 @pytest.mark.parametrize("answer", ANSWERS, ids=lambda a: f"{type(a).__name__}-{a[0]}")
 def test_a_neutral_answer_comes_back_from_its_v3_frame(answer):
     header = v3.Request().header  # the request's, which the answer echoes
-    header.version, header.operation, header.txnId = V3, v3._ANSWER_TO_V3[type(answer)][0], 5
+    op = next(c.op for c in v3._OPERATIONS if type(answer) in c.answers)
+    header.version, header.operation, header.txnId = V3, op, 5
     resp = v3.response_to_v3(header, answer)
     assert resp.header == header and resp.status == v3.v3_status(answer[0])
     assert v3.response_to_v2(v3.frame(resp)[4:]) == answer
