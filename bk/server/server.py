@@ -29,7 +29,7 @@ from bk import metrics
 from bk.bookie import Bookie
 from bk.config import BookieConfig
 from bk.errors import BKError
-from bk.fileio import disk_space
+from bk.fileio import disk_space, on_space_thread
 from bk.meta import open_store, store_options
 from bk.meta.cluster import is_initialized
 from bk.meta.cookie import cookie_directories, stamp_cookies, verify_cookies
@@ -346,10 +346,10 @@ class BookieServer:
 
     async def _check_disks(self) -> None:
         """Read-only above disk_usage_threshold; writable again below the low-water mark. The
-        statvfs calls run on a worker thread (a sick disk may hang them), the verdict on the loop."""
+        statvfs calls run on the disk-space thread (a sick disk may hang them), the verdict on the loop."""
         cfg = self.config
         dirs = {*cfg.ledger_dirs, *cfg.journal_dirs}
-        space = {} if self._forced_read_only else await asyncio.to_thread(_measure_dirs, dirs)
+        space = {} if self._forced_read_only else await on_space_thread(_measure_dirs, dirs)
         if self._forced_read_only:  # also when the operator switched during the measurement
             self.bookie.set_read_only(True, "set by the operator")
             return

@@ -88,7 +88,7 @@ def test_disk_checker_entry_logger_and_gc_see_the_same_per_dir_usage(disks):
     asyncio.run(BookieServer._check_disks(server))
     assert server._writable_dirs == 2
     assert states == [(True, "disk usage 98% >= disk_usage_threshold")]
-    assert fake.calls_on_loop == []
+    assert fake.calls_on_loop == [] and fake.threads == {"bk-disk-space"}
 
     el = EntryLogger(list(cfg.ledger_dirs), cfg)
     try:
