@@ -14,7 +14,7 @@ import google_crc32c
 from bk.formats.wire import (
     ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, ENTRY_HEADER, ENTRY_IDS_LAC,
     FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, OP_ADD_ENTRY,
-    OP_READ_ENTRY, READ_REQUEST_BYTES, pack_header,
+    OP_READ_ENTRY, READ_REQUEST_BODY, READ_REQUEST_BYTES, RESPONSE_IDS_BODY, pack_header,
 )
 
 ERR_OK = 0
@@ -33,9 +33,9 @@ _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 _length = FRAME_LENGTH
 # header, master key (skipped), ledger id, entry id: an ADD request body up to the entry's ids
-_read_ids = struct.Struct(">Iqq")  # a READ request's header, ledger id, entry id
+_read_ids = READ_REQUEST_BODY  # a READ request's header, ledger id, entry id
 _add_ids = struct.Struct(f">I{ADD_ENTRY_OFFSET - ADD_KEY_OFFSET}xqq")
-_add_response_body = struct.Struct(">Iiqq")  # header rc ledger_id entry_id (ADD_RESPONSE_BYTES)
+_add_response_body = RESPONSE_IDS_BODY  # header rc ledger_id entry_id (ADD_RESPONSE_BYTES)
 
 
 _new = tuple.__new__

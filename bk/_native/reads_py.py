@@ -16,7 +16,6 @@ Ids must fit in signed 64 bits (OverflowError).
 """
 from __future__ import annotations
 
-import struct
 
 import bk.formats.wire as _L
 
@@ -24,7 +23,7 @@ from .codec_v3_py import _put_varint as _varint
 
 _U64 = (1 << 64) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-_ANSWER_HEAD = struct.Struct(">iIiqq")  # length header rc ledger_id entry_id
+_ANSWER_HEAD = _L.RESPONSE_IDS_FRAME  # length header rc ledger_id entry_id
 # BookkeeperProtocol.proto's field numbers (bk/proto/v3.py declares the same): Response.header 1,
 # .status 2, .readResponse 100; ReadResponse.status 1, .ledgerId 2, .entryId 3, .body 4
 _LEN, _VARINT = _L.V3_WIRE_LEN, _L.V3_WIRE_VARINT

@@ -119,7 +119,22 @@ FRAME_HEAD = struct.Struct(">iI")  # length, header: the start of every v2 frame
 HEADER = struct.Struct(">I")
 FRAME_LENGTH = struct.Struct(">i")
 IDS = struct.Struct(">qq")  # two i64: (ledger_id, entry_id) or (ledger_id, lac)
+ID = struct.Struct(">q")  # one i64
 READ_REQUEST_FRAME = struct.Struct(">iIqq")  # length header ledger_id entry_id
+READ_REQUEST_BODY = struct.Struct(">Iqq")  # header ledger_id entry_id (READ_REQUEST_BYTES)
+# length header ledger_id start_entry_id request_id max_count max_size; _BODY: without the length
+BATCH_READ_REQUEST_FRAME = struct.Struct(">iIqqqiq")
+BATCH_READ_REQUEST_BODY = struct.Struct(">Iqqqiq")
+LEDGER_REQUEST_FRAME = struct.Struct(">iIq")  # length header ledger_id: READ_LAC, GET_BOOKIE_INFO
+# length header rc ledger_id entry_id: the ADD response, the READ response head, the generic error
+# answer (RESPONSE_IDS_BYTES after the length)
+RESPONSE_IDS_FRAME = struct.Struct(">iIiqq")
+RESPONSE_IDS_BODY = struct.Struct(">Iiqq")
+BATCH_READ_RESPONSE_FRAME = struct.Struct(">iIiqqq")  # length header rc ledger_id start_entry_id request_id
+BATCH_READ_RESPONSE_BODY = struct.Struct(">Iiqqq")
+RESPONSE_LEDGER_FRAME = struct.Struct(">iIiq")  # length header rc ledger_id: WRITE_LAC, READ_LAC's head
+RESPONSE_LEDGER_BODY = struct.Struct(">Iiq")
+GET_BOOKIE_INFO_RESPONSE_FRAME = struct.Struct(">iIiqq")  # length header rc total_disk free_disk
 
 
 # ---------------------------------------------------------------- v3: the ADD's protobuf fields

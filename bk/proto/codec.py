@@ -50,20 +50,20 @@ _UNKNOWN_ID = -1  # ids an error answer could not learn; no real request uses th
 _u32 = layout.HEADER
 _i32 = layout.FRAME_LENGTH
 _qq = layout.IDS
-_q = struct.Struct(">q")
+_q = layout.ID
 _frame_header = layout.FRAME_HEAD
 _read_req = layout.READ_REQUEST_FRAME
-_batch_req = struct.Struct(">iIqqqiq")
-_batch_req_body = struct.Struct(">Iqqqiq")
-_ledger_req = struct.Struct(">iIq")  # READ_LAC, GET_BOOKIE_INFO
-_write_lac_fields = struct.Struct(">qq")
-_rc_ids = struct.Struct(">iIiqq")  # ADD and READ responses, generic error answer
-_rc_ids_body = struct.Struct(">Iiqq")
-_batch_resp = struct.Struct(">iIiqqq")
-_batch_resp_body = struct.Struct(">Iiqqq")
-_rc_ledger = struct.Struct(">iIiq")  # WRITE_LAC response, READ_LAC response head
-_rc_ledger_body = struct.Struct(">Iiq")
-_info_resp = struct.Struct(">iIiqq")
+_batch_req = layout.BATCH_READ_REQUEST_FRAME
+_batch_req_body = layout.BATCH_READ_REQUEST_BODY
+_ledger_req = layout.LEDGER_REQUEST_FRAME  # READ_LAC, GET_BOOKIE_INFO
+_write_lac_fields = layout.IDS
+_rc_ids = layout.RESPONSE_IDS_FRAME  # ADD and READ responses, generic error answer
+_rc_ids_body = layout.RESPONSE_IDS_BODY
+_batch_resp = layout.BATCH_READ_RESPONSE_FRAME
+_batch_resp_body = layout.BATCH_READ_RESPONSE_BODY
+_rc_ledger = layout.RESPONSE_LEDGER_FRAME  # WRITE_LAC response, READ_LAC response head
+_rc_ledger_body = layout.RESPONSE_LEDGER_BODY
+_info_resp = layout.GET_BOOKIE_INFO_RESPONSE_FRAME
 
 
 # ---------------------------------------------------------------- header

@@ -42,9 +42,8 @@ Invariants:
 """
 from __future__ import annotations
 
-import struct
-
 from bk import _native
+from bk.formats.wire import FRAME_LENGTH
 from bk.proto.codec import decode_request, decode_response
 from bk.proto import v3
 from bk.proto.constants import DEFAULT_MAX_FRAME_SIZE_BYTES, V2_STATUS_BY_V3
@@ -59,7 +58,7 @@ _scan_add_responses = _codec.scan_add_responses
 _codec_v3 = _native.load("codec_v3")
 _scan_v3_add_requests = _codec_v3.scan_v3_add_requests
 _scan_v3_add_responses = _codec_v3.scan_v3_add_responses
-_i32 = struct.Struct(">i")
+_i32 = FRAME_LENGTH
 # A chunk under this is appended to a bytearray part of a partial frame, not kept whole
 _SMALL_CHUNK_BYTES = 16 * 1024
 # BufferedProtocol receive: the reusable area's size, and the least remainder of an incomplete
