@@ -5,7 +5,7 @@ consecutive ADDs of one socket read go to the bookie as one run
 (`add_run` -> `Bookie.add_run`, an AddRun): admitted in one accounting step,
 checked per ledger once, journaled with one call, and answered by one
 `_adds_done` per completion batch (all the run's accepted adds of one journal
-share one). A lone ADD is a run of one, answered by `_add_done`. A plain READ
+share one). A lone ADD takes `Bookie.add_entry_cb` and `_add_done`. A plain READ
 (v2 or v3) of an entry a cache holds is answered at once, a run of them in one
 buffer (`read_run`, bk.server.single_reads); other reads and the other ops run as
 tasks.
@@ -30,7 +30,7 @@ from bk import metrics
 
 from bk.errors import BookieError, BookieIOError, TooManyRequestsError
 from bk.proto.layout import FLAG_DEFERRED_SYNC
-from bk.proto import (FLAG_DO_FENCING, AddRequest, AuthRequest, BatchReadRequest,
+from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest, BatchReadRequest,
                       GetBookieInfoRequest, ReadLacRequest, ReadRequest, WriteLacRequest, encode_response,
                       encode_response_parts)
 from bk.bookie import AddRun
@@ -116,22 +116,26 @@ class RequestProcessor:
     # ------------------------------------------------------------ adds
     # The bookie takes AddRuns (bk.bookie.adds): the wire's AddRequest / V3AddRequest records
     # as they are, in arrival order, and whether they are DEFERRED_SYNC, which only v3 can
-    # ask for (writeFlags): a v2 header's flags are never read for it. A lone ADD is a run
-    # of one.
+    # ask for (writeFlags): a v2 header's flags are never read for it. A lone ADD takes the
+    # bookie's one-add primitive, add_entry_cb (same admission; as a run of one it cost the
+    # bookie twice the CPU: AddRun and completion wrappers), unless it is DEFERRED_SYNC.
     def _add(self, req: AddRequest, conn) -> None:
         nbytes = len(req.body)
         if not conn.begin_add(nbytes):
             conn.send_add_result(TooManyRequestsError.code, req)
             return
-        deferred = bool(req.flags & FLAG_DEFERRED_SYNC) and type(req) is V3AddRequest
-        self.bookie.add_run(AddRun([req], deferred), self._add_done, (conn, nbytes, monotonic()))
+        if req.flags & FLAG_DEFERRED_SYNC and type(req) is V3AddRequest:  # acknowledged before the fsync
+            self.bookie.add_run(AddRun([req], True), self._adds_done, (conn, 1, nbytes, monotonic()))
+            return
+        self.bookie.add_entry_cb(req.ledger_id, req.entry_id, req.body, req.master_key,
+                                 bool(req.flags & FLAG_RECOVERY_ADD), self._add_done,
+                                 (conn, req, nbytes, monotonic()))
 
     @staticmethod
-    def _add_done(ctx, reqs: list, err) -> None:
-        """Completion of a lone ADD: its answer joins the connection's coalesced ones."""
-        conn, nbytes, start = ctx
+    def _add_done(ctx, err) -> None:
+        conn, req, nbytes, start = ctx
         conn.end_add(nbytes)
-        conn.send_add_result(0 if err is None else _code(err), reqs[0])
+        conn.send_add_result(0 if err is None else _code(err), req)
         _add_measured(1, nbytes, start, err)
 
     def add_run(self, reqs: list, conn) -> None:
