@@ -39,6 +39,7 @@ from typing import Callable
 
 from bk.entrylog import SCAN_CLEAN, SCAN_REASONS
 from bk.errors import StorageError
+from bk.formats.entrylog import LOG_SIZE_FIELD_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ class EntryLogCompactor:
         batch_bytes = 0
         for record in records:
             batch.append(record)
-            batch_bytes += len(record[3]) + 4
+            batch_bytes += len(record[3]) + LOG_SIZE_FIELD_BYTES
             if batch_bytes >= batch_limit or len(batch) >= BATCH_ENTRIES:
                 if stop():
                     result.error = "stopped"
@@ -247,5 +248,5 @@ class EntryLogCompactor:
         storage.sync_index()
         result.entries_copied += len(batch)
         result.entries_switched += moved
-        result.bytes_copied += sum(len(e) + 4 for e in entries)
+        result.bytes_copied += sum(len(e) + LOG_SIZE_FIELD_BYTES for e in entries)
         self.step_hook("after_switch", batch[0][2] >> 32)

@@ -38,7 +38,7 @@ import time
 from typing import Callable
 
 from bk import metrics
-from bk.formats.entrylog import LOG_HEADER_BYTES
+from bk.formats.entrylog import LOG_HEADER_BYTES, LOG_SIZE_FIELD_BYTES
 from bk.entrylog.usage import EntryLogMetadata
 from bk.errors import BKError
 
@@ -439,7 +439,7 @@ class GarbageCollector:
         def account() -> None:
             for (lid, loc), size in zip(chunk, el.record_sizes([loc for _, loc in chunk])):
                 per_ledger = indexed[loc >> 32]
-                per_ledger[lid] = per_ledger.get(lid, 0) + 4 + (size or 0)
+                per_ledger[lid] = per_ledger.get(lid, 0) + LOG_SIZE_FIELD_BYTES + (size or 0)
                 entries[loc >> 32] += 1
             chunk.clear()
         for lid, _eid, loc in self.storage.index.iter_locations_in_logs(todo):

@@ -21,7 +21,7 @@ import hmac
 import logging
 
 from bk.errors import BadRequestError, LedgerFencedError, UnauthorizedAccessError
-from bk.formats.entry import LAC_HEADER, LAC_HEADER_LENGTH, MASTER_KEY_LENGTH
+from bk.formats.entry import ENTRY_IDS_LAC, LAC_HEADER, LAC_HEADER_LENGTH, MASTER_KEY_LENGTH
 from bk.index import LedgerState
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,9 @@ class LedgerDescriptor:
             raise LedgerFencedError(ledger_id=self.ledger_id)
 
     def learn_lac(self, entry: bytes) -> None:
-        # The digest-framed entry carries the writer's LAC at bytes 16..24.
-        if len(entry) >= 24:
-            lac = int.from_bytes(entry[16:24], "big", signed=True)
+        # The digest-framed entry carries the writer's LAC after its two ids.
+        if len(entry) >= ENTRY_IDS_LAC.size:
+            lac = ENTRY_IDS_LAC.unpack_from(entry)[2]
             if lac > self._lac:
                 self.lac = lac
 

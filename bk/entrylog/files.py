@@ -13,8 +13,9 @@ from collections import OrderedDict
 from typing import Callable, Iterator
 
 from bk.errors import CorruptedStorageError, StorageError
-from bk.formats.entrylog import LOG_HEADER_BYTES, LOG_SCAN_BAD_SIZE as SCAN_BAD_SIZE, LOG_SCAN_CLEAN as SCAN_CLEAN
-from bk.formats.entrylog import LOG_SCAN_TRUNCATED as SCAN_TRUNCATED
+from bk.formats.entrylog import LOG_HEADER_BYTES, LOG_SIZE_FIELD
+from bk.formats.entrylog import LOG_SCAN_BAD_SIZE as SCAN_BAD_SIZE, LOG_SCAN_CLEAN as SCAN_CLEAN
+from bk.formats.entrylog import LOG_SCAN_TRUNCATED as SCAN_TRUNCATED, LOG_SIZE_FIELD_BYTES as _F
 
 MAX_OPEN_READ_FILES = 256
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -212,7 +213,7 @@ class LogScan:
                 records, stop, status = scan_log(buf, 0, n, self._max_entry_bytes)
                 if self.with_entries:
                     for off, size, ledger_id, entry_id in records:
-                        yield ledger_id, entry_id, loc_base | (pos + off), size, buf[off + 4:off + 4 + size]
+                        yield ledger_id, entry_id, loc_base | (pos + off), size, buf[off + _F:off + _F + size]
                 else:
                     for off, size, ledger_id, entry_id in records:
                         yield ledger_id, entry_id, loc_base | (pos + off), size
@@ -225,8 +226,8 @@ class LogScan:
                     return
                 # SCAN_TRUNCATED inside the data: the record continues in the next chunk
                 if stop == 0:
-                    size = int.from_bytes(buf[:4], "big")  # n >= 4 here, checked size range
-                    want = max(self._chunk_bytes, 4 + size)
+                    size = LOG_SIZE_FIELD.unpack_from(buf)[0]  # n >= _F here, checked size range
+                    want = max(self._chunk_bytes, _F + size)
                 else:
                     want = self._chunk_bytes
                 pos += stop

@@ -30,9 +30,9 @@ from typing import Callable, NamedTuple
 
 from bk.errors import CorruptedStorageError, StorageError
 from bk.fileio import DurableFile
-from bk.formats.journal import (JOURNAL_RECORD_HEAD_BYTES, JOURNAL_SCAN_BAD_CRC, JOURNAL_SCAN_BAD_LENGTH,
-                                JOURNAL_SCAN_CLEAN, JOURNAL_SCAN_SHORT, JOURNAL_V1_HEADER_BYTES,
-                                JOURNAL_V2_HEADER_BYTES)
+from bk.formats.journal import (JOURNAL_RECORD_HEAD, JOURNAL_RECORD_HEAD_BYTES, JOURNAL_SCAN_BAD_CRC,
+                                JOURNAL_SCAN_BAD_LENGTH, JOURNAL_SCAN_CLEAN, JOURNAL_SCAN_SHORT,
+                                JOURNAL_V1_HEADER_BYTES, JOURNAL_V2_HEADER_BYTES)
 from bk.journal.records import (
     FILE_END,
     FILLER_LEDGER,
@@ -177,7 +177,7 @@ class _FileReplay:
                 # the chunk ended inside a record, not the file: read it whole next time
                 pos += stop
                 if len(data) - stop >= 4:
-                    want = max(CHUNK_BYTES, JOURNAL_RECORD_HEAD_BYTES + int.from_bytes(data[stop:stop + 4], "big"))
+                    want = max(CHUNK_BYTES, JOURNAL_RECORD_HEAD_BYTES + JOURNAL_RECORD_HEAD.unpack_from(data, stop)[0])
                 continue
             if self.version != FORMAT_V1:
                 return count, pos + stop, self._end_v2(fd, pos + stop, size, data, stop, status)
