@@ -114,7 +114,7 @@ class Index:
                 cur = txn.cursor()
                 if cur.set_range(prefix):
                     for key in cur.iternext(values=False):
-                        if key[:8] != prefix:
+                        if key[:len(prefix)] != prefix:
                             break
                         out.append(st.split_location_key(key, self.path)[1])
         except lmdb.Error as e:
@@ -428,7 +428,7 @@ class IndexWriter:
             txn.delete(key, db=idx._ledgers)
             cur = txn.cursor(db=idx._locations)
             if cur.set_range(ix.LOCATION_KEY.pack(ledger_id, 0)):
-                while cur.key()[:8] == prefix:
+                while cur.key()[:len(prefix)] == prefix:
                     removed += 1
                     if not cur.delete():  # delete moves to the next key; False at the end
                         break

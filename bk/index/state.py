@@ -73,13 +73,14 @@ class LedgerState:
         if flags & ~LEDGER_FLAGS_KNOWN or not flags & LEDGER_FLAG_EXISTS:
             raise bad(f"bad flags {flags:#x}")
         pos = 2 + key_len
-        if len(value) < pos + 4:
+        lac_at = pos + LEDGER_LAC_LENGTH.size
+        if len(value) < lac_at:
             raise bad(f"master key of {key_len} bytes runs past the value")
         (lac_len,) = LEDGER_LAC_LENGTH.unpack_from(value, pos)
-        if len(value) != pos + 4 + lac_len:
+        if len(value) != lac_at + lac_len:
             raise bad(f"explicit LAC length {lac_len} does not match the value ({len(value)} bytes)")
         return cls(fenced=bool(flags & LEDGER_FLAG_FENCED), limbo=bool(flags & LEDGER_FLAG_LIMBO),
-                   master_key=value[2:pos] or None, explicit_lac=value[pos + 4:] or None)
+                   master_key=value[2:pos] or None, explicit_lac=value[lac_at:] or None)
 
 
 def check_id(what: str, value: int) -> int:
