@@ -17,6 +17,7 @@ import tempfile
 
 from bk.config import load_config
 from bk.formats import entrylog as efmt
+from bk.formats.index import LOCATION_RECORD_BYTES
 from bk.entrylog.logger import EntryLogger
 from bk.errors import StorageError
 from bk.index import state as ist
@@ -172,8 +173,8 @@ def index(data: bytes) -> None:
     with allowed(StorageError):
         ist.decode_flag("unclean_shutdown", buf)
     ist.parse_compacting_log_key(buf)
-    n = len(buf) // 24
-    packed = buf[:n * 24]
+    n = len(buf) // LOCATION_RECORD_BYTES
+    packed = buf[:n * LOCATION_RECORD_BYTES]
     with allowed(ValueError):
         _index.same("location_items", packed, p[0] % (n + 1), n, normalize=lambda it: plain(list(it)))
     cols = [list(struct.unpack(f">{n}q", packed[i * 8 * n:(i + 1) * 8 * n])) for i in range(3)] if n else [[], [], []]
