@@ -30,7 +30,7 @@ from bk._native import load
 from bk.errors import BadRequestError, BookieError, BookieReadOnlyError, TooManyRequestsError
 from bk.journal import MASTER_KEY, meta_body
 from bk.proto.constants import FLAG_RECOVERY_ADD
-from bk.proto.layout import ENTRY_IDS_LAC
+from bk.formats.wire import ENTRY_IDS_LAC
 
 log = logging.getLogger(__name__)
 

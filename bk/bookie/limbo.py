@@ -17,7 +17,7 @@ import asyncio
 from bk.errors import BookieReadOnlyError
 from bk.index import NEEDS_INTEGRITY_CHECK
 from bk.journal import EXPLICIT_LAC, FENCE, meta_body
-from bk.proto.layout import IDS, LAC_HEADER_LENGTH
+from bk.formats.wire import IDS, LAC_HEADER_LENGTH
 
 from .adds import _complete_future
 

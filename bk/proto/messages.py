@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from bk.errors import BadRequestError, BadVersionError, BKError, ProtocolError
 from bk.proto.constants import PROTOCOL_VERSION, OpCode, StatusCode
-from bk.proto.layout import ENTRY_LAC_OFFSET
+from bk.formats.wire import ENTRY_LAC_OFFSET
 
 _lac = struct.Struct(">q")
 

@@ -18,7 +18,7 @@ from bk import fileio
 from bk.config import load_config
 from bk.entrylog.logger import EntryLogger
 from bk.proto import GetBookieInfoRequest
-from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
+from bk.formats.wire import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 from bk.server import http_handlers
 from bk.server.operations import Operations
 from bk.server.server import BookieServer

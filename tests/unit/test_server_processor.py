@@ -5,7 +5,7 @@ import pytest
 
 from bk.config import load_config
 from bk.proto import BatchReadRequest, FrameDecoder, GetBookieInfoRequest, encode_response
-from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
+from bk.formats.wire import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 from bk.errors import NoSuchEntryError
 from bk.server.processor import RequestProcessor
 
