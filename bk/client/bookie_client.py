@@ -56,7 +56,8 @@ from bk.proto import (
 from bk.proto import v3
 from bk.formats.wire import MASTER_KEY_LENGTH, READ_HEADER, READ_REQUEST_BYTES, READ_REQUEST_FRAME
 
-from bk.proto.v3 import LongPollReadResponse, long_poll_request
+from bk.proto.messages import ForceLedgerRequest, LongPollReadRequest
+from bk.proto.v3 import LongPollReadResponse
 
 from .wire_v3 import ClientWireOptions, V3Frame, V3Transport, handshake
 
@@ -299,7 +300,8 @@ class BookieClient:
         self._send((WRITE_LAC, ledger_id), frame, callback, self.add_timeout_s if timeout_s is None else timeout_s)
 
     def send_long_poll(self, ledger_id: int, previous_lac: int, timeout_ms: int, callback: Callback) -> None:
-        """v3 long-poll READ (v3.long_poll_request): answered with a LongPollReadResponse once the
+        """v3 long-poll READ (BookKeeper's readEntryWaitForLACUpdate, entry -1 with the entry
+        previous_lac + 1 piggybacked): answered with a LongPollReadResponse once the
         bookie's LAC passes previous_lac or after timeout_ms. Long polls go on a v3 connection of
         their own: v3 answers are turned into v2 ones matched by (READ, ledger, entry), and a long
         poll's answer (entry -1 or previous_lac + 1) must never be taken for a plain read's."""
@@ -311,7 +313,7 @@ class BookieClient:
                 self.bookie_id, add_timeout_s=self.add_timeout_s, read_timeout_s=self.read_timeout_s,
                 connect_timeout_s=self.connect_timeout_s, max_frame_size_bytes=self.max_frame_size_bytes,
                 address=(self.host, self.port), wire=self.wire)
-        frame = V3Frame.of(long_poll_request(ledger_id, previous_lac, timeout_ms))
+        frame = V3Frame.of(LongPollReadRequest(ledger_id, -1, previous_lac, timeout_ms, True))
         client._send((READ, ledger_id, -1), frame, callback, timeout_ms / 1000.0 + self.read_timeout_s)
 
     def v3_client(self) -> "BookieClient":
@@ -325,7 +327,7 @@ class BookieClient:
         if self.wire.protocol != "v3":
             return self._side().send_force_ledger(ledger_id, callback, timeout_s)
         from .wire_v3 import V3Frame
-        self._send((FORCE, ledger_id), V3Frame.of(v3.force_ledger_request(ledger_id)), callback,
+        self._send((FORCE, ledger_id), V3Frame.of(ForceLedgerRequest(ledger_id)), callback,
                    self.add_timeout_s if timeout_s is None else timeout_s)
 
     def send_bookie_info(self, requested_info: int, callback: Callback, timeout_s: float | None = None) -> None:

@@ -93,12 +93,14 @@ def request_to_v3(frame, txn_id: int) -> bytes:
 
 
 class V3Frame(bytes):
-    """A request with no v2 form (a long-poll READ): its v3 frame (txnId 0) as bytes, so the request
-    core queues and counts it like any frame, and the Request itself, which V3Transport stamps
-    with the connection's next txnId when it leaves."""
+    """A request with no v2 form (a long-poll READ, FORCE_LEDGER): its v3 frame (txnId 0) as bytes,
+    so the request core queues and counts it like any frame, and the Request itself, which
+    V3Transport stamps with the connection's next txnId when it leaves."""
 
     @classmethod
-    def of(cls, req) -> "V3Frame":
+    def of(cls, msg) -> "V3Frame":
+        """`msg`: the neutral request (bk.proto.messages), converted as every v3 request is."""
+        req = v3.request_to_v3(msg, 0)
         f = cls(v3.frame(req))
         f.request = req
         return f

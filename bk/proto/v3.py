@@ -517,19 +517,6 @@ def response_to_v3(header, answer):
     return resp
 
 
-def long_poll_request(ledger_id: int, previous_lac: int, timeout_ms: int):
-    """BookKeeper's readEntryWaitForLACUpdate with the entry piggybacked: READ of entry -1 with
-    previousLAC and timeOut; the bookie answers once its LAC passes previousLAC or the time is up
-    (txnId is stamped when the frame leaves: bk.client.wire_v3.V3Frame)."""
-    return request_to_v3(LongPollReadRequest(ledger_id, -1, previous_lac, timeout_ms, True), 0)
-
-
-def force_ledger_request(ledger_id: int):
-    """BookKeeper's FORCE_LEDGER (LedgerHandle.force): txnId is stamped when the frame leaves
-    (bk.client.wire_v3.V3Frame)."""
-    return request_to_v3(ForceLedgerRequest(ledger_id), 0)
-
-
 def response_to_v2(body):
     """The neutral answer of a v3 Response frame body (what a client's request table matches:
     ADD/READ by ledger and entry, LAC and info by ledger); ResponseDecodeError when malformed."""
