@@ -53,16 +53,14 @@ scan_log(buf, start, end, max_entry_bytes) -> (records, stop_offset, status)
 """
 from __future__ import annotations
 
-import struct
-
 from bk.formats.entrylog import LOG_MIN_ENTRY_BYTES as MIN_ENTRY_BYTES
+from bk.formats.entrylog import LOG_RECORD_HEAD as _SIZE_IDS  # a record's size field, then its entry's two ids
 from bk.formats.entrylog import LOG_SCAN_BAD_SIZE as SCAN_BAD_SIZE
 from bk.formats.entrylog import LOG_SCAN_CLEAN as SCAN_CLEAN
 from bk.formats.entrylog import LOG_SCAN_TRUNCATED as SCAN_TRUNCATED
 from bk.formats.entrylog import LOG_SIZE_FIELD as _U32
 from bk.formats.entrylog import LOG_SIZE_FIELD_BYTES as _F
 
-_SIZE_IDS = struct.Struct(">Iqq")  # a record's size field, then its entry's two ids
 _MAX_SIZE = 0xFFFFFFFF
 
 

@@ -35,6 +35,7 @@ LOG_HEADER = struct.Struct(">4sIQQI")  # magic version log_id map_offset map_cou
 LOG_MAP_FIELDS = struct.Struct(">QI")  # map_offset map_count, rewritten in place when a log closes
 LOG_MAP_FIELDS_OFFSET = 16  # after magic and version
 LOG_SIZE_FIELD = struct.Struct(">I")
+LOG_RECORD_HEAD = struct.Struct(">Iqq")  # size, then the entry's ledger_id and entry_id (LOG_RECORD_HEAD_BYTES)
 LEDGERS_MAP_ITEM = struct.Struct(">qQ")  # ledger_id bytes
 LEDGERS_MAP_CRC = struct.Struct(">I")
 

@@ -51,6 +51,7 @@ def test_disk_layouts_follow_storage_md():
     assert journal.JOURNAL_RECORD_HEAD.size == journal.JOURNAL_RECORD_HEAD_BYTES == 8
     assert journal.JOURNAL_V2_HEADER.size - 4 == journal.JOURNAL_ALIGNMENT_OFFSET
     assert entrylog.LOG_HEADER_BYTES == 1024 and entrylog.LOG_SIZE_FIELD.size == entrylog.LOG_SIZE_FIELD_BYTES == 4
+    assert entrylog.LOG_RECORD_HEAD.size == entrylog.LOG_RECORD_HEAD_BYTES == 20
     assert entrylog.LOG_HEADER.unpack_from(entrylog.encode_header(7, 2048, 3)) == (b"BKLO", 1, 7, 2048, 3)
     assert entrylog.encode_header(7)[entrylog.LOG_MAP_FIELDS_OFFSET:][:entrylog.LOG_MAP_FIELDS.size] == \
         entrylog.LOG_MAP_FIELDS.pack(0, 0)
