@@ -370,6 +370,7 @@ class LedgerStorage:
         if unpublished:  # only the flush side clears it; the owner only sets it from None
             self._pending = None
         self._last_marks = p.marks
+        self.last_checkpoint_error = None  # before the count: who sees a new checkpoint sees it succeeded
         self.checkpoints += 1
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake_room_waiters)
@@ -391,7 +392,6 @@ class LedgerStorage:
                 break
             try:
                 self.checkpoint()
-                self.last_checkpoint_error = None
                 backoff_s = 0.0
             except Exception as e:  # disk full, I/O error, index full: keep the data, retry
                 if not isinstance(e, StorageError):

@@ -72,7 +72,9 @@ def with_cluster(bookies: int, **cluster_options):
 @with_cluster(5)
 async def test_thousands_of_entries_in_flight_read_back_identical(cluster, e, wq, aq):
     data = payloads(3000, seed=e * 100 + wq * 10 + aq)
-    async with BookKeeper(cluster.metadata_uri) as bkc:
+    # 3000 adds sent at once to bookies in this process: on a loaded CI host the first ones can
+    # wait past the default 10 s, and a timeout is an ensemble change this test does not expect
+    async with BookKeeper(cluster.metadata_uri, add_timeout_s=60.0) as bkc:
         lh = await bkc.create_ledger(e, wq, aq, digest_type="CRC32C", password=b"secret")
         ids = await asyncio.gather(*(lh.async_add_entry(p) for p in data))
         assert ids == list(range(len(data)))
