@@ -7,7 +7,9 @@ about them, as bk/fileio.py knows nothing of bk.testing.diskfaults' faults):
 - ack-before-fsync: the bookie's journals acknowledge 63 groups of 64 before any fsync
   covers them (AckBeforeFsyncJournal, given to the Bookie as its `journal_class`), and
   skip the idle zero-ahead fsync of format-2 journals, which would make the unsynced
-  groups durable after all. Caught by power loss.
+  groups durable after all. Caught by power loss: a seed drawn for it (the chaos runner's
+  scenario.py, `_drawn_for`) cuts the whole cluster right after an acknowledgement, before
+  a checkpoint (which fsyncs entry logs and index) makes the unsynced entries durable.
 - forget-fence: a fence is answered (its key admitted as usual) but never applied, so the
   old writer's adds keep landing. Caught by the fence check.
 

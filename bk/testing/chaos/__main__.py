@@ -41,6 +41,9 @@ def main(argv=None) -> int:
     p.add_argument("--faults", type=parse_faults, help="keep only these fault indices (a shrunk replay), or 'none'")
     p.add_argument("--break", dest="test_break", choices=BREAKS + GC_BREAKS, default="",
                    help="run a deliberately broken bookie (the runner's self-test; gc-*: with --mode gc)")
+    p.add_argument("--draw-for", dest="draw_for", choices=BREAKS + ("none",),
+                   help="draw the scenarios for this break (default: --break's); without --break a correct bookie"
+                        " runs them (a self-test's clean half)")
     p.add_argument("--json", dest="json_path", help="write the summary and every run's result to this file")
     p.add_argument("--shrink-limit", type=int, default=3, help="failures to replay and shrink (default 3, 0 = none)")
     p.add_argument("--shrink", action="store_true", help="with --seed: replay and shrink it if it fails")
@@ -56,9 +59,12 @@ def main(argv=None) -> int:
         return gc_main(a)
     if a.test_break in GC_BREAKS:
         p.error(f"--break {a.test_break} needs --mode gc")
+    draw_for = None if a.draw_for is None else "" if a.draw_for == "none" else a.draw_for
     options = {k: v for k, v in dict(mode=a.mode, process_share=a.process_share, keep=a.faults,
                                      test_break=a.test_break, zk_connect=a.zk_connect, time_limit_s=a.time_limit_s,
                                      keep_dir=a.keep_dir, verbose=a.verbose).items() if v not in (None, "", False)}
+    if draw_for is not None:
+        options["draw_for"] = draw_for
     if a.report:
         from .runner import report_file
         print(report_file(a.report))

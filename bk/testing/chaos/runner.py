@@ -66,7 +66,7 @@ def stop_zookeeper() -> None:
 
 def scenario_for(seed: int, options: dict):
     s = generate(seed, mode=options.get("mode"), process_share=options.get("process_share", 0.02),
-                 test_break=options.get("test_break", ""))
+                 test_break=options.get("test_break", ""), draw_for=options.get("draw_for"))
     keep = options.get("keep")
     return s if keep is None else s.keeping(keep)
 
@@ -264,7 +264,7 @@ def markdown(data: dict) -> str:
     clusters: dict[tuple, Counter] = defaultdict(Counter)
     for r in results:
         s = generate(r["seed"], mode=r["mode"], process_share=options.get("process_share", 0.02),
-                     test_break=options.get("test_break", ""))
+                     test_break=options.get("test_break", ""), draw_for=options.get("draw_for"))
         key = (s.mode, "on" if s.journal else "off (BP-46)", "on" if s.autorecovery else "off")
         clusters[key]["runs"] += 1
         clusters[key]["failed"] += not r["ok"]
