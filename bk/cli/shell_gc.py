@@ -161,7 +161,7 @@ def listfilesondisc(uri, args) -> dict:
 @command("readlogmetadata", local=True, errors=ERRORS, help="one entry log's ledgers and their bytes",
          args=(arg("log", help="log id (hex, as in the file name) or the log file's path"), *LOCAL_ARGS))
 def readlogmetadata(uri, args) -> dict:
-    from bk.entrylog import format as fmt
+    from bk.formats import entrylog as fmt
     path = args.log
     if os.path.sep in path or path.endswith(fmt.LOG_SUFFIX):
         cfg = _config(args) if (args.conf or args.ledger_dirs) else None

@@ -57,7 +57,7 @@ def _index(args):
           arg("-m", "--meta", action="store_true", help="also print the ledger's record in the index"),
           *DIR_ARGS))
 async def cmd_ledger(uri, args):
-    from bk.entrylog.format import split_location
+    from bk.formats.entrylog import split_location
     lid = args.ledger_id
     idx = _index(args)
     try:

@@ -120,7 +120,7 @@ async def cmd_readjournal(uri, args):
 
 
 def _log_path(cfg, log: str) -> tuple[int, str]:
-    from bk.entrylog.format import log_dir, log_file_name, parse_log_file_name
+    from bk.formats.entrylog import log_dir, log_file_name, parse_log_file_name
 
     if os.sep in log or log.endswith(".log"):
         log_id = parse_log_file_name(os.path.basename(log))
@@ -142,13 +142,13 @@ def scan_log_file(cfg, log_id: int, path: str):
     """A LogScan over one entry log file, up to its ledgers map (closed) or its end (open)."""
     from bk._native import load
     from bk.entrylog.files import LogScan
-    from bk.entrylog.format import HEADER_BYTES, decode_header
+    from bk.formats.entrylog import LOG_HEADER_BYTES, decode_header
 
     with open(path, "rb") as fh:
-        head = fh.read(HEADER_BYTES)
+        head = fh.read(LOG_HEADER_BYTES)
     size = os.path.getsize(path)
     end = size
-    if len(head) == HEADER_BYTES:
+    if len(head) == LOG_HEADER_BYTES:
         header = decode_header(head)
         if header.map_offset:
             end = min(header.map_offset, size)
@@ -164,7 +164,7 @@ async def cmd_readlog(uri, args):
     import asyncio
 
     from bk.entrylog.files import SCAN_CLEAN
-    from bk.entrylog.format import split_location
+    from bk.formats.entrylog import split_location
 
     cfg = _config(args)
     log_id, path = _log_path(cfg, args.log)
@@ -202,7 +202,7 @@ async def cmd_readlog(uri, args):
 
 def consistency_check(cfg) -> dict:
     """Every index location must name a record of its ledger and entry in an entry log."""
-    from bk.entrylog.format import log_dir, log_file_name, split_location
+    from bk.formats.entrylog import log_dir, log_file_name, split_location
 
     index = _open_index(cfg)
     problems, checked = [], 0

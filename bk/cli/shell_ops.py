@@ -17,7 +17,7 @@ import os
 
 from bk.client.placement import OneBookiePlacement
 from bk.errors import BKError, IncorrectParameterError
-from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
+from bk.formats.wire import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
 from .commands import arg, command_table
 

@@ -4,8 +4,7 @@ No sockets and no asyncio here: the server and client adapters feed bytes in and
 write the bytes these functions return. See /work/shared/docs/PROTOCOL.md and
 docs/PROTOCOL-EXTENSIONS.md (READ_LAC, WRITE_LAC, GET_BOOKIE_INFO layouts).
 
-The byte layouts are bk/formats/wire.py's (bk.proto.layout re-exports them for
-callers not yet moved). The package's names are loaded on first use (PEP 562), so
+The byte layouts are bk/formats/wire.py's. The package's names are loaded on first use (PEP 562), so
 importing one module does not import the codec, which loads the native kernels.
 """
 from __future__ import annotations

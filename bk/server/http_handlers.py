@@ -17,7 +17,7 @@ from bk import metrics
 from bk.errors import NoSuchLedgerMetadataError
 from bk.fileio import total_space
 from bk.meta.ledger_metadata import metadata_dict
-from bk.proto.layout import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
+from bk.formats.wire import BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY
 
 from .admin import gc_calls
 from .http_admin import (PAGE_SIZE, HttpError, JsonStream, json_body, json_response, page_slice, param_bool,
@@ -111,7 +111,7 @@ async def last_log_mark(admin, request):
 
 
 def _list_disk_files(config, kinds) -> dict:
-    from bk.entrylog.format import log_dir, parse_log_file_name
+    from bk.formats.entrylog import log_dir, parse_log_file_name
     from bk.journal.records import list_files
 
     out = {}

@@ -31,7 +31,7 @@ from bk.errors import BookieError, LedgerLimboError, NoSuchEntryError, NoSuchLed
 from bk.proto import (FLAG_DO_FENCING, BatchReadRequest, BatchReadResponse, GetBookieInfoRequest,
                       GetBookieInfoResponse, ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse,
                       WriteLacRequest, WriteLacResponse)
-from bk.proto.layout import (BATCH_READ_ENTRY_LENGTH_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES,
+from bk.formats.wire import (BATCH_READ_ENTRY_LENGTH_BYTES, BATCH_READ_RESPONSE_HEADER_BYTES,
                              BOOKIE_INFO_FREE_DISK_SPACE, BOOKIE_INFO_TOTAL_DISK_CAPACITY)
 from bk.proto.messages import (ForceLedgerRequest, ForceLedgerResponse, GetListOfEntriesRequest,
                                GetListOfEntriesResponse, LongPollReadRequest, LongPollReadResponse)

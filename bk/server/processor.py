@@ -29,7 +29,7 @@ from time import monotonic
 from bk import metrics
 
 from bk.errors import BookieError, BookieIOError, TooManyRequestsError
-from bk.proto.layout import FLAG_DEFERRED_SYNC
+from bk.formats.wire import FLAG_DEFERRED_SYNC
 from bk.proto import (FLAG_DO_FENCING, FLAG_RECOVERY_ADD, AddRequest, AuthRequest, BatchReadRequest,
                       GetBookieInfoRequest, ReadLacRequest, ReadRequest, WriteLacRequest, encode_response,
                       encode_response_parts)

@@ -28,7 +28,7 @@ from time import monotonic
 from bk import _native, metrics
 from bk.proto import ReadRequest, encode_header
 from bk.proto.constants import OpCode
-from bk.proto.layout import FLAG_DO_FENCING
+from bk.formats.wire import FLAG_DO_FENCING
 from bk.proto.v3 import OperationType, V3ReadRequest, read_request
 
 _reads = _native.load("reads")
