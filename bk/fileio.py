@@ -141,6 +141,17 @@ async def on_space_thread(fn, *args):
     return await fut
 
 
+def _forget_space_thread() -> None:
+    """In a forked child the thread is gone but the queue would stay: calls would wait for ever
+    (the chaos runner forks its workers from a process whose bookies had started it)."""
+    global _space_queue, _space_lock
+    _space_queue = None
+    _space_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_space_thread)
+
+
 def _space_worker(q) -> None:
     while True:
         fn, args, loop, fut = q.get()

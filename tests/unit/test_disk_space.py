@@ -117,3 +117,23 @@ def test_the_disk_space_thread_hands_back_errors(disks):
 
     space = asyncio.run(run())
     assert (space.free_bytes, space.total_bytes) == (FREE, TOTAL)
+
+
+def test_a_forked_child_gets_its_own_disk_space_thread(tmp_path):
+    """The chaos runner forks its workers from a process whose bookies started the disk-space
+    thread: the child has the queue but not the thread, so its first statvfs waited for ever
+    (every chaos test timed out in CI after other tests had run in the same worker)."""
+    async def space():
+        return await asyncio.wait_for(fileio.on_space_thread(fileio.disk_space, str(tmp_path)), 10)
+
+    asyncio.run(space())  # the thread runs in this process now
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its call is answered
+        try:
+            asyncio.run(space())
+            code = 0
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
