@@ -136,16 +136,22 @@ class V3Processor:
         if not (conn.begin_read() if read else conn.begin(0)):
             conn.send(v3.frame(v3.error_response(req, TooManyRequestsError.code)))
             return
-        # A plain read answers with an entry: it starts in one of the connection's read
-        # slots (BookieConnection.run_read); a fencing read is not held there.
+        # A plain read and a READ_LAC answer with an entry: they start in one of the
+        # connection's read slots (BookieConnection.run_read), as on v2; a fencing read
+        # is not held there.
         if op == Op.READ_ENTRY and not _fencing(req.readRequest):
             conn.run_read(self._start_gated, req)
+        elif op == Op.READ_LAC:
+            conn.run_read(self._start_lac_gated, req)
         else:
             self._start(req, conn, False, _READ if read else _OTHER)
 
     def _start_gated(self, req, conn) -> None:
         if not single_reads.answer_cached(req, conn, self.bookie.read_cached):  # cached by now: no task
             self._start(req, conn, True, _READ)
+
+    def _start_lac_gated(self, req, conn) -> None:
+        self._start(req, conn, True, _READ)
 
     def _start(self, req, conn, gated: bool, kind: int) -> None:
         task = asyncio.ensure_future(self._run(req, conn, gated, kind))

@@ -10,8 +10,10 @@ reads.
 import asyncio
 import types
 
+import pytest
+
 from bk.config import load_config
-from bk.proto import FrameDecoder, ReadRequest, encode_request
+from bk.proto import FrameDecoder, ReadLacRequest, ReadRequest, encode_request, v3
 from bk.proto.state import Event
 from bk.server.connection import BookieConnection
 from bk.server.processor import RequestProcessor
@@ -163,3 +165,63 @@ def test_a_closed_connection_is_freed_without_the_cyclic_gc():
         asyncio.run(main())
     finally:
         gc.enable()
+
+
+class _SlowLacBookie:
+    """READ_LAC answers once `gate` opens: the last entry is read from 'disk'."""
+
+    def __init__(self):
+        self.gate = asyncio.Event()
+
+    def read_lac(self, ledger_id):
+        return b"lac"
+
+    def read_cached(self, ledger_id, entry_id):
+        return None
+
+    def read_ahead_for(self, ledger_id, entry_id):
+        return None
+
+    async def read_entry(self, ledger_id, entry_id):
+        await self.gate.wait()
+        return b"e" * 64
+
+
+@pytest.mark.parametrize("wire", ["v2", "v3"])
+def test_read_lac_takes_a_read_slot_on_both_wires(wire):
+    """READ_LAC answers with an entry, so it waits for one of the connection's read slots
+    (max_reads_in_progress_per_connection, here 2) on v3 as on v2; all are answered."""
+    async def main():
+        cfg = load_config(env={}, overrides={"max_reads_in_progress_per_connection": 2})
+        bookie = _SlowLacBookie()
+        server = types.SimpleNamespace(config=cfg, connections=set(), auth_provider=None)
+        server.processor = RequestProcessor(bookie, cfg)
+        conn = BookieConnection(server)
+        transport = _StuckTransport()
+        transport.protocol = conn
+        conn.connection_made(transport)
+        n = 5
+        if wire == "v2":
+            conn.phase_event(Event.NOT_V3)
+            conn.data_received(b"".join(encode_request(ReadLacRequest(0, 7)) for _ in range(n)))
+        else:
+            conn.data_received(b"".join(v3.frame(v3.request_to_v3(ReadLacRequest(0, 7), t)) for t in range(n)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert (conn._reads_running, len(conn._reads_waiting)) == (2, n - 2)
+        bookie.gate.set()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        data = transport.drain()
+        if wire == "v2":
+            got = FrameDecoder(1 << 20).feed_responses(data)
+            assert [(r.rc, r.lac_buf, bytes(r.last_entry)) for r in got] == [(0, b"lac", b"e" * 64)] * n
+        else:
+            got, at = [], 0
+            while at < len(data):  # 4-byte length, then a v3 Response
+                size = int.from_bytes(data[at:at + 4], "big")
+                got.append(v3.response_to_v2(data[at + 4:at + 4 + size]))
+                at += 4 + size
+            assert [(r.rc, r.lac_buf, bytes(r.last_entry)) for r in got] == [(0, b"lac", b"e" * 64)] * n
+        assert conn._reads_running == 0 and not conn._reads_waiting
+    asyncio.run(main())
