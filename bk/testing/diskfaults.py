@@ -138,12 +138,13 @@ class _Injector:
         gates = self._gates
         return bool(gates) and any(_under(path, g) for g in gates)
 
-    def close_gate(self, path_prefix: str) -> None:
-        """From now on every file operation under `path_prefix` fails with EIO, including
-        those blocked by a hang rule (they fail instead of going on): nothing more of a
-        crashed bookie reaches its disk."""
+    def close_gate(self, *path_prefixes: str) -> None:
+        """From now on every file operation under each of `path_prefixes` fails with EIO,
+        including those blocked by a hang rule (they fail instead of going on): nothing more of
+        a crashed bookie reaches its disk. Several prefixes close in one step (one tuple
+        assignment), so the bookies of a whole-cluster power cut stop at the same instant."""
         with self._lock:
-            self._gates = (*self._gates, os.path.abspath(path_prefix))
+            self._gates = (*self._gates, *(os.path.abspath(p) for p in path_prefixes))
 
     def open_gate(self, path_prefix: str) -> None:
         prefix = os.path.abspath(path_prefix)

@@ -95,40 +95,32 @@ class InProcessCluster:
         a kill -9); `on_frozen()`, if given, runs once every thread of the bookie has stopped
         and before the gate opens again (a power cut: bk.testing.powerloss rolls the files
         back there). Its registration goes with its metadata session."""
+        await self.crash_bookies([i], on_frozen)
+
+    async def crash_bookies(self, indices, on_frozen=None) -> None:
+        """crash_bookie of several bookies at ONE instant (a power cut of a rack or of the whole
+        cluster): every one is frozen (one crash gate step over all their directories, every
+        connection aborted, no await in between) before any is taken apart, so no write or
+        fsync reaches any of their disks after the instant; `on_frozen()` runs once all their
+        threads have stopped, before any gate opens."""
         from bk.testing.diskfaults import DiskFaults
         from bk import fileio
-        server = self.servers.pop(i)
         had_injector = fileio.faults is not None
         faults = DiskFaults.install()
-        dirs = self.bookie_dirs(i)
-        for d in dirs:
-            faults.close_gate(d)
-        for conn in list(server.connections):
-            conn.closed = True  # nothing more is written to it, not even by a direct socket write
-            conn._fd = -1
-            if conn.transport is not None:
-                conn.transport.abort()
-        if server._listener is not None:
-            server._listener.close()
-        if server._monitor is not None:
-            server._monitor.cancel()
+        servers = [self.servers.pop(i) for i in indices]
+        dirs = [d for i in indices for d in self.bookie_dirs(i)]
+        faults.close_gate(*dirs)
+        for server in servers:
+            _cut_off(server)
         try:
-            for task in (server.repair, server.autorecovery):
-                if task is not None:
-                    await task.stop()
-            server.repair = server.autorecovery = None
-            for side in (server.http, server.admin):  # their sockets die with a killed process
-                if side is not None:
-                    await side.stop()
-            server.http = server.admin = None
-            # Off the loop thread: a checkpoint in progress on the storage thread may wait for the
-            # loop (LedgerStorage._on_owner) before halt's join can return (chaos seed 25 hung here).
-            await asyncio.to_thread(halt_without_checkpoint, server.bookie)
-            if server.registration is not None:
-                await server.registration.close()
-            if server.gc_policy is not None:
-                await server.gc_policy.close()
-            await server.store.close()  # its ephemeral registration goes with the session
+            errors = []
+            for server in servers:
+                try:
+                    await _take_apart(server)
+                except Exception as e:  # noqa: BLE001 - the others must stop all the same
+                    errors.append(e)
+            if errors:
+                raise errors[0]
             if on_frozen is not None:
                 on_frozen()
         finally:
@@ -154,3 +146,38 @@ class InProcessCluster:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
+
+
+def _cut_off(server) -> None:
+    """The crash instant, without an await: connections aborted without a flush (answers not
+    yet on the wire are never sent), the listener and the disk monitor gone."""
+    for conn in list(server.connections):
+        conn.closed = True  # nothing more is written to it, not even by a direct socket write
+        conn._fd = -1
+        if conn.transport is not None:
+            conn.transport.abort()
+    if server._listener is not None:
+        server._listener.close()
+    if server._monitor is not None:
+        server._monitor.cancel()
+
+
+async def _take_apart(server) -> None:
+    """What is left of a crashed bookie (behind its closed crash gate), stopped without a
+    drain, a final checkpoint or a final fsync."""
+    for task in (server.repair, server.autorecovery):
+        if task is not None:
+            await task.stop()
+    server.repair = server.autorecovery = None
+    for side in (server.http, server.admin):  # their sockets die with a killed process
+        if side is not None:
+            await side.stop()
+    server.http = server.admin = None
+    # Off the loop thread: a checkpoint in progress on the storage thread may wait for the
+    # loop (LedgerStorage._on_owner) before halt's join can return (chaos seed 25 hung here).
+    await asyncio.to_thread(halt_without_checkpoint, server.bookie)
+    if server.registration is not None:
+        await server.registration.close()
+    if server.gc_policy is not None:
+        await server.gc_policy.close()
+    await server.store.close()  # its ephemeral registration goes with the session

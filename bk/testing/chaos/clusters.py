@@ -9,7 +9,9 @@
   process that really died.
 
 Both offer: crash(i) (kill -9), power_loss(i, tear, rng) (crash, then every write
-not fsynced before the crash dropped, sometimes a torn last page), restart(i),
+not fsynced before the crash dropped, sometimes a torn last page), power_cut(indices, tear,
+rng) (the power of several bookies, a rack or the whole cluster, cut at ONE instant: every
+one stops before any file of any is cut, so nothing lands on a later bookie in between), restart(i),
 pause(i)/resume(i) (SIGSTOP/SIGCONT; in-process: the proxy holds every frame in both
 directions and delivers them late, as a resumed process would), proxy(i) (the same
 rule API for both), expire_session(i) (in-process), data_dir_of(i), alive(i), heal_network(), and
@@ -25,6 +27,7 @@ back to what was durable then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -126,26 +129,44 @@ class InProcessChaosCluster:
         async with self._locks[i]:
             if not self.alive(i):
                 return "already down"
-            return await self._power_loss(i, tear, rng)
+            return await self._power_cut([i], [i], tear, rng, None)
 
-    async def _power_loss(self, i: int, tear: bool, rng) -> str:
-        # The instant of the power cut: the proxy goes dark and drops every connection (with
-        # the answers queued in it), and crash_bookie closes the crash gate over the bookie's
-        # files before its first await. Once every thread of the bookie has stopped (nothing
-        # more can reach its disk, so the fsync log is final), its files are rolled back.
-        proxy = self.proxies[i]
-        was_dark = proxy._blackhole
-        proxy.set_blackhole(True)
-        proxy.close_connections(reset=True)
+    async def power_cut(self, indices, tear: bool, rng, on_instant=None) -> tuple[list[int], str]:
+        """One power cut of the bookies `indices` (a rack, the whole cluster) at one instant:
+        every one still running is frozen (proxies dark, one crash-gate step over all their
+        directories, connections aborted; `on_instant(stopped)` is called right then, no await
+        in between), all are taken apart, and only then is every byte not durable discarded from
+        every file of every one of them, in one cut (a bookie already down loses its page cache
+        too). Returns (the bookies it stopped, the cut's report)."""
+        cut = sorted(set(indices))
+        async with contextlib.AsyncExitStack() as stack:
+            for i in cut:  # in index order, as every other holder takes one lock: no deadlock
+                await stack.enter_async_context(self._locks[i])
+            running = [i for i in cut if self.alive(i)]
+            return running, await self._power_cut(running, cut, tear, rng, on_instant)
+
+    async def _power_cut(self, running: list[int], cut: list[int], tear: bool, rng, on_instant) -> str:
+        # The instant of the power cut: the proxies go dark and drop every connection (with the
+        # answers queued in them), and crash_bookies closes the crash gates over the bookies'
+        # files before its first await. Once every thread of every one of them has stopped
+        # (nothing more can reach their disks, so the fsync log is final), the files are rolled back.
+        was_dark = {i: self.proxies[i]._blackhole for i in running}
+        for i in running:
+            self.proxies[i].set_blackhole(True)
+            self.proxies[i].close_connections(reset=True)
+        if on_instant is not None:
+            on_instant(running)
         report = []
 
-        def cut() -> None:
-            report.append(simulate_power_loss(self.track_file, [self.data_dir_of(i)], tear=tear, rng=rng))
+        def cut_files() -> None:
+            report.append(simulate_power_loss(self.track_file, [self.data_dir_of(i) for i in cut], tear=tear,
+                                              rng=rng))
 
         try:
-            await self.inner.crash_bookie(i, on_frozen=cut)
+            await self.inner.crash_bookies(running, on_frozen=cut_files)
         finally:
-            proxy.set_blackhole(was_dark)
+            for i, dark in was_dark.items():
+                self.proxies[i].set_blackhole(dark)
         return str(report[0]) if report else "power loss: not applied"
 
     async def restart(self, i: int) -> None:
@@ -278,12 +299,31 @@ class ProcessChaosCluster:
             await asyncio.to_thread(self.inner.kill, i)
 
     async def power_loss(self, i: int, tear: bool, rng) -> str:
-        async with self._locks[i]:
-            if not self.alive(i):
-                return "already down"
-            self.paused.discard(i)
-            await asyncio.to_thread(self.inner.kill, i)  # the process is gone: its fsync log is final
-            return str(simulate_power_loss(self.track_file, [self.data_dir_of(i)], tear=tear, rng=rng))
+        if not self.alive(i):
+            return "already down"
+        return (await self.power_cut([i], tear, rng))[1]
+
+    async def power_cut(self, indices, tear: bool, rng, on_instant=None) -> tuple[list[int], str]:
+        """InProcessChaosCluster.power_cut for processes: every running one gets its SIGKILL
+        (`on_instant(stopped)` right after) before any is waited for, and the files of all of
+        them are cut once every one is gone (their fsync logs are final then)."""
+        cut = sorted(set(indices))
+        async with contextlib.AsyncExitStack() as stack:
+            for i in cut:
+                await stack.enter_async_context(self._locks[i])
+            running = [i for i in cut if self.alive(i)]
+            await asyncio.to_thread(self._kill_together, running)  # gone: their fsync logs are final
+            if on_instant is not None:
+                on_instant(running)
+            self.paused.difference_update(running)
+            report = simulate_power_loss(self.track_file, [self.data_dir_of(i) for i in cut], tear=tear, rng=rng)
+            return running, str(report)
+
+    def _kill_together(self, indices: list[int]) -> None:
+        for i in indices:  # every one dies at this instant ...
+            self.inner.bookies[i].signal(signal.SIGKILL)
+        for i in indices:  # ... then each is reaped (SIGKILL again to one not yet reaped is harmless)
+            self.inner.kill(i)
 
     async def restart(self, i: int) -> None:
         async with self._locks[i]:

@@ -20,7 +20,8 @@ What each kind models:
 - power-loss: kill -9 and every write not fsynced dropped, sometimes a torn last page;
   sometimes two neighbouring bookies at once (one rack).
 - power-loss-all: the whole cluster's power cut at once (a correct bookie with its
-  journal on loses nothing it acknowledged even then).
+  journal on loses nothing it acknowledged even then). A cut of several bookies is one
+  instant: every one stops before any file is cut (clusters.py power_cut).
 - pause: longer than the client's timeouts (SIGSTOP; in-process every frame to and
   from the bookie is held and delivered late, as a stopped process would handle them).
 - partition: the bookie unreachable (the proxy blackholes it); streams resume after.
@@ -90,12 +91,19 @@ async def _power_loss(ctx, fault) -> str:
     """`bookies` = 2: this bookie and the next one lose power together (a rack)."""
     n = ctx.cluster.count
     victims = [(fault.bookie + k) % n for k in range(fault.param("bookies", 1))]
-    done = []
-    for i in victims:
-        if ctx.cluster.alive(i):
+    return "power loss of bookie(s) " + await _power_cut(ctx, fault, victims)
+
+
+async def _power_cut(ctx, fault, victims: list[int]) -> str:
+    """One instant for all `victims` (clusters.py power_cut): every running one stops before
+    any file is cut, so no write can land on one of them between two bookies' cuts."""
+    def stopped_now(stopped: list[int]) -> None:
+        for i in stopped:
             ctx.mark_crashed(i)
-            done.append(f"{i}: {await ctx.cluster.power_loss(i, fault.param('tear', False), ctx.fault_rng(fault))}")
-    return "power loss of bookie(s) " + ("; ".join(done) or f"{victims}: already down")
+
+    stopped, report = await ctx.cluster.power_cut(victims, fault.param("tear", False), ctx.fault_rng(fault),
+                                                  on_instant=stopped_now)
+    return f"{victims}, at one instant (running then: {stopped}): {report}"
 
 
 async def _restart_victims(ctx, fault) -> None:
@@ -104,12 +112,7 @@ async def _restart_victims(ctx, fault) -> None:
 
 
 async def _power_loss_all(ctx, fault) -> str:
-    done = []
-    for i in range(ctx.cluster.count):
-        if ctx.cluster.alive(i):
-            ctx.mark_crashed(i)
-            done.append(f"{i}: {await ctx.cluster.power_loss(i, fault.param('tear', False), ctx.fault_rng(fault))}")
-    return "power loss of the whole cluster: " + "; ".join(done)
+    return "power loss of the whole cluster " + await _power_cut(ctx, fault, list(range(ctx.cluster.count)))
 
 
 async def _restart_all(ctx, fault) -> None:

@@ -104,9 +104,9 @@ def bookie_config(s: Scenario) -> dict:
                   http_server_enabled=False)
     if s.draw_for in UNSYNCED_CUT_BREAKS:
         # a checkpoint fsyncs the entry logs and the index, so what it covers survives the cut
-        # even unsynced in the journal; and the cluster's cut reaches its bookies one after the
-        # other (100 ms or more each under load): with 50 ms between checkpoints a later bookie
-        # had made the entry durable first in 10 of the 14 seeds of 1-40 that missed the break
+        # even unsynced in the journal: with 50 ms between checkpoints (and a cut that then
+        # reached its bookies one after the other) the entry was durable somewhere first in 10
+        # of the 14 seeds of 1-40 that missed the break
         values["flush_interval_ms"] = 1000
     if s.mode != INPROCESS and s.autorecovery:
         # nothing can trigger the auditor's ledger check from outside a process: run it often
