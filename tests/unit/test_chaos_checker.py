@@ -314,3 +314,115 @@ async def _read_with(monkeypatch, chaos, md, fail_first):
     out: list[str] = []
     got = await verify._read_all(chaos, 7, md, out)
     return out, got
+
+
+def _open_md(ensemble=BOOKIES, wq=2, aq=2):
+    return LedgerMetadata(ensemble_size=len(ensemble), write_quorum_size=wq, ack_quorum_size=aq,
+                          segments=((0, list(ensemble)),), state=LedgerState.OPEN, last_entry_id=-1,
+                          password=PASSWORD)
+
+
+def _chaos_two_ledgers(journal: bool) -> Chaos:
+    """A Chaos whose scenario has at least two ledger plans (ledgers 7 and 8 here)."""
+    for seed in range(1, 2000):
+        s = generate(seed, mode="inprocess")
+        if s.journal == journal and len(s.ledgers) >= 2:
+            chaos = Chaos(s, _Cluster(), [])
+            for i in range(len(BOOKIES)):
+                asyncio.run(chaos.restart(i))
+            chaos.ledgers = {s.ledgers[0].index: 7, s.ledgers[1].index: 8}
+            return chaos
+    raise AssertionError("no seed draws two ledgers with that journal setting")
+
+
+def _acknowledge(chaos, lid: int, entries: int) -> None:
+    import time
+    for e in range(entries):
+        chaos.history.ok(chaos.history.invoke(lid, b"e%d" % e), e)
+        chaos.sent_at[(lid, e)] = time.monotonic()
+
+
+def _verdict_when_recovery_never_closes(monkeypatch, chaos) -> list[str]:
+    """verify.verify's findings when no recovery of ledgers 7 and 8 closes them (both stay OPEN)."""
+    from bk.errors import BKError
+
+    class _BK:
+        def __init__(self, *a, **k):
+            self.registration = types.SimpleNamespace(writable_bookies=lambda: _coro(list(BOOKIES)))
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def get_ledger_metadata(self, lid):
+            return _open_md()
+
+    async def never_closes(chaos, bkc, lid):
+        return None, BKError(f"recovery of ledger {lid} failed")
+
+    async def nothing(*a):
+        return None
+
+    monkeypatch.setattr(verify, "BookKeeper", _BK)
+    monkeypatch.setattr(verify, "_recover", never_closes)
+    monkeypatch.setattr(verify, "_check_restarted_answers", nothing)
+    chaos.cluster.metadata_uri = "memory://x"
+    result = RunResult(chaos.s.seed, "inprocess", ok=False)
+    asyncio.run(verify.verify(chaos, result))
+    return result.failures
+
+
+def test_a_flip_in_one_ledger_does_not_excuse_another_ledger_staying_open(monkeypatch):
+    """Journal on, ledgers 7 and 8 (3/2/2 on the same three bookies) both left open by recovery.
+    A bit flipped in entry 0 of ledger 7 on bookies 0 and 1 (its whole write set) may stall
+    ledger 7's recovery; ledger 8 lost nothing, so its staying open is a liveness failure.
+    Before, any flip made the bookie lossy for every ledger: ledger 8 was excused too."""
+    chaos = _chaos_two_ledgers(journal=True)
+    for lid in (7, 8):
+        _acknowledge(chaos, lid, 10)
+    chaos.mark_flipped(0, (7, 0))
+    chaos.mark_flipped(1, (7, 0))
+    failures = _verdict_when_recovery_never_closes(monkeypatch, chaos)
+    assert [f.split(":", 1)[0] for f in failures] == ["liveness"], failures
+    assert failures[0].startswith("liveness: ledger 8 "), failures
+    assert any("ledger 7 stays OPEN" in line for line in chaos.trace), chaos.trace
+
+
+def test_a_journal_off_crash_excuses_an_open_ledger_only_where_a_checkpoint_had_not_covered_it(monkeypatch):
+    """Journal off, bookies 0 and 1 crashed. Ledger 7's 10 entries had been made durable by a
+    checkpoint of both before the crash; the entry that ends its recovery (10) has bookies 1
+    and 2 as its write set, and bookie 2 never crashed: its "no such entry" ends the scan
+    (WQ - AQ + 1 = 1 negative). Nothing may have stalled it: ledger 7 open is a liveness
+    failure. Ledger 8's entries were never checkpointed: entry 0 (bookies 0 and 1) may be lost
+    on both, recovery rightly refuses to guess. Before, any journal-off crash made the bookie
+    lossy for every entry of every ledger: both were excused."""
+    chaos = _chaos_two_ledgers(journal=False)
+    for lid in (7, 8):
+        _acknowledge(chaos, lid, 10)
+    for i in (0, 1):
+        storage = chaos.cluster.storage(i)
+        for e in range(10):
+            storage.put(7, e, b"e%d" % e)
+        storage.checkpoint()
+        for e in range(10):
+            storage.put(8, e, b"e%d" % e)
+        chaos.mark_crashed(i)
+    failures = _verdict_when_recovery_never_closes(monkeypatch, chaos)
+    assert [f.split(":", 1)[0] for f in failures] == ["liveness"], failures
+    assert failures[0].startswith("liveness: ledger 7 "), failures
+    md = _open_md()
+    assert verify.write_set(md, 10) == BOOKIES[1:]
+    assert verify.recovery_may_stall(chaos, md, 7) is None
+    assert verify.recovery_may_stall(chaos, md, 8).startswith("entry 0: 2 bookies")
+
+
+def test_bookies_that_cannot_answer_the_fence_excuse_an_open_ledger():
+    """Two of the three bookies refused to come back (AQ 2): fencing cannot reach E - AQ + 1 = 2
+    proofs, every ledger on them may stay open."""
+    chaos = _chaos(journal=True)
+    chaos.refused = {0: "journal corrupted", 1: "journal corrupted"}
+    assert "may not answer the fence" in verify.recovery_may_stall(chaos, _open_md(), 7)
+    chaos.refused = {0: "journal corrupted"}
+    assert verify.recovery_may_stall(chaos, _open_md(), 7) is None  # no entry acknowledged, one bookie

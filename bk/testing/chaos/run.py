@@ -218,11 +218,6 @@ class Chaos:
                 self.flipped.setdefault(i, set()).add(entry)
         self.unresolved_flips.clear()
 
-    @property
-    def lossy(self) -> set[int]:
-        """Bookies that may have lost acknowledged data without knowing it."""
-        return (set() if self.s.journal else set(self.crashed)) | self.corrupted | set(self.refused)
-
     def add_disk_rule(self, fault_index: int, bookie: int, rule_id: int) -> None:
         self.disk_rules[fault_index] = (bookie, rule_id)
         self.disk_faults_applied[bookie] = self.disk_faults_applied.get(bookie, 0) + 1

@@ -4,9 +4,10 @@ Run after everything is healed (run.py). Each finding is "category: message":
 - inv1..inv4: bk.testing.history's invariants (no acknowledged entry lost, no
   ledger closed below an acknowledged entry, readers agree and read only what
   some add sent for that id, valid segments and bounds);
-- liveness: a ledger recovery could not close although fewer than AQ bookies of
-  its ensemble may have lost data (journal off: BP-46 refuses to close a ledger
-  it cannot decide, and that is right only when >= AQ copies may be gone);
+- liveness: a ledger recovery could not close although no entry it had to read has
+  >= AQ bookies of its write set that may have lost THAT entry, and no AQ bookies of
+  its last ensemble may fail to answer the fence (recovery_may_stall; BP-46 refuses to
+  close a ledger it cannot decide, and that is right only then);
 - no-such-entry: a read of an entry <= lastEntryId answered "no such entry"
   (never allowed, even for an entry BP-46 lost for real: the truth is "unknown");
 - unreadable: an entry <= lastEntryId could not be read although fewer than AQ
@@ -59,10 +60,50 @@ def ensemble_write_set(ensemble, write_quorum_size: int, entry_id: int) -> list[
     return [ensemble[i] for i in quorum.write_set(entry_id, len(ensemble), write_quorum_size)]
 
 
+def lossy_in_write_set(chaos, md, ledger_id: int, entry_id: int) -> list[str]:
+    """The bookies of the entry's write set that may have lost it (Chaos.lossy_for)."""
+    lossy = {chaos.cluster.bookie_id(i) for i in chaos.lossy_for(ledger_id, entry_id)}
+    return [b for b in write_set(md, entry_id) if b in lossy]
+
+
 def may_be_lost(chaos, md, ledger_id: int, entry_id: int) -> bool:
     """>= AQ bookies of the entry's write set may have lost it (Chaos.lossy_for)."""
-    lossy = {chaos.cluster.bookie_id(i) for i in chaos.lossy_for(ledger_id, entry_id)}
-    return sum(b in lossy for b in write_set(md, entry_id)) >= md.ack_quorum_size
+    return len(lossy_in_write_set(chaos, md, ledger_id, entry_id)) >= md.ack_quorum_size
+
+
+def recovery_may_stall(chaos, md, ledger_id: int) -> str | None:
+    """Why a recovery of this (open) ledger may rightly fail to close, or None: then it is a
+    liveness failure. Recovery (bk/client/recovery.py, REPLICATION.md) needs:
+    - fencing: proofs from E - AQ + 1 bookies of the last ensemble (EOK, ENOENTRY, ENOLEDGER or
+      limbo's EUNKNOWNLEDGERSTATE). A bookie that refused to come back cannot answer, nor can one
+      whose answer may be its flipped entry of this ledger (a fencing read returns its last
+      entry): >= AQ such bookies in the last ensemble stall it.
+    - then each entry from its start (the highest LAC the fence saw + 1, at least the last
+      segment's first entry) to the first one absent: a valid copy from one bookie of its write
+      set, or WQ - AQ + 1 explicit negatives. A bookie that may have lost THAT entry
+      (Chaos.lossy_for: a journal-off crash before a checkpoint made it durable, answered with
+      limbo; its own flipped record; a refusal) gives neither; one that cannot have lost it
+      holds it if it was acknowledged (AQ of WQ did), or says "no". So the entry can stall
+      recovery only when >= AQ bookies of its write set may have lost it. The entries looked at
+      are the last segment's first up to one past the highest id any add of the ledger could
+      have been given (the entry whose absence ends the scan); a flip in another ledger, or in
+      an entry recovery never reads, excuses nothing."""
+    last_first, last_ensemble = md.last_segment[0], list(md.last_segment[1])
+    mute = {chaos.cluster.bookie_id(i) for i in chaos.refused}
+    mute |= {chaos.cluster.bookie_id(i) for i, entries in chaos.flipped.items()
+             if any(lid == ledger_id for lid, _ in entries)}
+    unfenced = [b for b in last_ensemble if b in mute]
+    if len(unfenced) >= md.ack_quorum_size:
+        return f"{unfenced} of its last ensemble may not answer the fence (AQ {md.ack_quorum_size})"
+    ops = chaos.history.ops(ledger_id)
+    end = max([len(ops)] + [op.entry_id + 1 for op in ops if op.entry_id is not None])
+    for e in range(max(last_first, 0), end + 1):
+        lossy = lossy_in_write_set(chaos, md, ledger_id, e)
+        if len(lossy) >= md.ack_quorum_size:
+            why = {b: r for i, r in chaos.excuses(ledger_id, e).items()
+                   if (b := chaos.cluster.bookie_id(i)) in lossy}
+            return f"entry {e}: {len(lossy)} bookies of its write set may have lost it {why} (AQ {md.ack_quorum_size})"
+    return None
 
 
 async def _recover(chaos, bkc, lid: int):
@@ -325,20 +366,21 @@ async def verify(chaos, result) -> None:
             acked = h.acknowledged(lid)
             result.acked += len(acked)
             if rh is None or not md.is_closed:
-                lossy = {chaos.cluster.bookie_id(i) for i in chaos.lossy} & md.bookies()
                 gone = {chaos.cluster.bookie_id(i) for i in chaos.refused} & set(md.last_segment[1])
                 spare = set(await bkc.registration.writable_bookies()) - set(md.last_segment[1])
+                stall = recovery_may_stall(chaos, md, lid)
                 if gone and not spare:
                     # a bookie of the last ensemble is gone for good (it refused to start on a
                     # corruption it detected) and no bookie can replace it in the write-back
                     chaos.note(f"ledger {lid} stays {md.state.name}: bookie(s) {sorted(gone)} gone, no spare"
                                f" to write recovered entries to: {error!r}")
-                elif len(lossy) < md.ack_quorum_size:
+                elif stall is None:
                     out.append(f"liveness: ledger {lid} ({plan.shape}) still {md.state.name} after"
-                               f" {RECOVERY_WAIT_S:g}s of recovery: {error!r}")
+                               f" {RECOVERY_WAIT_S:g}s of recovery, though no entry it had to read may have"
+                               f" been lost by AQ {md.ack_quorum_size} bookies of its write set: {error!r}")
                 else:
-                    chaos.note(f"ledger {lid} stays {md.state.name}: {len(lossy)} of its bookies may have lost"
-                               f" data (AQ {md.ack_quorum_size}), recovery refuses to guess: {error!r}")
+                    chaos.note(f"ledger {lid} stays {md.state.name}, recovery rightly refuses to guess: {stall}:"
+                               f" {error!r}")
                 continue
             closed.append(lid)
             readers = [await _read_all(chaos, lid, md, out) for _ in range(2)]
@@ -366,4 +408,4 @@ async def verify(chaos, result) -> None:
                f" {result.lost_excused} excused losses, {len(out)} findings")
 
 
-__all__ = ["may_be_lost", "verify", "write_set"]
+__all__ = ["may_be_lost", "recovery_may_stall", "verify", "write_set"]
