@@ -40,7 +40,7 @@ from .deferred_sync import DeferredSyncTracker
 from .gc import GarbageCollector
 from .ledger_storage import LedgerStorage
 from .limbo import LimboPath, _learn_explicit_lac
-from .read_ring import RingReads, make_ring, ring_unavailable
+from .read_ring import ReadAheadsInFlight, RingReads, make_ring, ring_unavailable
 from .read_threads import ReadThreads
 from .reads import ReadPath
 
@@ -80,6 +80,7 @@ class Bookie(AddPath, ReadPath, LimboPath):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_threads: ReadThreads | None = None
         self._ring: RingReads | None = None  # single-entry reads through io_uring (read_io)
+        self._read_aheads = ReadAheadsInFlight()  # the ring's, once it runs (Bookie.read_ahead_for)
         self._write_data = config.journal_write_data
         self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
         self._room_queue: deque = deque()  # add_entry_cb arguments of adds waiting for write-cache room
@@ -112,6 +113,8 @@ class Bookie(AddPath, ReadPath, LimboPath):
             raise
         self._read_threads = ReadThreads(self._loop, self.config.num_read_worker_threads)
         self._ring = make_ring(self._loop, self._read_threads, self.config.read_io)
+        if self._ring is not None:
+            self._read_aheads = self._ring.read_aheads
         self.gc = GarbageCollector(storage, self.config)
         self.gc.start(self._loop)
         self._running = True

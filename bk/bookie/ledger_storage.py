@@ -421,6 +421,35 @@ class LedgerStorage:
         """Index + entry log lookup (blocking; read worker threads). None = not stored."""
         return reads.drive(self.read_steps(ledger_id, entry_id), self.entry_logger.pread)
 
+    def read_many(self, keys: list) -> tuple[list, list]:
+        """read_from_storage of each (ledger_id, entry_id) of `keys`, in order, in this thread
+        (blocking: read worker threads): the index lookup, the entry-log pread and the record's
+        check of each, one hop from the loop for all (the lookup and the pread release the
+        GIL). Returns ([entry, None (not stored) or the exception raised, per key], [(ledger_id,
+        first, last planned) of each read-ahead run]). A scan's first miss reads ahead, so the
+        keys after it are found in the read cache."""
+        out, calls = [], []
+        pread, steps = self.entry_logger.pread, self.read_steps
+        for ledger_id, entry_id in keys:
+            try:
+                out.append(reads.drive(steps(ledger_id, entry_id), pread, calls))
+            except Exception as e:  # the caller answers it (EIO), never "no such entry"
+                out.append(e)
+        return out, [span for span in map(self.read_ahead_span, calls) if span is not None]
+
+    def read_ahead_count(self, ledger_id: int) -> int:
+        """Entries one read-ahead of the ledger reads at most: what one read can hold, the span
+        ReadRuns marks as being read."""
+        batch = self.config.read_ahead_batch_size
+        record = self.entry_logger.record_bytes(ledger_id)
+        if record:
+            batch = min(batch, max(1, READ_AHEAD_MAX_BYTES // record))
+        return batch
+
+    def would_read_ahead(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether a miss at entry_id would read ahead now (ReadRuns.plan, unchanged by asking)."""
+        return self.config.read_ahead_batch_size > 1 and self._read_runs.would_read_ahead(ledger_id, entry_id)
+
     def read_steps(self, ledger_id: int, entry_id: int) -> reads.Steps:
         """read_from_storage as steps (bk.entrylog.reads), for a driver that does the preads
         (a read thread, or the bookie's io_uring on the loop). The steps between preads are
@@ -447,10 +476,7 @@ class LedgerStorage:
             if location is None:
                 return None
             try:
-                batch = self.config.read_ahead_batch_size
-                record = self.entry_logger.record_bytes(ledger_id)
-                if record:  # what one read-ahead can hold: the span ReadRuns marks as being read
-                    batch = min(batch, max(1, READ_AHEAD_MAX_BYTES // record))
+                batch = self.read_ahead_count(ledger_id)
                 count, scanning = self._read_runs.plan(ledger_id, entry_id, batch) if batch > 1 else (1, False)
                 if count <= 1:
                     return (yield from self.entry_logger.entry_steps(ledger_id, entry_id, location))

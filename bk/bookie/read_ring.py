@@ -64,11 +64,6 @@ def make_ring(loop: asyncio.AbstractEventLoop, threads: ReadThreads, read_io: st
     return None
 
 
-def _followed(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("a read-ahead after a scan's reads failed: %s", task.exception())
-
-
 class ReadAheadsInFlight:
     """The read-ahead runs read threads are reading now: per ledger, (first, last, future) of
     each (last: the last entry it planned to read; the future is done when it is).
@@ -78,19 +73,21 @@ class ReadAheadsInFlight:
     its own entry (ReadRuns gives a miss inside a span in flight its one entry), so most of a
     cold scan was read twice, once entry by entry. A miss that such a run covers waits for it
     and is then served from the read cache (Bookie.read_entry), and the first one to wait
-    starts the next run at once (RingReads.follow): a scan then finds its next entries read,
-    or being read, instead of stalling on the disk every read_ahead_batch_size entries."""
+    starts the next run at once (Bookie._follow): a scan then finds its next entries read,
+    or being read, instead of stalling on the disk every read_ahead_batch_size entries.
+    The bookie's cold READs in batches (Bookie.read_entries_cb) note a scan's read-ahead here too."""
 
     __slots__ = ("_by_ledger",)
 
     def __init__(self):
         self._by_ledger: dict[int, list] = {}
 
-    def note(self, ledger_id: int, first: int, last: int, fut: asyncio.Future) -> None:
+    def note(self, ledger_id: int, first: int, last: int, fut: asyncio.Future) -> list:
         runs = self._by_ledger.setdefault(ledger_id, [])
-        run = [first, last, fut, False]  # False: no read-ahead started after it yet (RingReads.follow)
+        run = [first, last, fut, False]  # False: no read-ahead started after it yet (Bookie._follow)
         runs.append(run)
         fut.add_done_callback(lambda _f: self._drop(ledger_id, run))
+        return run
 
     def _drop(self, ledger_id: int, run) -> None:
         runs = self._by_ledger.get(ledger_id)
@@ -115,22 +112,7 @@ class RingReads:
         self._submit_pending = False
         self._closed = False
         self.read_aheads = ReadAheadsInFlight()
-        self._following: set[asyncio.Task] = set()
         loop.add_reader(self._ring.fileno(), self._ring.complete)
-
-    def follow(self, run: list, steps: Steps, span_of) -> None:
-        """A reader waits on read-ahead `run`: a scan, so read what follows it now, in the
-        background (`steps`: the read of the entry after the run's last; its read-ahead fills
-        the read cache, its result is dropped). Once per run; errors are the readers' to see
-        when they read those entries themselves."""
-        if run[3] or self._closed:
-            steps.close()
-            return
-        run[3] = True
-        task = self._loop.create_task(self.run(steps, span_of))
-        self._following.add(task)
-        task.add_done_callback(_followed)
-        task.add_done_callback(self._following.discard)
 
     @property
     def in_flight(self) -> int:

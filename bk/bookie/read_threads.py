@@ -48,6 +48,14 @@ class ReadThreads:
         self._jobs.put((fut, fn, args, discard))
         return fut
 
+    def call(self, fn: Callable, args: tuple, done: Callable[[Any, BaseException | None], None]) -> None:
+        """fn(*args) in a read thread, then `done(result, error)` on the loop: no future, no extra
+        loop iteration (a batch of cold READs is answered by one such call). `done` is called
+        exactly once while the loop runs (never if the loop closed first)."""
+        if self._closed:
+            raise RuntimeError("read threads are shut down")
+        self._jobs.put((None, fn, args, done))
+
     def shutdown(self) -> None:
         """Finish the jobs queued, stop the threads, wait for them (blocking)."""
         if self._closed:
@@ -89,7 +97,12 @@ class ReadThreads:
         done = self._done
         while done:
             fut, (result, error), discard = done.popleft()
-            if fut.done():  # cancelled while its job ran
+            if fut is None:  # a call(): its callback answers
+                try:
+                    discard(result, error)
+                except Exception:  # one failing callback must not strand the results behind it
+                    log.exception("a read thread's callback failed")
+            elif fut.done():  # cancelled while its job ran
                 _give_back(result, discard)
             elif error is not None:
                 fut.set_exception(error)
@@ -100,10 +113,11 @@ class ReadThreads:
         done = self._done
         while done:
             try:
-                _, (result, _), discard = done.popleft()
+                fut, (result, _), discard = done.popleft()
             except IndexError:
                 return
-            _give_back(result, discard)
+            if fut is not None:  # a call()'s callback needs the loop: nothing to give back
+                _give_back(result, discard)
 
 
 def _give_back(result, discard) -> None:

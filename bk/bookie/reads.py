@@ -11,7 +11,7 @@ import asyncio
 import logging
 
 from bk import metrics
-from bk.errors import (BadRequestError, CorruptedStorageError, LedgerLimboError, NoSuchEntryError, NoSuchLedgerError,
+from bk.errors import (BadRequestError, BookieError, CorruptedStorageError, LedgerLimboError, NoSuchEntryError, NoSuchLedgerError,
                        StorageError)
 
 log = logging.getLogger(__name__)
@@ -120,24 +120,105 @@ class ReadPath:
                 raise
             if entry is not None:
                 return entry
-            if desc.limbo:
-                raise LedgerLimboError(ledger_id=ledger_id, entry_id=entry_id)
-            if not limbo_before:
-                raise NoSuchEntryError(ledger_id=ledger_id, entry_id=entry_id)
+            _raise_missing(desc, ledger_id, entry_id, limbo_before)
             # limbo was cleared during the lookup: what the repair stored is visible now
 
     def read_ahead_for(self, ledger_id: int, entry_id: int) -> asyncio.Future | None:
         """The future of a read-ahead in flight that will bring entry_id into the read cache, or
         None. A reader waiting on one is a scan: the read of what follows the run starts now
-        (RingReads.follow, once per run). Only with the ring (read_io): the read threads' path
-        reads its entry itself."""
-        ring = self._ring
-        run = ring.read_aheads.covering(ledger_id, entry_id) if ring is not None else None
+        (`_follow`, once per run)."""
+        run = self._read_aheads.covering(ledger_id, entry_id)
         if run is None:
             return None
         if not run[3]:
-            ring.follow(run, self.storage.read_steps(ledger_id, run[1] + 1), self.storage.read_ahead_span)
+            self._follow(run, ledger_id)
         return run[2]
+
+    def _follow(self, run: list, ledger_id: int) -> None:
+        """Read what follows read-ahead `run` now, in a read thread, in the background: its
+        read-ahead fills the read cache before the scan asks (noted while in flight, so a
+        scan's READs wait for it rather than read their entries again). Once per run; errors
+        are the readers' to see when they read those entries themselves."""
+        run[3] = True
+        nxt = run[1] + 1
+        if not self.storage.would_read_ahead(ledger_id, nxt):
+            return
+        try:
+            fut = self._read_threads.submit(self.storage.read_from_storage, ledger_id, nxt)
+        except RuntimeError:  # stopping
+            return
+        fut.add_done_callback(_followed)
+        self._read_aheads.note(ledger_id, nxt, nxt + self.storage.read_ahead_count(ledger_id) - 1, fut)
+
+    # ------------------------------------------------------------ cold reads, in batches
+    def read_entries_cb(self, keys: list, done, ctx) -> None:
+        """The stored entries of `keys` [(ledger_id, entry_id >= 0)] no cache held when asked:
+        every index lookup, entry-log pread and record check in one read thread, one hop
+        (LedgerStorage.read_many), then `done(ctx, outcomes)` once on the loop: per key the
+        entry, or the BookieError to answer (read_entry's rules: ENOLEDGER, EUNKNOWNLEDGERSTATE
+        in limbo, EIO for a storage failure - never ENOENTRY where this bookie may have lost the
+        entry). When the first key's miss will read ahead (ReadRuns), the batch is noted as that
+        read-ahead while in flight: the READs it brings that arrive meanwhile wait for it
+        (read_ahead_for) instead of reading their entries again; a batch of consecutive
+        entries (a scan) then reads on after what its read-ahead brought in (`_follow`)."""
+        storage = self.storage
+        outcomes: list = [None] * len(keys)
+        todo = []
+        for i, (ledger_id, entry_id) in enumerate(keys):
+            desc = storage.get_ledger(ledger_id)
+            if desc is None:
+                outcomes[i] = NoSuchLedgerError(ledger_id=ledger_id)
+            else:
+                # limbo read before the lookup starts (see read_entry)
+                todo.append((i, desc, desc.limbo))
+        if not todo:
+            done(ctx, outcomes)
+            return
+        run = None
+        ledger_id, first = keys[todo[0][0]]
+        if storage.would_read_ahead(ledger_id, first):
+            scan = len(todo) > 1 and keys[todo[1][0]] == (ledger_id, first + 1)
+            run = (ledger_id, scan, self._read_aheads.note(
+                ledger_id, first, first + storage.read_ahead_count(ledger_id) - 1, self._loop.create_future()))
+        self._read_stored(keys, todo, outcomes, done, ctx, run)
+
+    def _read_stored(self, keys, todo, outcomes, done, ctx, run) -> None:
+        def read_done(result, error) -> None:
+            retry = []
+            if error is not None:  # read_many itself failed: every key of it is EIO
+                result = ([error] * len(todo), [])
+            out, spans = result
+            for (i, desc, limbo_before), got in zip(todo, out):
+                ledger_id, entry_id = keys[i]
+                if isinstance(got, BaseException):
+                    if not isinstance(got, StorageError):
+                        log.error("unexpected error reading ledger %d entry %d: %r", ledger_id, entry_id, got)
+                        got = StorageError(f"unexpected error reading: {got!r}")
+                    self._read_failed(ledger_id, entry_id, got)
+                    outcomes[i] = got
+                elif got is not None:
+                    outcomes[i] = got
+                else:
+                    try:
+                        _raise_missing(desc, ledger_id, entry_id, limbo_before)
+                        retry.append((i, desc, desc.limbo))  # limbo cleared meanwhile: look again
+                    except BookieError as e:
+                        outcomes[i] = e
+            if run is not None:  # a scan: its READs waiting for this read-ahead look in the cache now
+                ledger_id, scan, noted = run
+                noted[2].set_result(None)
+                span = next((span for span in spans if span[0] == ledger_id), None)
+                if scan and span is not None and not noted[3]:  # read on after what it brought in
+                    noted[1] = span[2]
+                    self._follow(noted, ledger_id)
+            if retry:
+                self._read_stored(keys, retry, outcomes, done, ctx, None)
+            else:
+                done(ctx, outcomes)
+        try:
+            self._read_threads.call(self.storage.read_many, ([keys[i] for i, _, _ in todo],), read_done)
+        except RuntimeError as e:  # the read threads are shut down: the bookie is stopping
+            read_done(None, StorageError(f"the bookie is stopping: {e}"))
 
     async def read_span(self, ledger_id: int, entry_id: int, max_count: int, max_bytes: int):
         """Entries entry_id.. that only the entry logs hold, back to back in one log, as a span of
@@ -151,6 +232,21 @@ class ReadPath:
             self._read_failed(ledger_id, entry_id, e)
             raise
 
+
+
+def _raise_missing(desc, ledger_id: int, entry_id: int, limbo_before: bool) -> None:
+    """A lookup found no entry: in limbo that is no answer (EUNKNOWNLEDGERSTATE); out of limbo
+    it is ENOENTRY only if limbo was clear when the lookup began. Returns when limbo was
+    cleared during the lookup: the caller looks again (what the repair stored is visible)."""
+    if desc.limbo:
+        raise LedgerLimboError(ledger_id=ledger_id, entry_id=entry_id)
+    if not limbo_before:
+        raise NoSuchEntryError(ledger_id=ledger_id, entry_id=entry_id)
+
+
+def _followed(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("a read-ahead after a scan's reads failed: %s", fut.exception())
 
 
 def _release_span(span) -> None:

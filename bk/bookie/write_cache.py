@@ -303,6 +303,16 @@ class ReadRuns:
             + ((entry_id, entry_id + count - 1),)
         return count, count > 1
 
+    def would_read_ahead(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether plan() would read ahead from entry_id now (asking changes nothing)."""
+        spans = self._spans.get(ledger_id)
+        if spans is None:
+            return True
+        if any(first <= entry_id <= last for first, last in spans):
+            return False
+        return any(last < entry_id <= 2 * last - first + 1 for first, last in spans) and \
+            all(not first == entry_id + 1 for first, _ in spans)
+
     def ran(self, ledger_id: int, first: int, last: int) -> None:
         """A read-ahead from `first` got entries up to `last`."""
         spans = self._spans.get(ledger_id)

@@ -33,14 +33,19 @@ class Call(NamedTuple):
 Steps = Generator["Pread | Call", Any, Any]
 
 
-def drive(steps: Steps, pread: Callable[[Any, int, int], bytes]):
+def drive(steps: Steps, pread: Callable[[Any, int, int], bytes], calls: list | None = None):
     """Run a read's steps here, blocking: each Pread with pread(h, n, offset), each Call by
-    calling it. Returns what the reader returns."""
+    calling it (and appended to `calls` if given). Returns what the reader returns."""
     try:
         op = next(steps)
         while True:
             try:
-                out = pread(*op) if op.__class__ is Pread else op.fn(*op.args)
+                if op.__class__ is Pread:
+                    out = pread(*op)
+                else:
+                    if calls is not None:
+                        calls.append(op)
+                    out = op.fn(*op.args)
             except StorageError as e:
                 op = steps.throw(e)
             else:

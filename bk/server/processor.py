@@ -7,7 +7,8 @@ checked per ledger once, journaled with one call, and answered by one
 `_adds_done` per completion batch (all the run's accepted adds of one journal
 share one). A lone ADD takes `Bookie.add_entry_cb` and `_add_done`. A plain READ
 (v2 or v3) of an entry a cache holds is answered at once, a run of them in one
-buffer (`read_run`, bk.server.single_reads); other reads and the other ops run as
+buffer (`read_run`, bk.server.single_reads); a plain READ no cache holds is read in a
+batch by the read threads (bk.server.cold_reads); other reads and the other ops run as
 tasks.
 
 Every handler answers exactly once, with the request's ids and version, and
@@ -37,6 +38,7 @@ from bk.bookie import AddRun
 from bk.proto import v3
 from bk.proto.v3 import V3AddRequest
 from bk.server import single_reads
+from bk.server.cold_reads import ColdReads
 from bk.server.limits import BookieLimits
 from bk.server.operations import Operations, error_answer
 from bk.server.v3 import V3Processor
@@ -107,6 +109,7 @@ class RequestProcessor:
             GetBookieInfoRequest: self._spawn(_on(ops.bookie_info)),
             AuthRequest: self._auth,
         }
+        self.cold = ColdReads(bookie, config)  # plain READs no cache holds: batches in the read threads
         self._spawn_gated_read = self._spawn(_on(ops.read), read=True, gated=True, cached=True)
         self._spawn_fencing_read = self._spawn(_on(ops.read), read=True)
 
@@ -175,9 +178,11 @@ class RequestProcessor:
         """`handler(req)` as a task answering on `conn`; `read`: counted as a read in progress
         (bookie-wide too); `gated`: it answers with entries, so it starts in one of the
         connection's read slots (BookieConnection.run_read); `cached`: a plain READ, answered
-        without a task if a cache holds its entry when its turn comes."""
+        without a task if a cache holds its entry when its turn comes, else read in a batch
+        by the read threads (bk.server.cold_reads), no task either."""
         def start_task(req, conn) -> None:
-            if cached and single_reads.answer_cached(req, conn, self.bookie.read_cached):
+            if cached and (single_reads.answer_cached(req, conn, self.bookie.read_cached)
+                           or self.cold.start(req, conn)):
                 return
             task = asyncio.ensure_future(self._run(handler, req, conn, gated, read))
             self._tasks.add(task)
@@ -196,18 +201,18 @@ class RequestProcessor:
     def _spawn_read(self, req: ReadRequest, conn) -> None:
         # A plain read of a cached entry is answered without a task, while the client
         # reads its answers (else the read waits for room in a read slot).
-        single_reads.serve_run((req,), conn, self.bookie, self._uncached, self._resume)
+        single_reads.serve_run((req,), conn, self.bookie, self._uncached, self._resume, self.cold.run)
 
     def read_run(self, reqs: list, conn) -> None:
         """The requests of one socket read, all v2 READs or all v3 requests (READs mostly: a
         client's readEntries): the plain READs of cached entries answered at once, together
         (bk.server.single_reads), every other one as dispatch would, in order."""
-        single_reads.serve_run(reqs, conn, self.bookie, self._uncached, self._resume)
+        single_reads.serve_run(reqs, conn, self.bookie, self._uncached, self._resume, self.cold.run)
 
     def _resume(self, req, conn) -> None:
         """A plain READ that waited for a read-ahead and still has to read (counted already):
-        its read in one of the connection's read slots."""
-        conn.run_read(self._spawn_gated_read.task if type(req) is ReadRequest else self.v3._start_gated, req)
+        its read in one of the connection's read slots (bk.server.cold_reads)."""
+        conn.run_read(self.cold.run, req)
 
     def _uncached(self, req, conn) -> None:
         if type(req) is not ReadRequest:
@@ -241,6 +246,7 @@ class RequestProcessor:
         conn.auth_request_v2(req)
 
     async def drain(self) -> None:
-        """Wait for every running request task."""
+        """Wait for every running request task and every cold READ queued."""
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.cold.drain()

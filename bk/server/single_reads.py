@@ -62,16 +62,31 @@ def v3_plain_read(req):
     return r.ledgerId, r.entryId
 
 
+def plain_ids(req) -> tuple[int, int] | None:
+    """(ledger_id, entry_id) of a plain READ (a v2 ReadRequest, the kernel's V3ReadRequest or a
+    v3 Request), else None."""
+    t = type(req)
+    if t is ReadRequest:
+        if req.flags & FLAG_DO_FENCING or req.entry_id < 0:
+            return None
+        return req.ledger_id, req.entry_id
+    if t is V3ReadRequest:
+        return req.ledger_id, req.entry_id
+    return v3_plain_read(req)
+
+
 def _queue(conn, kind: int, rows: list) -> None:
     conn.send(v3_read_answers(rows) if kind == _V3 else read_answers(rows, v2_header(kind)))
 
 
-def serve_run(reqs, conn, bookie, slow, resume) -> None:
+def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
     """Answer the plain READs of `reqs` (v2 ReadRequests, v3 Requests, the kernel's
-    V3ReadRequests: those go to `slow`/`resume` as the Requests they stand for) that a cache holds; a
+    V3ReadRequests: those go to `slow` as the Requests they stand for) that a cache holds; a
     plain READ whose entry a read-ahead in flight brings waits for it as a callback (counted
     as a read in progress; then answered from the read cache, or `resume(req, conn)`: its
-    read in a read slot); hand every other request to `slow(req, conn)` in its turn."""
+    read in a read slot); another plain READ that misses is counted and read in a read slot
+    by `cold(req, conn)` (bk.server.cold_reads: no task, no protobuf Request); hand every
+    other request to `slow(req, conn)` in its turn."""
     start = monotonic()
     read_cached = bookie.read_cached
     room = conn.room()
@@ -107,6 +122,10 @@ def serve_run(reqs, conn, bookie, slow, resume) -> None:
                 ahead = bookie.read_ahead_for(lid, eid)
                 if ahead is not None and conn.begin_read():  # refused: slow() answers the refusal
                     ahead.add_done_callback(partial(_ahead_done, req, lid, eid, conn, bookie, resume, monotonic()))
+                    continue
+                if cold is not None and conn.begin_read():
+                    conn.run_read(cold, req)
+                    room = conn.room()
                     continue
             slow(read_request(req) if t is V3ReadRequest else req, conn)
             room = conn.room()
@@ -149,7 +168,7 @@ def _ahead_done(req, ledger_id: int, entry_id: int, conn, bookie, resume, start:
         return
     entry = bookie.read_cached(ledger_id, entry_id) if conn.has_room() else None
     if entry is None:  # resume takes the read slot (run_read): taking one here as well leaked it
-        resume(read_request(req) if type(req) is V3ReadRequest else req, conn)
+        resume(req, conn)
         return
     conn.end_read()
     conn.send(_answer(req, ledger_id, entry_id, entry))
@@ -172,14 +191,9 @@ def answer_cached(req, conn, read_cached) -> bool:
     in a read slot: if it is plain and a cache holds its entry by now (brought in by a read-ahead
     of the reads before it), it is answered here without its task, True. Its accounting ends
     and its slot is freed without starting the next read (the caller is the loop that does)."""
-    if type(req) is ReadRequest:
-        if req.flags & FLAG_DO_FENCING or req.entry_id < 0:
-            return False
-        ids = req.ledger_id, req.entry_id
-    else:
-        ids = v3_plain_read(req)
-        if ids is None:
-            return False
+    ids = plain_ids(req)
+    if ids is None:
+        return False
     start = monotonic()
     entry = read_cached(*ids)
     if entry is None:

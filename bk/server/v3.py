@@ -147,7 +147,9 @@ class V3Processor:
             self._start(req, conn, False, _READ if read else _OTHER)
 
     def _start_gated(self, req, conn) -> None:
-        if not single_reads.answer_cached(req, conn, self.bookie.read_cached):  # cached by now: no task
+        # cached by now, or cold and plain (a batch in the read threads): no task
+        if not (single_reads.answer_cached(req, conn, self.bookie.read_cached)
+                or self.processor.cold.start(req, conn)):
             self._start(req, conn, True, _READ)
 
     def _start_lac_gated(self, req, conn) -> None:

@@ -1,0 +1,218 @@
+"""Plain single READs that no cache holds, read in batches by the read threads with one callback
+each, no task per READ (bk.server.cold_reads, Bookie.read_entries_cb): every READ answered once
+with the code it had as a task (the entry, ENOENTRY, ENOLEDGER, EUNKNOWNLEDGERSTATE in limbo,
+EIO for a storage failure), its count and read slot given back exactly once, also when its
+connection closes mid-run or the read threads are gone. In process: a real Bookie restarted
+over its entry logs (so the entries are cold), a connection on a stand-in transport; run with
+BK_NO_NATIVE=1 too (pure kernels, reads through the read threads)."""
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from bk.errors import StorageError
+from bk.proto import FrameDecoder, ReadRequest, StatusCode, encode_request, master_key
+from bk.proto import v3
+from bk.testing.transport import FakeTransport
+
+KEY = master_key(b"pw")
+LEDGER, OTHER = 5, 6
+N = 60
+
+
+def _entry(ledger_id: int, e: int) -> bytes:
+    from bk.proto.digest import DigestManager
+    payload = b"cold-%04d" % e
+    return bytes(DigestManager(ledger_id, "CRC32C", b"pw").frame_entry(e, e - 1, len(payload), payload))
+
+
+def _v3_read(txn, entry_id, ledger_id=LEDGER):
+    req = v3.Request()
+    req.header.version, req.header.operation, req.header.txnId = 3, v3.OperationType.READ_ENTRY, txn
+    req.readRequest.ledgerId, req.readRequest.entryId = ledger_id, entry_id
+    return v3.frame(req)
+
+
+def _v2(frame):
+    from bk.proto import decode_response
+    r = decode_response(frame)
+    return r.ledger_id, r.entry_id, r.rc, None if r.body is None else bytes(r.body)
+
+
+def _v3(frame):
+    r = v3.parse(v3.Response, frame)
+    rr = r.readResponse
+    return rr.ledgerId, rr.entryId, v3.v2_status(r.status), bytes(rr.body) if rr.body else None
+
+
+def _frames(proto, keys):
+    if proto == "v2":
+        return [encode_request(ReadRequest(0, lid, eid)) for lid, eid in keys]
+    return [_v3_read(i + 1, eid, lid) for i, (lid, eid) in enumerate(keys)]
+
+
+def _cold(tmp_path, body, read_io="threads", **settings):
+    """`body(bookie, proc, conn, transport, answers)` against a bookie whose ledgers LEDGER and
+    OTHER (entries 0..N-1) are only in its entry logs (written, the bookie stopped and started)."""
+    from bk.bookie import Bookie
+    from bk.config import load_config
+    from bk.server.connection import BookieConnection
+    from bk.server.processor import RequestProcessor
+
+    cfg = load_config(env={}, overrides=dict(journal_dirs=[str(tmp_path / "j")], ledger_dirs=[str(tmp_path / "l")],
+                                             read_io=read_io, **settings))
+
+    async def write():
+        b = Bookie(cfg)
+        await b.start()
+        try:
+            for lid in (LEDGER, OTHER):
+                for e in range(N):
+                    await b.add_entry(lid, e, _entry(lid, e), KEY)
+        finally:
+            await b.stop()
+
+    async def read():
+        b = Bookie(cfg)
+        await b.start()
+        try:
+            assert b.storage.get_cached(LEDGER, 0) is None
+            proc = RequestProcessor(b, cfg)
+            conn = BookieConnection(SimpleNamespace(config=cfg, processor=proc, connections=set()))
+            conn.connection_made(transport := FakeTransport())
+            decoder = FrameDecoder()
+
+            async def answers(n, parse, tries=400):
+                got = []
+                for _ in range(tries):
+                    await asyncio.sleep(0.005)
+                    got += [parse(f) for f in decoder.feed(b"".join(transport.out))]
+                    transport.out.clear()
+                    if len(got) >= n:
+                        break
+                await asyncio.sleep(0.02)  # and nothing more comes
+                got += [parse(f) for f in decoder.feed(b"".join(transport.out))]
+                transport.out.clear()
+                return got
+
+            await body(b, proc, conn, transport, answers)
+            await proc.drain()
+            assert (conn.pending, conn._reads_running, len(conn._reads_waiting), proc.limits.reads) == (0, 0, 0, 0)
+        finally:
+            await b.stop()
+    asyncio.run(write())
+    asyncio.run(read())
+
+
+def _count_calls(bookie):
+    calls = []
+    call = bookie._read_threads.call
+    bookie._read_threads.call = lambda fn, args, done: calls.append(args[0]) or call(fn, args, done)
+    return calls
+
+
+@pytest.mark.parametrize("read_io", ["threads", "auto"])
+@pytest.mark.parametrize("proto", ["v2", "v3"])
+def test_a_cold_run_is_read_in_one_batch_without_a_task_and_each_read_answered_once(tmp_path, proto, read_io):
+    """40 READs of one socket read, more than the connection's 32 read slots: a scan of LEDGER
+    (its first miss reads ahead for the rest), a missing entry, an unknown ledger and a few of
+    OTHER. On ddbad0d each missing READ was a task (its lookup on the loop)."""
+    async def body(bookie, proc, conn, transport, answers):
+        calls = _count_calls(bookie)
+        keys = [(LEDGER, e) for e in range(30)] + [(LEDGER, N + 5), (99, 0)] + [(OTHER, e) for e in (7, 3, 8, 9)] \
+            + [(LEDGER, e) for e in range(30, 34)]
+        conn.data_received(b"".join(_frames(proto, keys)))
+        assert not proc._tasks  # no task for a cold plain READ
+        got = await answers(len(keys), _v2 if proto == "v2" else _v3)
+        want = [(lid, eid, StatusCode.ENOLEDGER if lid == 99 else StatusCode.ENOENTRY if eid >= N else 0,
+                 None if lid == 99 or eid >= N else _entry(lid, eid)) for lid, eid in keys]
+        if proto == "v3":  # v3 errors carry no body
+            want = [w if w[2] == 0 else w[:3] + (None,) for w in want]
+        assert sorted(got) == sorted(want)
+        # the 32 READs in slots went to the read threads in one flush: the scan whole in one
+        # batch, the missing entry beside it, the unknown ledger answered without a thread
+        assert calls[:2] == [keys[:30], [(LEDGER, N + 5)]]
+        assert all((99, 0) not in c for c in calls)
+        assert not proc._tasks
+    _cold(tmp_path, body, read_io=read_io)
+
+
+@pytest.mark.parametrize("proto", ["v2", "v3"])
+def test_a_cold_miss_in_limbo_is_never_no_such_entry_and_a_storage_error_is_eio(tmp_path, proto):
+    async def body(bookie, proc, conn, transport, answers):
+        storage = bookie.storage
+        storage.update_ledger(storage.get_ledger(OTHER), limbo=True)
+        read_many = storage.read_many
+
+        def failing(keys):  # entry 3 of LEDGER cannot be read (an I/O error in the thread)
+            out, spans = read_many(keys)
+            return [StorageError("injected read error") if k == (LEDGER, 3) else o for k, o in zip(keys, out)], spans
+        storage.read_many = failing
+        keys = [(OTHER, 1), (OTHER, N + 1), (LEDGER, 3), (LEDGER, N + 2), (LEDGER, 4)]
+        conn.data_received(b"".join(_frames(proto, keys)))
+        got = await answers(len(keys), _v2 if proto == "v2" else _v3)
+        assert sorted((lid, eid, rc) for lid, eid, rc, _ in got) == sorted([
+            (OTHER, 1, 0), (OTHER, N + 1, StatusCode.EUNKNOWNLEDGERSTATE), (LEDGER, 3, StatusCode.EIO),
+            (LEDGER, N + 2, StatusCode.ENOENTRY), (LEDGER, 4, 0)])
+    _cold(tmp_path, body)
+
+
+def test_limbo_cleared_during_the_lookup_looks_again_rather_than_answer_no_such_entry(tmp_path):
+    """The BP-46 repair stores its copy and clears limbo while a lookup runs: that lookup's miss
+    proves nothing, so the READ is looked up again and answered with the entry."""
+    async def body(bookie, proc, conn, transport, answers):
+        storage = bookie.storage
+        desc = storage.get_ledger(LEDGER)
+        storage.update_ledger(desc, limbo=True)
+        read_many, seen = storage.read_many, []
+
+        def repaired_meanwhile(keys):
+            seen.append(list(keys))
+            if len(seen) == 1:  # the miss of a lookup that began in limbo; the repair ends now
+                desc.limbo = False
+                return [None] * len(keys), []
+            return read_many(keys)
+        storage.read_many = repaired_meanwhile
+        conn.data_received(encode_request(ReadRequest(0, LEDGER, 2)))
+        assert await answers(1, _v2) == [(LEDGER, 2, 0, _entry(LEDGER, 2))]
+        assert seen == [[(LEDGER, 2)], [(LEDGER, 2)]]
+    _cold(tmp_path, body)
+
+
+@pytest.mark.parametrize("proto", ["v2", "v3"])
+def test_a_connection_closed_mid_run_answers_nothing_and_gives_every_slot_back(tmp_path, proto):
+    async def body(bookie, proc, conn, transport, answers):
+        conn.data_received(b"".join(_frames(proto, [(LEDGER, e) for e in range(40)])))
+        assert conn._reads_running == 32 and len(conn._reads_waiting) == 8
+        conn.connection_lost(None)  # before the batch comes back from the read threads
+        await proc.drain()
+        assert transport.out == [] and not proc._tasks
+    _cold(tmp_path, body)
+
+
+def test_reads_queued_as_the_read_threads_stop_are_answered_eio(tmp_path):
+    async def body(bookie, proc, conn, transport, answers):
+        bookie._read_threads.shutdown()
+        conn.data_received(b"".join(_frames("v2", [(LEDGER, e) for e in range(3)])))
+        got = await answers(3, _v2)
+        assert sorted(got) == [(LEDGER, e, StatusCode.EIO, None) for e in range(3)]
+    _cold(tmp_path, body)
+
+
+def test_batches_keep_a_ledgers_consecutive_entries_together_in_at_most_jobs_batches():
+    from bk.server.cold_reads import batches
+
+    def items(keys):
+        return [(None, None, lid, eid, 0.0) for lid, eid in keys]
+
+    def ids(out):
+        return [[(i[2], i[3]) for i in b] for b in out]
+    scan = [(1, e) for e in range(10)]
+    assert ids(batches(items(scan), 8)) == [scan]
+    mixed = [(1, 0), (1, 1), (2, 5), (1, 2), (1, 9), (3, 0), (3, 1)]
+    assert ids(batches(items(mixed), 8)) == [[(1, 0), (1, 1)], [(2, 5)], [(1, 2)], [(1, 9)], [(3, 0), (3, 1)]]
+    assert ids(batches(items(mixed), 2)) == [[(1, 0), (1, 1), (2, 5), (1, 2)], [(1, 9), (3, 0), (3, 1)]]
+    rand = [(1, e) for e in (50, 3, 77, 12, 9, 40, 2, 66, 31)]
+    out = batches(items(rand), 4)
+    assert len(out) <= 4 and [k for b in ids(out) for k in b] == rand
+    assert batches([], 8) == []
