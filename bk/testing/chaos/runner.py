@@ -191,6 +191,9 @@ def run_many(seeds, options: dict, *, jobs: int = 1, json_path: str | None = Non
         summary["options"] = {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in options.items()}
         summary["jobs"] = jobs
         summary["git_revision"] = revision
+        # the break the scenarios were drawn for (by default --break's; "" none): the evidence's
+        # report (report.py) must not take a run of clock-timed faults for one drawn for a break
+        summary["drawn_for"] = scenario_for(seeds[0], options).draw_for if seeds else ""
         if json_path:
             tmp = json_path + ".tmp"
             with open(tmp, "w") as fh:
