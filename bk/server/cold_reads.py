@@ -95,26 +95,51 @@ class ColdReads:
             read([(item[2], item[3]) for item in batch], self._answer, batch)
 
     def _answer(self, batch: list, outcomes: list) -> None:
-        """One batch read (Bookie.read_entries_cb): each READ answered, its count and slot given back."""
+        """One batch read (Bookie.read_entries_cb): each READ answered, the EOK answers of one
+        connection's consecutive READs encoded by one kernel call into one part (as serve_run
+        does); each connection's READs give back their counts and slots once their answers
+        are queued (the next read's room check counts them)."""
         self._in_flight -= 1
         now = monotonic()
-        for (req, conn, ledger_id, entry_id, start), out in zip(batch, outcomes):
-            try:
-                if isinstance(out, BookieError):
-                    _READ_REQUEST.failure((now - start) * 1000.0)
-                    answer = _error(req, ledger_id, entry_id, out.code)
-                else:
-                    answer = single_reads._answer(req, ledger_id, entry_id, out)
-                    _READ_REQUEST.success((now - start) * 1000.0)
-                    _READ_BYTES.inc(len(out))
-            except Exception as err:  # every READ gets an answer, never an explicit negative
-                log.error("unexpected error answering a READ: %r", err, exc_info=err)
-                answer = _error(req, ledger_id, entry_id, BookieError.code)
-            conn.end_read()
-            try:
-                conn.send(answer)
-            finally:
-                conn.read_done()  # after the send: the next read's room check counts this answer
+        conn = None
+        rows: list = []
+        kind = n = 0  # the rows' kind (single_reads: v2 header version, or v3); READs of conn
+        try:
+            for (req, c, ledger_id, entry_id, start), out in zip(batch, outcomes):
+                if c is not conn:
+                    if conn is not None:
+                        _give_back(conn, kind, rows, n)
+                    conn, rows, n = c, [], 0
+                n += 1
+                if c.closed:
+                    continue  # nobody to answer; its count and slot still go back
+                try:
+                    if isinstance(out, BookieError):
+                        _READ_REQUEST.failure((now - start) * 1000.0)
+                        answer = _error(req, ledger_id, entry_id, out.code)
+                    else:
+                        size = len(out)
+                        _READ_REQUEST.success((now - start) * 1000.0)
+                        _READ_BYTES.inc(size)
+                        if size < single_reads.PART_MIN_ENTRY_BYTES:
+                            k, row = _row(req, ledger_id, entry_id, out)
+                            if rows and k != kind:
+                                single_reads.queue_rows(c, kind, rows)
+                                rows = []
+                            kind = k
+                            rows.append(row)
+                            continue
+                        answer = single_reads._answer(req, ledger_id, entry_id, out)
+                    if rows:
+                        single_reads.queue_rows(c, kind, rows)
+                        rows = []
+                except Exception as err:  # every READ gets an answer, never an explicit negative
+                    log.error("unexpected error answering a READ: %r", err, exc_info=err)
+                    rows, answer = [], _error(req, ledger_id, entry_id, BookieError.code)
+                c.send(answer)
+        finally:
+            if conn is not None:
+                _give_back(conn, kind, rows, n)
         if self._in_flight == 0 and self._idle is not None:
             if not self._idle.done():
                 self._idle.set_result(None)
@@ -126,6 +151,25 @@ class ColdReads:
             if self._idle is None:
                 self._idle = asyncio.get_running_loop().create_future()
             await asyncio.wait((self._idle,), timeout=0.05)
+
+
+def _row(req, ledger_id: int, entry_id: int, entry) -> tuple[int, tuple]:
+    """(kind, row) of an EOK answer for single_reads.queue_rows."""
+    if type(req) is ReadRequest:
+        return req.version, (ledger_id, entry_id, entry)
+    header = req.header if type(req) is v3.V3ReadRequest else req.header.SerializeToString()
+    return single_reads.V3_KIND, (header, ledger_id, entry_id, entry)
+
+
+def _give_back(conn, kind: int, rows: list, n: int) -> None:
+    """The gathered answers of conn's `n` READs queued, then their counts and read slots back
+    (exactly once, whatever the send does)."""
+    try:
+        if rows:
+            single_reads.queue_rows(conn, kind, rows)
+    finally:
+        conn.end_reads(n)
+        conn.read_done(n)
 
 
 def _error(req, ledger_id: int, entry_id: int, code: int):

@@ -253,8 +253,8 @@ class BookieConnection(asyncio.Protocol):
         else:
             self._reads_waiting.append((start, req))
 
-    def read_done(self) -> None:
-        self._reads_running -= 1
+    def read_done(self, n: int = 1) -> None:
+        self._reads_running -= n
         if self._reads_waiting:
             self._start_reads()
 

@@ -36,7 +36,7 @@ read_answers, v3_read_answers, v3_read_head = _reads.read_answers, _reads.v3_rea
 
 _READ_OP = int(OpCode.READ_ENTRY)
 _V3_READ = int(OperationType.READ_ENTRY)
-_V3 = -1  # a run's kind for v3 answers (v2 runs are keyed by their header version)
+_V3 = V3_KIND = -1  # a run's kind for v3 answers (v2 runs are keyed by their header version)
 # Entries at least this large go out as parts of their own, uncopied (codec._PART_MIN_ENTRY_BYTES)
 PART_MIN_ENTRY_BYTES = 16 * 1024
 _READ_REQUEST, _READ_BYTES = metrics.READ_ENTRY_REQUEST, metrics.READ_BYTES
@@ -75,7 +75,9 @@ def plain_ids(req) -> tuple[int, int] | None:
     return v3_plain_read(req)
 
 
-def _queue(conn, kind: int, rows: list) -> None:
+def queue_rows(conn, kind: int, rows: list) -> None:
+    """EOK answers, rows of one kind (a v2 header version: (ledger_id, entry_id, entry); V3_KIND:
+    (header bytes, ledger_id, entry_id, entry)), encoded by one kernel call as one part."""
     conn.send(v3_read_answers(rows) if kind == _V3 else read_answers(rows, v2_header(kind)))
 
 
@@ -114,7 +116,7 @@ def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
                 entry = read_cached(*ids)
         if entry is None:
             if rows:
-                _queue(conn, kind, rows)
+                queue_rows(conn, kind, rows)
                 rows = []
             if room >= 0 and (k == _V3 and ids is not None or k != _V3 and not req.flags & FLAG_DO_FENCING
                               and req.entry_id >= 0):
@@ -131,7 +133,7 @@ def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
             room = conn.room()
             continue
         if rows and k != kind:
-            _queue(conn, kind, rows)
+            queue_rows(conn, kind, rows)
             rows = []
         kind = k
         n = len(entry)
@@ -150,11 +152,11 @@ def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
             continue
         # a large entry: its own parts, the head and then the entry as it is (no copy)
         if rows:
-            _queue(conn, kind, rows)
+            queue_rows(conn, kind, rows)
             rows = []
         conn.send([v3_read_head(header, ids[0], ids[1], n) if k == _V3 else _v2_head(req, n), entry])
     if rows:
-        _queue(conn, kind, rows)
+        queue_rows(conn, kind, rows)
     if served:
         _READ_REQUEST.record_many(served, (monotonic() - start) * 1000.0)
         _READ_BYTES.inc(nbytes)

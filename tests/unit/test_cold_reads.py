@@ -181,12 +181,24 @@ def test_limbo_cleared_during_the_lookup_looks_again_rather_than_answer_no_such_
 
 @pytest.mark.parametrize("proto", ["v2", "v3"])
 def test_a_connection_closed_mid_run_answers_nothing_and_gives_every_slot_back(tmp_path, proto):
+    """Two connections' READs in one flush (interleaved in the batches); one closes before the
+    read threads answer: it gets nothing, the other everything, both give every slot back."""
+    from bk.server.connection import BookieConnection
+
     async def body(bookie, proc, conn, transport, answers):
+        other = BookieConnection(conn.server)
+        other.connection_made(other_transport := FakeTransport())
         conn.data_received(b"".join(_frames(proto, [(LEDGER, e) for e in range(40)])))
+        other.data_received(b"".join(_frames(proto, [(LEDGER, e) for e in range(40, 50)] + [(OTHER, 1), (LEDGER, N)])))
         assert conn._reads_running == 32 and len(conn._reads_waiting) == 8
-        conn.connection_lost(None)  # before the batch comes back from the read threads
+        conn.connection_lost(None)  # before the batches come back from the read threads
         await proc.drain()
         assert transport.out == [] and not proc._tasks
+        parse = _v2 if proto == "v2" else _v3
+        got = sorted(parse(f) for f in FrameDecoder().feed(b"".join(other_transport.out)))
+        assert [(lid, eid, rc) for lid, eid, rc, _ in got] == \
+            [(LEDGER, e, 0) for e in range(40, 50)] + [(LEDGER, N, StatusCode.ENOENTRY), (OTHER, 1, 0)]
+        assert (other.pending, other._reads_running, len(other._reads_waiting)) == (0, 0, 0)
     _cold(tmp_path, body)
 
 
