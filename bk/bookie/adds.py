@@ -5,7 +5,9 @@ each an Add-shaped record (fields flags, master_key, ledger_id, entry_id, body, 
 order: the codec's AddRequest and V3AddRequest are such records, so nothing is copied per
 add), and whether the run is DEFERRED_SYNC. The bookie reads the records' fields by name;
 only the scan kernel (bk/_native, scan_add_run) reads those five by position, which is why
-their order is part of the record's contract. A single add is a run of one.
+their order is part of the record's contract. A lone add that is not DEFERRED_SYNC takes
+`add_entry_cb`, the one-add primitive a run also falls back to per add: the same admission
+for 40% less CPU than an AddRun of one (`python -m bench.lone_add`, docs/BENCHMARKS.md).
 
 Every add is admitted by its ledger's descriptor (LedgerDescriptor.check_access, then
 check_writable: BookKeeper's checkAccess / isFenced); nothing here compares keys or looks

@@ -121,7 +121,8 @@ class RequestProcessor:
     # as they are, in arrival order, and whether they are DEFERRED_SYNC, which only v3 can
     # ask for (writeFlags): a v2 header's flags are never read for it. A lone ADD takes the
     # bookie's one-add primitive, add_entry_cb (same admission; as a run of one it cost the
-    # bookie twice the CPU: AddRun and completion wrappers), unless it is DEFERRED_SYNC.
+    # loop 40% more CPU: the AddRun and completion wrappers, `python -m bench.lone_add`),
+    # unless it is DEFERRED_SYNC.
     def _add(self, req: AddRequest, conn) -> None:
         nbytes = len(req.body)
         if not conn.begin_add(nbytes):
