@@ -27,3 +27,65 @@ def test_a_summary_records_the_break_its_scenarios_were_drawn_for(tmp_path, monk
             drawn[name] = json.load(fh)["drawn_for"]
     assert drawn == {"default": "ack-before-fsync", "clean half": "ack-before-fsync", "not drawn": "",
                      "plain": ""}
+
+
+def test_chaos_md_tables_are_the_committed_summaries():
+    """docs/CHAOS.md's generated section is exactly what the report prints from
+    docs/chaos-runs/*.json: a summary added, removed or changed without regenerating the
+    section (python -m bk.testing.chaos.report --write docs/CHAOS.md docs/chaos-runs/*.json)
+    fails here, as does a hand edit of a generated table."""
+    from bk.testing.chaos import report
+    named = report.load(glob.glob(os.path.join(ROOT, "docs", "chaos-runs", "*.json")))
+    assert named, "no committed summaries"
+    with open(os.path.join(ROOT, "docs", "CHAOS.md")) as fh:
+        doc = fh.read()
+    assert report.current_section(doc) == report.section(named), \
+        "docs/CHAOS.md's chaos-runs tables are stale: python -m bk.testing.chaos.report --write docs/CHAOS.md" \
+        " docs/chaos-runs/*.json"
+
+
+def test_the_tables_say_what_each_kind_of_summary_measured(tmp_path):
+    """A break run's failures are its catches, a plain run's are failures, a correct bookie on
+    scenarios drawn for a break is not added to the plain runs, and GC runs get their own table;
+    --write replaces only the marked section."""
+    from bk.testing.chaos import report
+
+    def cluster(failed, runs, **extra):
+        return {"runs": runs, "failed": failed, "modes": {"inprocess": runs}, "faults_applied": 2 * runs,
+                "acked_entries": 10 * runs, "excused_by_reason": {"journal-off-crash": failed},
+                "by_kind": {"crash": {"runs": runs, "faults": runs, "failed_runs": failed}},
+                "categories": {"inv1": failed} if failed else {}, "git_revision": "0123456789abcdef",
+                "results": [{"seed": 1}, {"seed": runs}], "wall_s": 5.0, **extra}
+
+    named = [("break-x.json", cluster(9, 40, options={"test_break": "ack-before-fsync"},
+                                      drawn_for="ack-before-fsync")),
+             ("cluster-a.json", cluster(1, 200, options={}, drawn_for="")),
+             ("drawn-x.json", cluster(3, 40, options={"draw_for": "ack-before-fsync"}, drawn_for="ack-before-fsync")),
+             ("gc-x.json", {"mode": "gc", "break": "gc-dead-from-memory", "runs": 200, "failed": 109,
+                            "seeds": "1-200", "git_revision": "1756957a", "journal": {"on": 134, "off": 66},
+                            "failed_by_journal": {"on": 74, "off": 35}, "caught_at_step": {"commit": 109},
+                            "entries_checked": 30374, "wall_s": 14.3})]
+    text = report.tables(named)
+    assert "| `break-x.json` | ack-before-fsync | yes | 1-40 | 0123456 | 9 of 40 (22.5%) | inv1 9 |" in text
+    assert "| all plain runs |  |  |  | 200 | 400 | 2,000 | 1 journal-off-crash | 1 of 200 (0.5%) |  |" in text
+    assert "| crash | 200 | 200 | 1 of 200 (0.5%) |" in text  # the drawn-for runs are not in the plain sums
+    assert "| `drawn-x.json` | 1-40 | 0123456 | ack-before-fsync | 40 (40, 0) |" in text
+    assert "| `gc-x.json` | gc-dead-from-memory | 1-200 | 1756957 | 109 of 200 (54.5%) | 74 of 134 / 35 of 66 |" in text
+    doc = f"# title\n\nbefore\n\n{report.BEGIN}\nstale\n{report.END}\n\nafter\n"
+    new = report.rewrite(doc, named)
+    assert new.startswith("# title\n\nbefore\n\n") and new.endswith("\n\nafter\n") and "stale" not in new
+    assert report.current_section(new) == report.section(named)
+
+
+def test_a_run_is_kept_without_its_per_run_detail():
+    from bk.testing.chaos import report
+    run = {"runs": 2, "failed": 1, "git_revision": "abc", "drawn_for": "", "excused": [[1, 0, 3, "bitflip"]],
+           "results": [{"seed": 5, "trace": ["..."]}, {"seed": 6}],
+           "failures": [{"seed": 6, "mode": "inprocess", "categories": ["inv1"], "faults": ["crash"],
+                         "failures": ["inv1: lost", "inv2: short"], "replay": "python -m bk.testing.chaos --seed 6",
+                         "trace": ["long"]}]}
+    kept = report.trim(run, "the command; load 3")
+    assert kept["seeds"] == {"first": 5, "last": 6, "count": 2} and kept["note"] == "the command; load 3"
+    assert "results" not in kept and kept["excused"] == run["excused"] and kept["runs"] == 2
+    assert kept["failures"] == [{"seed": 6, "mode": "inprocess", "categories": ["inv1"], "faults": ["crash"],
+                                 "first_failure": "inv1: lost", "replay": "python -m bk.testing.chaos --seed 6"}]
