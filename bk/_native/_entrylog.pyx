@@ -8,6 +8,7 @@ record_headers(entries, start, base_offset, max_frame_bytes) -> (headers, offset
 check_sizes(entries, min_bytes, max_bytes) -> (total_bytes, first_bad)
 ledger_runs(entries, start, stop) -> list[(ledger_id, framed_bytes)]
 scan_log(buf, start, end, max_entry_bytes) -> (records, stop_offset, status)
+preads(reads) -> list[bytes | int]
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_C_CONTIGUOUS
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
@@ -17,6 +18,8 @@ from cpython.long cimport PyLong_FromUnsignedLongLong
 from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memcmp
+from libc.errno cimport errno, EINTR
+from posix.unistd cimport pread
 
 include "formats.pxi"
 
@@ -294,3 +297,55 @@ def scan_log(buf, Py_ssize_t start, Py_ssize_t end, long long max_entry_bytes):
     finally:
         PyBuffer_Release(&pybuf)
     return records, pos, status
+
+
+def preads(list reads):
+    """[(fd, n, offset)] -> per read the bytes read (shorter at a file's end) or the errno of its
+    failure (an int), every pread done with the GIL released once for all (a batch of cold READs
+    pays one GIL round trip, not one per entry)."""
+    cdef Py_ssize_t k = PyList_GET_SIZE(reads), i
+    if k == 0:
+        return []
+    cdef int* fds = <int*>malloc(k * sizeof(int))
+    cdef Py_ssize_t* ns = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+    cdef long long* offs = <long long*>malloc(k * sizeof(long long))
+    cdef Py_ssize_t* got = <Py_ssize_t*>malloc(k * sizeof(Py_ssize_t))
+    cdef char** bufs = <char**>malloc(k * sizeof(char*))
+    cdef Py_ssize_t r, done
+    out = []
+    try:
+        if fds == NULL or ns == NULL or offs == NULL or got == NULL or bufs == NULL:
+            raise MemoryError()
+        for i in range(k):
+            fd, n, off = reads[i]
+            if n < 0 or off < 0:
+                raise ValueError(f"bad read ({fd}, {n}, {off})")
+            b = PyBytes_FromStringAndSize(NULL, n)
+            out.append(b)
+            fds[i], ns[i], offs[i], bufs[i] = fd, n, off, PyBytes_AS_STRING(b)
+        with nogil:
+            for i in range(k):
+                done = 0
+                while done < ns[i]:  # to the end of the file, as os.pread returns what is there
+                    r = pread(fds[i], bufs[i] + done, ns[i] - done, offs[i] + done)
+                    if r < 0:
+                        if errno == EINTR:
+                            continue
+                        done = -errno
+                        break
+                    if r == 0:
+                        break
+                    done += r
+                got[i] = done
+        for i in range(k):
+            if got[i] < 0:
+                out[i] = <int>-got[i]
+            elif got[i] < ns[i]:
+                out[i] = out[i][:got[i]]
+        return out
+    finally:
+        free(fds)
+        free(ns)
+        free(offs)
+        free(got)
+        free(bufs)

@@ -50,8 +50,14 @@ scan_log(buf, start, end, max_entry_bytes) -> (records, stop_offset, status)
       status 2 (BAD_SIZE)  the size at stop_offset is < 16 (cannot hold the ids)
                            or > max_entry_bytes
     Raises ValueError when not 0 <= start <= end <= len(buf).
+
+preads(reads) -> list[bytes | int]
+    Per (fd, n, offset) of `reads`, the n bytes from offset (fewer at the file's end), or the
+    errno of its failure as an int. The native kernel does them all with the GIL released once.
 """
 from __future__ import annotations
+
+import os
 
 from bk.formats.entrylog import LOG_MIN_ENTRY_BYTES as MIN_ENTRY_BYTES
 from bk.formats.entrylog import LOG_RECORD_HEAD as _SIZE_IDS  # a record's size field, then its entry's two ids
@@ -179,3 +185,21 @@ def scan_log(buf, start: int, end: int, max_entry_bytes: int) -> tuple[list, int
         records.append((pos, size, ledger_id, entry_id))
         pos += _F + size
     return records, pos, SCAN_CLEAN
+
+
+def preads(reads: list) -> list:
+    out: list = []
+    for fd, n, offset in reads:
+        if n < 0 or offset < 0:
+            raise ValueError(f"bad read ({fd}, {n}, {offset})")
+        try:
+            data = b""
+            while len(data) < n:  # os.pread may return less before the end (a signal)
+                part = os.pread(fd, n - len(data), offset + len(data))
+                if not part:
+                    break
+                data += part
+            out.append(data)
+        except OSError as e:
+            out.append(e.errno)
+    return out

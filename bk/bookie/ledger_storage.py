@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from bk import metrics
+from bk import _native, fileio, metrics
 from bk.config import BookieConfig
 from bk.entrylog import EntryLogger, reads
+from bk.entrylog.files import read_error
 from bk.entrylog.spans import BufferSpan, FileSpan
 from bk.errors import StorageError
 from bk.index import Index, LedgerState
@@ -46,6 +48,7 @@ from .log_check import check_entry_logs, is_dead
 from .write_cache import ReadCache, ReadRuns, WriteCache
 
 log = logging.getLogger(__name__)
+_entrylog = _native.load("entrylog")
 
 READ_AHEAD_MAX_BYTES = (1 << 20) + (1 << 18)
 # A read-ahead that continues a scan asks the kernel to fetch this much after it
@@ -423,18 +426,49 @@ class LedgerStorage:
 
     def read_many(self, keys: list) -> tuple[list, list]:
         """read_from_storage of each (ledger_id, entry_id) of `keys`, in order, in this thread
-        (blocking: read worker threads): the index lookup, the entry-log pread and the record's
-        check of each, one hop from the loop for all (the lookup and the pread release the
-        GIL). Returns ([entry, None (not stored) or the exception raised, per key], [(ledger_id,
-        first, last planned) of each read-ahead run]). A scan's first miss reads ahead, so the
-        keys after it are found in the read cache."""
-        out, calls = [], []
-        pread, steps = self.entry_logger.pread, self.read_steps
-        for ledger_id, entry_id in keys:
+        (blocking: read worker threads), one hop from the loop for all: the index lookups in
+        one read transaction, then each key's steps (read_steps: caches, plan, the record's
+        check); the first preads of the keys that read one entry each are done together by
+        the entrylog kernel with the GIL released once (`preads`), a read-ahead at once (the
+        keys after it then find its entries in the read cache). Returns ([entry, None (not
+        stored) or the exception raised, per key], [(ledger_id, first, last planned) of each
+        read-ahead run])."""
+        out: list = [None] * len(keys)
+        calls: list = []
+        pread = self.entry_logger.pread
+        try:
+            locations = self.index.get_locations(keys)
+        except Exception:  # ids no index can hold, a damaged value: each key's own lookup decides
+            locations = [None] * len(keys)
+        batch = []  # (i, steps, their first Pread), read together
+        together = fileio.faults is None  # injected faults are EntryLogger.pread's to apply
+        for i, (ledger_id, entry_id) in enumerate(keys):
+            steps = self.read_steps(ledger_id, entry_id, locations[i])
             try:
-                out.append(reads.drive(steps(ledger_id, entry_id), pread, calls))
+                op = next(steps)
+                if together and op.__class__ is reads.Pread:
+                    batch.append((i, steps, op))
+                    continue
+                out[i] = reads.drive(steps, pread, calls, op)
+            except StopIteration as stop:
+                out[i] = stop.value
             except Exception as e:  # the caller answers it (EIO), never "no such entry"
-                out.append(e)
+                out[i] = e
+        if batch:
+            got = _entrylog.preads([(op.h.fd, op.n, op.offset) for _, _, op in batch])
+            for (i, steps, op), data in zip(batch, got):
+                try:
+                    if data.__class__ is int:
+                        nxt = steps.throw(read_error(op.h.path, op.offset, OSError(data, os.strerror(data))))
+                    else:
+                        nxt = steps.send(data)
+                    out[i] = reads.drive(steps, pread, calls, nxt)  # a record longer than the guess
+                except StopIteration as stop:
+                    out[i] = stop.value
+                except Exception as e:
+                    out[i] = e
+                finally:
+                    steps.close()
         return out, [span for span in map(self.read_ahead_span, calls) if span is not None]
 
     def read_ahead_count(self, ledger_id: int) -> int:
@@ -450,7 +484,7 @@ class LedgerStorage:
         """Whether a miss at entry_id would read ahead now (ReadRuns.plan, unchanged by asking)."""
         return self.config.read_ahead_batch_size > 1 and self._read_runs.would_read_ahead(ledger_id, entry_id)
 
-    def read_steps(self, ledger_id: int, entry_id: int) -> reads.Steps:
+    def read_steps(self, ledger_id: int, entry_id: int, location: int | None = None) -> reads.Steps:
         """read_from_storage as steps (bk.entrylog.reads), for a driver that does the preads
         (a read thread, or the bookie's io_uring on the loop). The steps between preads are
         cache and index lookups, no I/O but the index's mapped pages; a read-ahead run is
@@ -461,7 +495,8 @@ class LedgerStorage:
         entry = self.get_cached(ledger_id, entry_id)
         if entry is not None:
             return entry
-        location = self.index.get_location(ledger_id, entry_id)
+        if location is None:  # else the caller looked it up (read_many: one transaction for many)
+            location = self.index.get_location(ledger_id, entry_id)
         if location is None:
             # A flush commits the index before it drops the cache half, so an entry stored
             # when this read began is always in one of them: missed in the index, then in

@@ -33,11 +33,13 @@ class Call(NamedTuple):
 Steps = Generator["Pread | Call", Any, Any]
 
 
-def drive(steps: Steps, pread: Callable[[Any, int, int], bytes], calls: list | None = None):
+def drive(steps: Steps, pread: Callable[[Any, int, int], bytes], calls: list | None = None, op=None):
     """Run a read's steps here, blocking: each Pread with pread(h, n, offset), each Call by
-    calling it (and appended to `calls` if given). Returns what the reader returns."""
+    calling it (and appended to `calls` if given); `op`: the steps' next op when the caller
+    advanced them already. Returns what the reader returns."""
     try:
-        op = next(steps)
+        if op is None:
+            op = next(steps)
         while True:
             try:
                 if op.__class__ is Pread:

@@ -228,3 +228,33 @@ def test_batches_keep_a_ledgers_consecutive_entries_together_in_at_most_jobs_bat
     out = batches(items(rand), 4)
     assert len(out) <= 4 and [k for b in ids(out) for k in b] == rand
     assert batches([], 8) == []
+
+
+@pytest.mark.parametrize("kernel", ["pure", "native"])
+def test_preads_reads_each_span_or_gives_its_errno_as_os_pread(tmp_path, kernel):
+    """The entrylog kernel's batch pread (read_many's first preads, the GIL released once):
+    what os.pread gives per (fd, n, offset) - short at the end of the file, empty past it -
+    and a failed read's errno instead of raising (the others of the batch are still read)."""
+    import errno
+    import os
+    from bk import _native
+    mod = _native.load_pure("entrylog") if kernel == "pure" else _native.load_native("entrylog")
+    if mod is None:
+        pytest.fail("bk._native._entrylog is not built (scripts/setup builds it)")
+    data = bytes(range(256)) * 40
+    path = tmp_path / "log"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        bad = os.open(tmp_path, os.O_RDONLY)  # a directory: EISDIR
+        os.close(bad)  # and closed: EBADF
+        reads = [(fd, 10, 0), (fd, 100, len(data) - 40), (fd, 5, len(data) + 7), (bad, 4, 0), (fd, 0, 3),
+                 (fd, 4096, 1000)]
+        got = mod.preads(reads)
+        assert got[3] == errno.EBADF
+        assert [g for i, g in enumerate(got) if i != 3] == [os.pread(f, n, o) for i, (f, n, o) in enumerate(reads) if i != 3]
+        assert mod.preads([]) == []
+        with pytest.raises(ValueError):
+            mod.preads([(fd, -1, 0)])
+    finally:
+        os.close(fd)
