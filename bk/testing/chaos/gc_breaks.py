@@ -13,12 +13,18 @@ is not involved): `apply(bookie, name)` after every start of the engine.
   (`storage.get_ledger(lid) is None`), for compaction and whole-log deletion alike,
   as compaction did before f1dfa9a: a delete whose index commit failed leaves a ledger
   gone from memory whose entries the index still names.
+- gc-metadata-error-as-deleted: a metadata read that fails (a connection loss, a
+  timeout, a store error) is taken for "no such ledger", as in apache/bookkeeper#4607:
+  the policy's ledger manager (bk.server.gc_policy.ScanAndCompareGarbageCollector's)
+  answers NoSuchLedgerMetadataError for any failed read, so a live ledger the listing
+  omitted is deleted when its re-read fails (gc_metadata's `lost` passes).
 """
 from __future__ import annotations
 
 from bk.entrylog import SCAN_CLEAN
+from bk.errors import BKError, NoSuchLedgerMetadataError
 
-GC_BREAKS = ("gc-trust-partial-scan", "gc-dead-from-memory")
+GC_BREAKS = ("gc-trust-partial-scan", "gc-dead-from-memory", "gc-metadata-error-as-deleted")
 
 
 class _CleanLookingScan:
@@ -61,10 +67,33 @@ def _dead_from_memory(bookie) -> None:
     bookie.gc._is_dead = lambda ledger_id: storage.get_ledger(ledger_id) is None
 
 
+def _metadata_error_as_deleted(bookie) -> None:
+    policy = bookie.gc.policy
+    manager = getattr(policy, "ledger_manager", None)
+    if manager is None:
+        raise ValueError("gc-metadata-error-as-deleted needs the scan-and-compare policy (it reads metadata)")
+    if getattr(manager, "error_as_deleted", False):  # the policy outlives restarts: break it once
+        return
+    real_read = manager.read_ledger_metadata
+
+    async def read_ledger_metadata(ledger_id: int):
+        try:
+            return await real_read(ledger_id)
+        except NoSuchLedgerMetadataError:
+            raise
+        except (BKError, OSError) as e:
+            raise NoSuchLedgerMetadataError(f"ledger {ledger_id}: metadata read failed ({e}): taken for gone") from e
+    manager.read_ledger_metadata, manager.error_as_deleted = read_ledger_metadata, True
+
+
+_APPLY = {"gc-trust-partial-scan": _trust_partial_scan, "gc-dead-from-memory": _dead_from_memory,
+          "gc-metadata-error-as-deleted": _metadata_error_as_deleted}
+
+
 def apply(bookie, name: str) -> None:
     """Break this started Bookie's GC as `name` says ("" = leave it correct)."""
     if not name:
         return
     if name not in GC_BREAKS:
         raise ValueError(f"unknown GC break {name!r}; one of {GC_BREAKS}")
-    (_trust_partial_scan if name == "gc-trust-partial-scan" else _dead_from_memory)(bookie)
+    _APPLY[name](bookie)

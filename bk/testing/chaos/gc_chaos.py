@@ -16,7 +16,7 @@ logs, the journal on or off, drawn by the seed) through a random schedule of:
              map-less log a crash leaves (in-process the halt closes the log with its
              map, so the strip models what kill -9 leaves); journal off, what no
              checkpoint covered may be gone, and is added again (BP-46 would copy it)
-  delete     1-2 live ledgers lose their metadata (gc_host.DeletePolicy), a GC pass
+  delete     1-2 live ledgers lose their metadata, a GC pass
   damage     after a clean stop, a closed log loses its map and one record's size field
              is garbled (a record near the log's start more often than not): the scan
              of that log stops there; the record hit may be a live entry's, which from
@@ -25,13 +25,19 @@ logs, the journal on or off, drawn by the seed) through a random schedule of:
              the logs holding that ledger, and the stop's checkpoint fails as well
   gc         a pass: force_major, or compact_logs of random closed logs
 
+Every GC pass asks the bookie's own scan-and-compare policy, over an in-memory
+metadata store holding the live ledgers' metadata, and draws a metadata fault of
+its own (bk.testing.chaos.gc_metadata: a listing that omits live ledgers, reads
+that fail with a connection loss, a store that is down), from a generator seeded
+apart from the schedule's.
+
 The checker runs after every restart, after every GC pass and at the end: every
 entry of every live ledger reads back byte for byte, except those whose record was
 garbled, which answer an I/O error (never "no such entry/ledger", never other bytes,
 unless the start's entry-log check declared that location missing: lost_at_boot);
 a ledger whose deletion was durable never comes back; a ledger whose delete did not
 become durable (the failed commit) is back whole or gone whole.
-Breaks (bk.testing.chaos.gc_breaks) re-introduce two fixed defects by injection.
+Breaks (bk.testing.chaos.gc_breaks) re-introduce three fixed defects by injection.
 """
 from __future__ import annotations
 
@@ -50,27 +56,28 @@ from bk.errors import BookieIOError, NoSuchEntryError, NoSuchLedgerError, Storag
 from bk.testing.corruption import damage_record_size, strip_ledgers_map
 from bk.testing.diskfaults import DiskFaults
 from bk.testing.engine_host import expected_entry, ledger_key
-from bk.testing.gc_host import DeletePolicy, gc_config
+from bk.testing.gc_host import gc_config
 from bk.testing.powerloss import halt_without_checkpoint
 
 from . import gc_breaks
+from .gc_metadata import ChaosMetadata
 
 STEPS = {"add": 8, "checkpoint": 2, "restart": 1, "crash": 1.2, "delete": 2, "damage": 1.5, "commit": 0.8,
          "gc": 2.5}
 MISSING = (NoSuchEntryError, NoSuchLedgerError)
 
 
-class _FullDiskPolicy(DeletePolicy):
-    """DeletePolicy whose delete finds the disk full: every index commit fails from the
-    moment the GC pass is about to delete (its checkpoint, any retry of it) until healed."""
+class _FullDiskPolicy:
+    """The policy, whose deletes find the disk full: every index commit fails from the
+    moment the GC pass asks the metadata (its checkpoint, any retry of it) until healed."""
 
-    def __init__(self, dead, faults: DiskFaults):
-        super().__init__(dead)
+    def __init__(self, policy, faults: DiskFaults):
+        self.policy = policy
         self.faults = faults
 
     async def find_garbage(self, local, delete):
         self.faults.fail(op="commit", errno=errno.ENOSPC, count=None)
-        return await super().find_garbage(local, delete)
+        return await self.policy.find_garbage(local, delete)
 
 
 class Failed(Exception):
@@ -90,6 +97,7 @@ class GcRunResult:
     entries: int = 0
     garbled_live: int = 0
     ledgers_deleted: int = 0
+    metadata_faults: dict = field(default_factory=dict)  # GC passes by metadata fault drawn
     duration_s: float = 0.0
     trace: list = field(default_factory=list)
 
@@ -121,10 +129,12 @@ class GcChaos:
         self.deleted: set[int] = set()
         self.garbled: set[tuple[int, int]] = set()
         self.durable: dict[int, int] = {}
-        self.policy = DeletePolicy(())
+        self.meta = ChaosMetadata(seed, self.cfg)
+        self.policy = self.meta.policy
         self.next_ledger = 1
         self.bookie: Bookie | None = None
         self.result = GcRunResult(seed, test_break, self.journal)
+        self.result.metadata_faults = self.meta.counts  # filled as passes draw them
         self.step = "start"
 
     def say(self, line: str) -> None:
@@ -146,8 +156,12 @@ class GcChaos:
 
     async def gc_pass(self, force_major: bool = False, logs=None, durable: bool = True) -> dict:
         gc = self.bookie.gc
-        out = await asyncio.to_thread(gc.compact_logs, logs) if logs is not None else \
-            await asyncio.to_thread(gc.trigger, force_major=force_major)
+        fault = self.meta.arm(sorted(self.live), sorted(self.doomed))
+        try:
+            out = await asyncio.to_thread(gc.compact_logs, logs) if logs is not None else \
+                await asyncio.to_thread(gc.trigger, force_major=force_major)
+        finally:
+            self.meta.heal()
         for lid in out["ledgers_deleted"]:
             if durable:  # its checkpoint and index sync succeeded
                 self.doomed.pop(lid, None)
@@ -155,7 +169,8 @@ class GcChaos:
         hexes = lambda ids: "[" + " ".join(f"{i:x}" for i in ids) + "]"  # noqa: E731 - log ids, as in file names
         self.say(f"gc {'logs ' + hexes(logs) if logs is not None else 'major' if force_major else 'pass'}: "
                  f"deleted ledgers {out['ledgers_deleted']}, logs {hexes(out['logs_deleted'])}, compacted "
-                 f"{hexes(out['logs_compacted'])}{', errors ' + str(len(out['errors'])) if out['errors'] else ''}")
+                 f"{hexes(out['logs_compacted'])}{', errors ' + str(len(out['errors'])) if out['errors'] else ''}"
+                 f" (metadata {fault})")
         return out
 
     def closed_logs(self) -> list[int]:
@@ -237,6 +252,7 @@ class GcChaos:
         rng = self.rng
         if len(self.live) < 2 or rng.random() < 0.25:
             self.live[self.next_ledger] = []
+            await self.meta.create(self.next_ledger)
             self.next_ledger += 1
         lids = rng.sample(sorted(self.live), min(len(self.live), rng.randint(1, 3)))
         n = rng.randint(5, 40)
@@ -280,7 +296,7 @@ class GcChaos:
         lids = self.rng.sample(sorted(self.live), min(len(self.live) - 1, self.rng.randint(1, 2)))
         for lid in lids:
             self.doomed[lid] = self.live.pop(lid)
-            self.policy.dead.add(lid)
+            await self.meta.remove(lid)
         self.say(f"metadata of {lids} deleted")
         await self.gc_pass(force_major=self.rng.random() < 0.5)
         await self.check()
@@ -331,8 +347,8 @@ class GcChaos:
         faults = DiskFaults.install()
         try:
             self.doomed[lid] = self.live.pop(lid)
-            self.policy.dead.add(lid)
-            self.bookie.gc.policy = _FullDiskPolicy(self.policy.dead, faults)
+            await self.meta.remove(lid)
+            self.bookie.gc.policy = _FullDiskPolicy(self.policy, faults)
             self.say(f"metadata of [{lid}] deleted, index commits failing (ENOSPC) from the delete on")
             await self.gc_pass(durable=False)
             faults.heal()

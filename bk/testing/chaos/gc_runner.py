@@ -79,6 +79,8 @@ def summarize(results: list[dict], test_break: str, wall_s: float) -> dict:
             "entries_checked": sum(r["entries"] for r in results),
             "garbled_live_entries": sum(r["garbled_live"] for r in results),
             "ledgers_deleted": sum(r["ledgers_deleted"] for r in results),
+            "gc_passes_by_metadata_fault": dict(sum((Counter(r.get("metadata_faults", {})) for r in results),
+                                                    Counter())),
             "wall_s": round(wall_s, 1),
             "mean_run_s": round(sum(r["duration_s"] for r in results) / max(1, len(results)), 3)}
 
