@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from contextlib import contextmanager
@@ -38,7 +37,6 @@ from typing import Callable, Iterator
 from bk import _native, fileio, metrics
 from bk.config import BookieConfig
 from bk.entrylog import EntryLogger, reads
-from bk.entrylog.files import read_error
 from bk.entrylog.spans import BufferSpan, FileSpan
 from bk.errors import StorageError
 from bk.index import Index, LedgerState
@@ -425,50 +423,19 @@ class LedgerStorage:
         return reads.drive(self.read_steps(ledger_id, entry_id), self.entry_logger.pread)
 
     def read_many(self, keys: list) -> tuple[list, list]:
-        """read_from_storage of each (ledger_id, entry_id) of `keys`, in order, in this thread
-        (blocking: read worker threads), one hop from the loop for all: the index lookups in
-        one read transaction, then each key's steps (read_steps: caches, plan, the record's
-        check); the first preads of the keys that read one entry each are done together by
-        the entrylog kernel with the GIL released once (`preads`), a read-ahead at once (the
-        keys after it then find its entries in the read cache). Returns ([entry, None (not
-        stored) or the exception raised, per key], [(ledger_id, first, last planned) of each
-        read-ahead run])."""
-        out: list = [None] * len(keys)
-        calls: list = []
-        pread = self.entry_logger.pread
+        """read_from_storage of each (ledger_id, entry_id) of `keys`, in order (blocking: a read
+        thread, one hop for all): lookups in one transaction (a miss takes read_steps' own), the
+        steps driven by reads.drive_many. ([entry, None or the exception, per key], [(ledger_id,
+        first, last planned) of each read-ahead])."""
         try:
             locations = self.index.get_locations(keys)
         except Exception:  # ids no index can hold, a damaged value: each key's own lookup decides
             locations = [None] * len(keys)
-        batch = []  # (i, steps, their first Pread), read together
-        together = fileio.faults is None  # injected faults are EntryLogger.pread's to apply
-        for i, (ledger_id, entry_id) in enumerate(keys):
-            steps = self.read_steps(ledger_id, entry_id, locations[i])
-            try:
-                op = next(steps)
-                if together and op.__class__ is reads.Pread:
-                    batch.append((i, steps, op))
-                    continue
-                out[i] = reads.drive(steps, pread, calls, op)
-            except StopIteration as stop:
-                out[i] = stop.value
-            except Exception as e:  # the caller answers it (EIO), never "no such entry"
-                out[i] = e
-        if batch:
-            got = _entrylog.preads([(op.h.fd, op.n, op.offset) for _, _, op in batch])
-            for (i, steps, op), data in zip(batch, got):
-                try:
-                    if data.__class__ is int:
-                        nxt = steps.throw(read_error(op.h.path, op.offset, OSError(data, os.strerror(data))))
-                    else:
-                        nxt = steps.send(data)
-                    out[i] = reads.drive(steps, pread, calls, nxt)  # a record longer than the guess
-                except StopIteration as stop:
-                    out[i] = stop.value
-                except Exception as e:
-                    out[i] = e
-                finally:
-                    steps.close()
+        calls: list = []
+        out = reads.drive_many((self.read_steps(lid, eid, loc) for (lid, eid), loc in zip(keys, locations)),
+                               self.entry_logger.pread,
+                               _entrylog.preads if fileio.faults is None else None,  # faults: per pread
+                               calls)
         return out, [span for span in map(self.read_ahead_span, calls) if span is not None]
 
     def read_ahead_count(self, ledger_id: int) -> int:

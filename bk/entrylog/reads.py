@@ -9,13 +9,16 @@ sockets): a reader is a generator that yields what it needs done and is sent the
 
 The checks that decide what a read answers (caches, index, ids in the record, a
 compaction moving the entry) live once, in the generators (LedgerStorage.read_steps,
-EntryLogger.entry_steps). Two drivers run them: `drive` here, blocking, on a read
-thread; and the bookie's io_uring (bk.bookie.read_ring), on the event loop.
+EntryLogger.entry_steps). Three drivers run them: `drive` here, blocking, on a read
+thread; `drive_many`, a batch of reads on a read thread (their first preads together);
+and the bookie's io_uring (bk.bookie.read_ring), on the event loop.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, NamedTuple
+import os
+from typing import Any, Callable, Generator, Iterable, NamedTuple
 
+from bk.entrylog.files import read_error
 from bk.errors import StorageError
 
 
@@ -56,3 +59,42 @@ def drive(steps: Steps, pread: Callable[[Any, int, int], bytes], calls: list | N
         return stop.value
     finally:
         steps.close()  # an error other than StorageError: its held file goes back now
+
+
+def drive_many(readers: Iterable[Steps], pread: Callable[[Any, int, int], bytes], preads=None,
+               calls: list | None = None) -> list:
+    """Run many reads' steps here, blocking, in order; `readers` makes each one as it is reached
+    (a read-ahead of an earlier one has run by then). As drive, but the first Pread of each
+    waits and they are done together by preads([(fd, n, offset)]) -> [bytes or errno], then
+    each reader goes on (drive); without `preads` each is driven alone. Returns per reader
+    what it returns, or the exception it raised (never raised here)."""
+    out: list = []
+    waiting = []  # (index, steps, their first Pread)
+    for steps in readers:
+        try:
+            op = next(steps)
+            if preads is not None and op.__class__ is Pread:
+                waiting.append((len(out), steps, op))
+                out.append(None)
+                continue
+            out.append(drive(steps, pread, calls, op))
+        except StopIteration as stop:
+            out.append(stop.value)
+        except Exception as e:
+            out.append(e)
+    if waiting:
+        got = preads([(op.h.fd, op.n, op.offset) for _, _, op in waiting])
+        for (i, steps, op), data in zip(waiting, got):
+            try:
+                if data.__class__ is int:
+                    nxt = steps.throw(read_error(op.h.path, op.offset, OSError(data, os.strerror(data))))
+                else:
+                    nxt = steps.send(data)
+                out[i] = drive(steps, pread, calls, nxt)  # a record longer than the first pread
+            except StopIteration as stop:
+                out[i] = stop.value
+            except Exception as e:
+                out[i] = e
+            finally:
+                steps.close()
+    return out

@@ -39,3 +39,31 @@ class FakeTransport:
         self.closing = True
 
     abort = close
+
+
+async def answers_written(transport: FakeTransport, decoder, n: int, parse, tries: int = 400) -> list:
+    """The answer frames written to `transport` (taken out of `out`), each `parse`d, once n of
+    them came (polled every 5 ms, at most `tries` times) and 20 ms more showed nothing else."""
+    import asyncio
+    got: list = []
+    for _ in range(tries):
+        await asyncio.sleep(0.005)
+        got += [parse(f) for f in decoder.feed(b"".join(transport.out))]
+        transport.out.clear()
+        if len(got) >= n:
+            break
+    await asyncio.sleep(0.02)  # and nothing more comes
+    got += [parse(f) for f in decoder.feed(b"".join(transport.out))]
+    transport.out.clear()
+    return got
+
+
+async def stored_then_stopped(bookie, entries) -> None:
+    """Start `bookie`, add `entries` [(ledger_id, entry_id, body, master_key)], stop it: what a
+    bookie started afterwards on the same directories has only in its entry logs (cold)."""
+    await bookie.start()
+    try:
+        for ledger_id, entry_id, body, key in entries:
+            await bookie.add_entry(ledger_id, entry_id, body, key)
+    finally:
+        await bookie.stop()

@@ -13,7 +13,7 @@ import pytest
 from bk.errors import StorageError
 from bk.proto import FrameDecoder, ReadRequest, StatusCode, encode_request, master_key
 from bk.proto import v3
-from bk.testing.transport import FakeTransport
+from bk.testing.transport import FakeTransport, answers_written, stored_then_stopped
 
 KEY = master_key(b"pw")
 LEDGER, OTHER = 5, 6
@@ -63,14 +63,8 @@ def _cold(tmp_path, body, read_io="threads", **settings):
                                              read_io=read_io, **settings))
 
     async def write():
-        b = Bookie(cfg)
-        await b.start()
-        try:
-            for lid in (LEDGER, OTHER):
-                for e in range(N):
-                    await b.add_entry(lid, e, _entry(lid, e), KEY)
-        finally:
-            await b.stop()
+        await stored_then_stopped(Bookie(cfg), [(lid, e, _entry(lid, e), KEY) for lid in (LEDGER, OTHER)
+                                                for e in range(N)])
 
     async def read():
         b = Bookie(cfg)
@@ -82,18 +76,8 @@ def _cold(tmp_path, body, read_io="threads", **settings):
             conn.connection_made(transport := FakeTransport())
             decoder = FrameDecoder()
 
-            async def answers(n, parse, tries=400):
-                got = []
-                for _ in range(tries):
-                    await asyncio.sleep(0.005)
-                    got += [parse(f) for f in decoder.feed(b"".join(transport.out))]
-                    transport.out.clear()
-                    if len(got) >= n:
-                        break
-                await asyncio.sleep(0.02)  # and nothing more comes
-                got += [parse(f) for f in decoder.feed(b"".join(transport.out))]
-                transport.out.clear()
-                return got
+            def answers(n, parse, tries=400):
+                return answers_written(transport, decoder, n, parse, tries)
 
             await body(b, proc, conn, transport, answers)
             await proc.drain()

@@ -13,7 +13,7 @@ from bk import _native, eventloop
 from bk.proto import (FLAG_DO_FENCING, FrameDecoder, ReadRequest, ReadResponse, StatusCode, encode_request,
                       encode_response, master_key)
 from bk.proto import v3
-from bk.testing.transport import FakeTransport
+from bk.testing.transport import FakeTransport, answers_written
 
 KERNELS = [pytest.param("pure", id="pure"), pytest.param("native", id="native")]
 
@@ -119,18 +119,8 @@ def _run(tmp_path, body, **settings):
             conn = BookieConnection(server)
             conn.connection_made(transport := FakeTransport())
 
-            async def answers(n, parse, tries=400):
-                decoder, got = FrameDecoder(), []
-                for _ in range(tries):
-                    await asyncio.sleep(0.005)
-                    got += [parse(f) for f in decoder.feed(b"".join(transport.out))]
-                    transport.out.clear()
-                    if len(got) >= n:
-                        break
-                await asyncio.sleep(0.02)  # and nothing more comes
-                got += [parse(f) for f in decoder.feed(b"".join(transport.out))]
-                transport.out.clear()
-                return got
+            def answers(n, parse, tries=400):
+                return answers_written(transport, FrameDecoder(), n, parse, tries)
 
             await body(bookie, proc, conn, transport, answers)
             await proc.drain()
