@@ -35,8 +35,10 @@ The checker runs after every restart, after every GC pass and at the end: every
 entry of every live ledger reads back byte for byte, except those whose record was
 garbled, which answer an I/O error (never "no such entry/ledger", never other bytes,
 unless the start's entry-log check declared that location missing: lost_at_boot);
-a ledger whose deletion was durable never comes back; a ledger whose delete did not
-become durable (the failed commit) is back whole or gone whole.
+a ledger whose deletion was durable never comes back; a ledger whose metadata is gone
+but whose delete did not become durable (the failed commit) or did not happen (its
+metadata read failed: kept) is back whole or gone whole; journal off, a crash may take
+the entries of such a ledger that no checkpoint covered (nobody adds them again).
 Breaks (bk.testing.chaos.gc_breaks) re-introduce three fixed defects by injection.
 """
 from __future__ import annotations
@@ -114,9 +116,10 @@ def replay_command(seed: int, test_break: str = "") -> str:
 
 class GcChaos:
     """One seed's run. The model: `live` ledger -> entry sizes (entry id = position),
-    `doomed` (a delete not known durable: whole or gone), `deleted` (durably gone),
-    `garbled` (live entries whose record the nemesis garbled), `durable` (journal off:
-    entries a checkpoint covered)."""
+    `doomed` (metadata gone, a delete not known durable: whole or gone), `deleted`
+    (durably gone), `garbled` (live entries whose record the nemesis garbled), `durable`
+    (journal off: entries a checkpoint covered), `crash_lost` (journal off: entries of
+    doomed ledgers a crash took before any checkpoint covered them)."""
 
     def __init__(self, seed: int, work_dir: str, test_break: str = "", n_steps: int | None = None):
         self.seed, self.test_break = seed, test_break
@@ -129,6 +132,7 @@ class GcChaos:
         self.deleted: set[int] = set()
         self.garbled: set[tuple[int, int]] = set()
         self.durable: dict[int, int] = {}
+        self.crash_lost: set[tuple[int, int]] = set()
         self.meta = ChaosMetadata(seed, self.cfg)
         self.policy = self.meta.policy
         self.next_ledger = 1
@@ -152,7 +156,7 @@ class GcChaos:
         self.mark_durable()
 
     def mark_durable(self) -> None:
-        self.durable = {lid: len(sizes) for lid, sizes in self.live.items()}
+        self.durable = {lid: len(sizes) for lid, sizes in (*self.live.items(), *self.doomed.items())}
 
     async def gc_pass(self, force_major: bool = False, logs=None, durable: bool = True) -> dict:
         gc = self.bookie.gc
@@ -234,9 +238,17 @@ class GcChaos:
             # A GC pass may delete it while it is read (one runs at a start that finds a
             # compaction pending): its answers then end in "no such ledger/entry".
             got = [await self.read(lid, eid) for eid in range(len(sizes))]
+            if after_crash and not self.journal:  # what no checkpoint covered may be gone for good
+                took = {(lid, e) for e in range(self.durable.get(lid, 0), len(got))
+                        if isinstance(got[e], MISSING) and (lid, e) not in self.garbled} - self.crash_lost
+                if took:
+                    self.crash_lost |= took
+                    self.say(f"ledger {lid} (metadata gone, not deleted): the crash took {len(took)} entries"
+                             " no checkpoint covered (journal off; nobody adds them again)")
             gone_now = MISSING if not b.ledger_exists(lid) else ()
             gone = next((e for e, g in enumerate(got) if isinstance(g, gone_now)), len(got))
-            bad = [e for e in range(gone) if not self.right(lid, e, sizes[e], got[e])]
+            bad = [e for e in range(gone) if not self.right(lid, e, sizes[e], got[e])
+                   and not ((lid, e) in self.crash_lost and isinstance(got[e], MISSING))]
             bad += [e for e in range(gone, len(got)) if not isinstance(got[e], MISSING)]
             if bad:
                 raise self.wrong(f"ledger {lid}, whose delete was not durable, is neither whole nor gone "
