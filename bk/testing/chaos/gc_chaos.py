@@ -29,7 +29,8 @@ Every GC pass asks the bookie's own scan-and-compare policy, over an in-memory
 metadata store holding the live ledgers' metadata, and draws a metadata fault of
 its own (bk.testing.chaos.gc_metadata: a listing that omits live ledgers, reads
 that fail with a connection loss, a store that is down), from a generator seeded
-apart from the schedule's.
+apart from the schedule's; but for the commit step's first pass, whose fault is the
+full disk.
 
 The checker runs after every restart, after every GC pass and at the end: every
 entry of every live ledger reads back byte for byte, except those whose record was
@@ -158,9 +159,11 @@ class GcChaos:
     def mark_durable(self) -> None:
         self.durable = {lid: len(sizes) for lid, sizes in (*self.live.items(), *self.doomed.items())}
 
-    async def gc_pass(self, force_major: bool = False, logs=None, durable: bool = True) -> dict:
+    async def gc_pass(self, force_major: bool = False, logs=None, durable: bool = True,
+                      metadata_fault: bool = True) -> dict:
+        """One pass; with `metadata_fault` under the metadata fault it draws (gc_metadata)."""
         gc = self.bookie.gc
-        fault = self.meta.arm(sorted(self.live), sorted(self.doomed))
+        fault = self.meta.arm(sorted(self.live), sorted(self.doomed)) if metadata_fault else "not drawn"
         try:
             out = await asyncio.to_thread(gc.compact_logs, logs) if logs is not None else \
                 await asyncio.to_thread(gc.trigger, force_major=force_major)
@@ -362,7 +365,9 @@ class GcChaos:
             await self.meta.remove(lid)
             self.bookie.gc.policy = _FullDiskPolicy(self.policy, faults)
             self.say(f"metadata of [{lid}] deleted, index commits failing (ENOSPC) from the delete on")
-            await self.gc_pass(durable=False)
+            # the pass's fault is the full disk: its metadata answers (else a failed read
+            # would keep the ledger, and the failed commit this step is about never happens)
+            await self.gc_pass(durable=False, metadata_fault=False)
             faults.heal()
             self.bookie.gc.policy = self.policy
             if logs:

@@ -5,8 +5,9 @@ Each seed's engine runs the bookie's own scan-and-compare policy
 holds the metadata of the live ledgers only (a delete removes it), so a GC pass must
 prove a ledger dead through the same listing and re-read a bookie does. Around that
 store (bk.testing.slow_store.SlowStore: the faults are injected, nothing in bk/server
-knows) each GC pass draws, from a generator of its own seeded by the run's seed (the
-schedule's draws are not disturbed), one of:
+knows) each GC pass (but the commit step's first, whose fault is the full disk) draws,
+from a generator of its own seeded by the run's seed (the schedule's draws are not
+disturbed), one of:
 
   none       the store answers everything
   lagging    the listing omits 1-2 live ledgers (a ZooKeeper follower behind the writes
