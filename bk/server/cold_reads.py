@@ -29,7 +29,7 @@ import logging
 from time import monotonic
 
 from bk import metrics
-from bk.errors import BookieError
+from bk.errors import BookieError, TooManyRequestsError
 from bk.proto import ReadRequest, ReadResponse, encode_response
 from bk.proto import v3
 from bk.server import single_reads
@@ -73,6 +73,17 @@ class ColdReads:
         cache holds its entry by now, else queued."""
         if not single_reads.answer_cached(req, conn, self.bookie.read_cached):
             self.start(req, conn)
+
+    @staticmethod
+    def refuse(req, conn) -> None:
+        """The ETOOMANYREQUESTS answer to a plain READ the limits refused (begin_read False), as
+        the ordinary path answers it."""
+        if type(req) is ReadRequest:
+            conn.send(_error(req, req.ledger_id, req.entry_id, TooManyRequestsError.code))
+        else:
+            if type(req) is v3.V3ReadRequest:
+                req = v3.read_request(req)
+            conn.send(v3.frame(v3.error_response(req, TooManyRequestsError.code)))
 
     def start(self, req, conn) -> bool:
         """A READ holding a read slot and its count, whose entry no cache held: queued and True if

@@ -202,13 +202,13 @@ class RequestProcessor:
     def _spawn_read(self, req: ReadRequest, conn) -> None:
         # A plain read of a cached entry is answered without a task, while the client
         # reads its answers (else the read waits for room in a read slot).
-        single_reads.serve_run((req,), conn, self.bookie, self._uncached, self._resume, self.cold.run)
+        single_reads.serve_run((req,), conn, self.bookie, self._uncached, self._resume, self.cold)
 
     def read_run(self, reqs: list, conn) -> None:
         """The requests of one socket read, all v2 READs or all v3 requests (READs mostly: a
         client's readEntries): the plain READs of cached entries answered at once, together
         (bk.server.single_reads), every other one as dispatch would, in order."""
-        single_reads.serve_run(reqs, conn, self.bookie, self._uncached, self._resume, self.cold.run)
+        single_reads.serve_run(reqs, conn, self.bookie, self._uncached, self._resume, self.cold)
 
     def _resume(self, req, conn) -> None:
         """A plain READ that waited for a read-ahead and still has to read (counted already):

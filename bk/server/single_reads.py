@@ -87,8 +87,8 @@ def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
     plain READ whose entry a read-ahead in flight brings waits for it as a callback (counted
     as a read in progress; then answered from the read cache, or `resume(req, conn)`: its
     read in a read slot); another plain READ that misses is counted and read in a read slot
-    by `cold(req, conn)` (bk.server.cold_reads: no task, no protobuf Request); hand every
-    other request to `slow(req, conn)` in its turn."""
+    by `cold.run(req, conn)` (bk.server.cold_reads.ColdReads: no task, no protobuf Request) or
+    refused (`cold.refuse`); hand every other request to `slow(req, conn)` in its turn."""
     start = monotonic()
     read_cached = bookie.read_cached
     room = conn.room()
@@ -125,8 +125,11 @@ def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
                 if ahead is not None and conn.begin_read():  # refused: slow() answers the refusal
                     ahead.add_done_callback(partial(_ahead_done, req, lid, eid, conn, bookie, resume, monotonic()))
                     continue
-                if cold is not None and conn.begin_read():
-                    conn.run_read(cold, req)
+                if cold is not None:
+                    if conn.begin_read():
+                        conn.run_read(cold.run, req)
+                    else:  # refused here, once (slow() would ask the limits again)
+                        cold.refuse(req, conn)
                     room = conn.room()
                     continue
             slow(read_request(req) if t is V3ReadRequest else req, conn)

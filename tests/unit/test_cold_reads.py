@@ -242,3 +242,18 @@ def test_preads_reads_each_span_or_gives_its_errno_as_os_pread(tmp_path, kernel)
             mod.preads([(fd, -1, 0)])
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("proto", ["v2", "v3"])
+def test_cold_reads_beyond_the_bookie_wide_limit_are_refused_once_each(tmp_path, proto):
+    """max_reads_in_progress_limit 2: the bookie refuses reads beyond twice that; the cold READs
+    it admits are answered, the others get ETOOMANYREQUESTS, each refusal counted once."""
+    async def body(bookie, proc, conn, transport, answers):
+        keys = [(LEDGER, e) for e in range(10)]
+        conn.data_received(b"".join(_frames(proto, keys)))
+        got = await answers(len(keys), _v2 if proto == "v2" else _v3)
+        codes = sorted(rc for _, _, rc, _ in got)
+        assert len(got) == 10 and codes == [0] * 4 + [StatusCode.ETOOMANYREQUESTS] * 6
+        assert all(body == _entry(lid, eid) for lid, eid, rc, body in got if rc == 0)
+        assert proc.limits.refused == 6
+    _cold(tmp_path, body, max_reads_in_progress_limit=2)
