@@ -122,15 +122,17 @@ def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
                               and req.entry_id >= 0):
                 lid, eid = ids if k == _V3 else (req.ledger_id, req.entry_id)
                 ahead = bookie.read_ahead_for(lid, eid)
+                if cold is not None:  # the limits are asked once: refused here, not again by slow()
+                    if not conn.begin_read():
+                        cold.refuse(req, conn)
+                    elif ahead is not None:
+                        ahead.add_done_callback(partial(_ahead_done, req, lid, eid, conn, bookie, resume, monotonic()))
+                    else:
+                        conn.run_read(cold.run, req)
+                    room = conn.room()
+                    continue
                 if ahead is not None and conn.begin_read():  # refused: slow() answers the refusal
                     ahead.add_done_callback(partial(_ahead_done, req, lid, eid, conn, bookie, resume, monotonic()))
-                    continue
-                if cold is not None:
-                    if conn.begin_read():
-                        conn.run_read(cold.run, req)
-                    else:  # refused here, once (slow() would ask the limits again)
-                        cold.refuse(req, conn)
-                    room = conn.room()
                     continue
             slow(read_request(req) if t is V3ReadRequest else req, conn)
             room = conn.room()

@@ -257,3 +257,26 @@ def test_cold_reads_beyond_the_bookie_wide_limit_are_refused_once_each(tmp_path,
         assert all(body == _entry(lid, eid) for lid, eid, rc, body in got if rc == 0)
         assert proc.limits.refused == 6
     _cold(tmp_path, body, max_reads_in_progress_limit=2)
+
+
+def test_reads_refused_while_a_read_ahead_they_wait_for_is_in_flight_are_refused_once_each(tmp_path):
+    import threading
+
+    async def body(bookie, proc, conn, transport, answers):
+        gate, read_ahead = threading.Event(), bookie.storage._read_ahead
+
+        def held(*args):  # the read-ahead of entry 0's batch, in flight until the READs came
+            gate.wait(10)
+            return read_ahead(*args)
+        bookie.storage._read_ahead = held
+        conn.data_received(b"".join(_frames("v2", [(LEDGER, 0)])))
+        for _ in range(200):
+            if bookie.read_ahead_for(LEDGER, 5) is not None:
+                break
+            await asyncio.sleep(0.005)
+        conn.data_received(b"".join(_frames("v2", [(LEDGER, e) for e in range(1, 10)])))
+        gate.set()
+        got = await answers(10, _v2)
+        assert sorted(rc for _, _, rc, _ in got) == [0] * 4 + [StatusCode.ETOOMANYREQUESTS] * 6
+        assert proc.limits.refused == 6
+    _cold(tmp_path, body, max_reads_in_progress_limit=2)
