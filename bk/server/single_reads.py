@@ -81,7 +81,7 @@ def queue_rows(conn, kind: int, rows: list) -> None:
     conn.send(v3_read_answers(rows) if kind == _V3 else read_answers(rows, v2_header(kind)))
 
 
-def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
+def serve_run(reqs, conn, bookie, slow, resume, cold) -> None:
     """Answer the plain READs of `reqs` (v2 ReadRequests, v3 Requests, the kernel's
     V3ReadRequests: those go to `slow` as the Requests they stand for) that a cache holds; a
     plain READ whose entry a read-ahead in flight brings waits for it as a callback (counted
@@ -122,18 +122,15 @@ def serve_run(reqs, conn, bookie, slow, resume, cold=None) -> None:
                               and req.entry_id >= 0):
                 lid, eid = ids if k == _V3 else (req.ledger_id, req.entry_id)
                 ahead = bookie.read_ahead_for(lid, eid)
-                if cold is not None:  # the limits are asked once: refused here, not again by slow()
-                    if not conn.begin_read():
-                        cold.refuse(req, conn)
-                    elif ahead is not None:
-                        ahead.add_done_callback(partial(_ahead_done, req, lid, eid, conn, bookie, resume, monotonic()))
-                    else:
-                        conn.run_read(cold.run, req)
-                    room = conn.room()
-                    continue
-                if ahead is not None and conn.begin_read():  # refused: slow() answers the refusal
+                # the limits are asked once: refused here, not again by slow()
+                if not conn.begin_read():
+                    cold.refuse(req, conn)
+                elif ahead is not None:
                     ahead.add_done_callback(partial(_ahead_done, req, lid, eid, conn, bookie, resume, monotonic()))
-                    continue
+                else:
+                    conn.run_read(cold.run, req)
+                room = conn.room()
+                continue
             slow(read_request(req) if t is V3ReadRequest else req, conn)
             room = conn.room()
             continue
