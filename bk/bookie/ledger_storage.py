@@ -449,7 +449,7 @@ class LedgerStorage:
 
     def would_read_ahead(self, ledger_id: int, entry_id: int) -> bool:
         """Whether a miss at entry_id would read ahead now (ReadRuns.plan, unchanged by asking)."""
-        return self.config.read_ahead_batch_size > 1 and self._read_runs.would_read_ahead(ledger_id, entry_id)
+        return self._read_runs.would_read_ahead(ledger_id, entry_id, self.read_ahead_count(ledger_id))
 
     def read_steps(self, ledger_id: int, entry_id: int, location: int | None = None) -> reads.Steps:
         """read_from_storage as steps (bk.entrylog.reads), for a driver that does the preads

@@ -280,17 +280,9 @@ class ReadRuns:
                 self._spans.clear()
             self._spans[ledger_id] = ((entry_id, entry_id + max(batch, 1) - 1),)
             return batch, False
-        follows, next_first = False, None  # a span ends just before; the first span after
-        for first, last in spans:
-            if first <= entry_id <= last:
-                return 1, False
-            if last < entry_id <= 2 * last - first + 1:
-                follows = True
-            if first > entry_id and (next_first is None or first < next_first):
-                next_first = first
-        count = 1
-        if follows:
-            count = batch if next_first is None else min(batch, next_first - entry_id)
+        count = _ahead_count(spans, entry_id, batch)
+        if count == 0:  # inside a span: its one entry
+            return 1, False
         # the newest STREAMS spans are kept: a scan leaves its read spans behind it, so the
         # misses of its own slower range reads still find them. A read-ahead's span is what
         # it plans to read until `ran` says what it read: the misses that arrive while it is
@@ -303,15 +295,10 @@ class ReadRuns:
             + ((entry_id, entry_id + count - 1),)
         return count, count > 1
 
-    def would_read_ahead(self, ledger_id: int, entry_id: int) -> bool:
-        """Whether plan() would read ahead from entry_id now (asking changes nothing)."""
+    def would_read_ahead(self, ledger_id: int, entry_id: int, batch: int) -> bool:
+        """Whether plan(ledger_id, entry_id, batch) would read ahead now (asking changes nothing)."""
         spans = self._spans.get(ledger_id)
-        if spans is None:
-            return True
-        if any(first <= entry_id <= last for first, last in spans):
-            return False
-        return any(last < entry_id <= 2 * last - first + 1 for first, last in spans) and \
-            all(not first == entry_id + 1 for first, _ in spans)
+        return batch > 1 if spans is None else _ahead_count(spans, entry_id, batch) > 1
 
     def ran(self, ledger_id: int, first: int, last: int) -> None:
         """A read-ahead from `first` got entries up to `last`."""
@@ -328,3 +315,20 @@ class ReadRuns:
 
     def forget(self, ledger_id: int) -> None:
         self._spans.pop(ledger_id, None)
+
+
+def _ahead_count(spans, entry_id: int, batch: int) -> int:
+    """ReadRuns' rule for a miss at entry_id against a ledger's spans: 0 inside a span (its one
+    entry, the span is read or being read); `batch` entries, cut short where the next span
+    begins, when a span ends within its own length before it (a scan); else 1."""
+    follows, next_first = False, None  # a span ends just before; the first span after
+    for first, last in spans:
+        if first <= entry_id <= last:
+            return 0
+        if last < entry_id <= 2 * last - first + 1:
+            follows = True
+        if first > entry_id and (next_first is None or first < next_first):
+            next_first = first
+    if not follows:
+        return 1
+    return batch if next_first is None else min(batch, next_first - entry_id)
