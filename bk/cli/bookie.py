@@ -90,6 +90,9 @@ async def serve(cfg: BookieConfig, config_source: tuple | None = None) -> int:
     if os.environ.get("BK_TEST_BREAK"):  # tests only: a bookie broken on purpose (bk.testing.breaks)
         from bk.testing.breaks import apply_from_env
         apply_from_env(server.bookie)
+    if os.environ.get("BK_TEST_STORAGE_WATCH"):  # tests only: a chaos run watches stores and checkpoints
+        from bk.testing.chaos.excuse import watch_from_env
+        watch_from_env(server.bookie)
     # (config file, --set overrides) it was built from: HTTP expand_storage reads them again
     server.config_source = config_source
 

@@ -13,6 +13,8 @@ import random
 import types
 
 import struct
+
+import pytest
 from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bk.proto import DigestManager, StatusCode
 from bk.testing.chaos import verify
@@ -426,3 +428,62 @@ def test_bookies_that_cannot_answer_the_fence_excuse_an_open_ledger():
     assert "may not answer the fence" in verify.recovery_may_stall(chaos, _open_md(), 7)
     chaos.refused = {0: "journal corrupted"}
     assert verify.recovery_may_stall(chaos, _open_md(), 7) is None  # no entry acknowledged, one bookie
+
+
+# ------------------------------------------------- bookie processes watch themselves into files
+
+def test_a_watch_file_says_what_the_in_memory_watch_says(tmp_path):
+    """A bookie process's watch (excuse.watch_from_env) is a file of first stores and completed
+    checkpoints; read back, it answers `durable` as the watch in memory does, a failed
+    checkpoint is not in it, and a torn last line is skipped."""
+    from bk.testing.chaos.excuse import read_watch, watch_storage
+    path = tmp_path / "127.0.0.1_4000.1.watch"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    storage = _Storage()
+    w = watch_storage(storage, log_fd=fd)
+    storage.put(7, 0, b"a")
+    storage.put_many(7, [1, 2], [b"b", b"c"])
+    storage.checkpoint()
+    storage.put(7, 3, b"d")
+    storage.put(7, 0, b"a again")  # a second store of an entry keeps its first time
+    storage.fail = True
+    with pytest.raises(OSError):
+        storage.checkpoint()  # interrupted: never counted
+    os.write(fd, b"C 12")  # a torn line (the process killed mid-write)
+    os.close(fd)
+    back = read_watch(str(path))
+    assert back.checkpoints == w.checkpoints == 1
+    assert back.stored_at == w.stored_at
+    for e in range(4):
+        assert back.durable(7, e) == w.durable(7, e) == (e < 3)
+
+
+def test_journal_off_crashes_of_bookie_processes_are_judged_from_their_watch_files(tmp_path):
+    """Before, a bookie process's checkpoints were unseen and any journal-off crash after the
+    add was sent excused the entry there (journal-off-crash-unwatched). Now the runner reads the
+    files each storage instance of the process wrote: a checkpoint that covered the entry means
+    no excuse; one that did not, the watched reason."""
+    from bk.testing.chaos.excuse import watch_files, watch_storage
+
+    class _ProcessCluster(_Cluster):
+        def watch_files(self, i):
+            return watch_files(str(tmp_path), BOOKIES[i])
+
+    chaos = Chaos(_scenario(journal=False), _ProcessCluster(), [])
+    chaos.sent_at[(7, 0)] = __import__("time").monotonic()
+    storages = {}
+    for i, instant in ((0, 5), (1, 6), (0, 10)):  # bookie 0 ran two storage instances
+        fd = os.open(tmp_path / f"{BOOKIES[i].replace(':', '_')}.{instant}.watch", os.O_WRONLY | os.O_CREAT)
+        storages[i] = _Storage()
+        watch_storage(storages[i], log_fd=fd)
+        storages[i].put(7, 0, b"entry")
+        if (i, instant) == (1, 6):
+            storages[i].checkpoint()
+        os.close(fd)
+    chaos.mark_crashed(0)
+    chaos.mark_crashed(1)
+    assert chaos.excuses(7, 0) == {0: "journal-off-crash-unwatched", 1: "journal-off-crash-unwatched"}
+    chaos.read_process_watches()
+    assert [len(w.stored_at) for w in chaos.watches[0]] == [1, 1]
+    assert chaos.excuses(7, 0) == {0: "journal-off-crash"}
+    assert chaos.durable_on(1, 7, 0) and not chaos.durable_on(0, 7, 0)

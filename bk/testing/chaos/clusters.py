@@ -38,6 +38,7 @@ from bk.testing import breaks
 from bk.testing.inprocess import InProcessCluster, free_port
 from bk.testing.powerloss import install_index_model, simulate_power_loss
 from bk.testing.proxy import Proxy
+from .excuse import WATCH_ENV, watch_files
 
 log = logging.getLogger(__name__)
 TRACK_ENV = "BK_FSYNC_TRACK_FILE"
@@ -255,7 +256,10 @@ class ProcessChaosCluster:
         from bk.testing.diskfaults import DiskFaultControl
         os.makedirs(data_dir, exist_ok=True)
         self.disk_faults = DiskFaultControl(os.path.join(data_dir, "disk-faults.json"))  # no rules yet
-        env = dict(os.environ, **{TRACK_ENV: self.track_file}, **self.disk_faults.env())
+        # each process watches its own stores and checkpoints (excuse.watch_from_env)
+        self.watch_dir = os.path.join(data_dir, "watches")
+        os.makedirs(self.watch_dir, exist_ok=True)
+        env = dict(os.environ, **{TRACK_ENV: self.track_file, WATCH_ENV: self.watch_dir}, **self.disk_faults.env())
         env.pop(breaks.ENV, None)
         if test_break:  # each `bk bookie` breaks itself (bk.testing.breaks.apply_from_env)
             env[breaks.ENV] = test_break
@@ -292,6 +296,10 @@ class ProcessChaosCluster:
 
     def proxy(self, i: int):
         return self.inner.proxies[i]
+
+    def watch_files(self, i: int) -> list[str]:
+        """Bookie i's watch files, one per storage instance it opened, oldest first."""
+        return watch_files(self.watch_dir, self.bookie_id(i))
 
     async def crash(self, i: int) -> None:
         async with self._locks[i]:

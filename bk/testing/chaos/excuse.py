@@ -14,8 +14,14 @@ may have (verify.may_be_lost). The reasons, as the run's JSON names them:
   so it is never counted. A durable entry stays durable: GC is off in these runs and a later
   crash or power cut rolls back only what was not synced. Whatever the watch missed (a
   checkpoint before the watch was installed) only excuses more, never less.
-- JOURNAL_OFF_CRASH_UNWATCHED: the same, on a bookie process, whose checkpoints the runner
-  cannot see: any crash after the add was sent excuses it there.
+  A bookie process is watched the same way from inside (`watch_from_env`, set up by the
+  runner's process cluster through BK_TEST_STORAGE_WATCH): each storage instance it opens
+  appends its first stores and its completed checkpoints to a watch file of its own, outside
+  the bookie's directories (a power cut never touches it), and the runner reads those files at
+  the end of the run (`read_watch`). Times are CLOCK_MONOTONIC, one clock for every process.
+  A SIGKILL between a checkpoint's return and its line only excuses more.
+- JOURNAL_OFF_CRASH_UNWATCHED: the same, on a bookie that crashed with no watch at all (no
+  storage instance of it was ever watched): any crash after the add was sent excuses it there.
 - BITFLIP: the entry whose entry-log record holds a flipped bit, on that bookie only (the
   record is found by walking the log's records before the flip; a flip in a record still
   being written is resolved at the end of the run from a copy with the bit put back).
@@ -38,6 +44,7 @@ JOURNAL_OFF_CRASH_UNWATCHED = "journal-off-crash-unwatched"
 BITFLIP = "bitflip"
 BOOKIE_REFUSED = "bookie-refused"
 REASONS = (JOURNAL_OFF_CRASH, JOURNAL_OFF_CRASH_UNWATCHED, BITFLIP, BOOKIE_REFUSED)
+WATCH_ENV = "BK_TEST_STORAGE_WATCH"  # a directory: each bookie process's watch files go there
 
 
 class StorageWatch:
@@ -57,33 +64,94 @@ class StorageWatch:
         return t is not None and self.last_checkpoint_began > t
 
 
-def watch_storage(storage) -> StorageWatch:
+def watch_storage(storage, log_fd: int | None = None) -> StorageWatch:
     """Watch one LedgerStorage instance (instance attributes shadow its methods: the bookie
-    calls `storage.put`, `storage.put_many` and its flush thread `self.checkpoint()`)."""
+    calls `storage.put`, `storage.put_many` and its flush thread `self.checkpoint()`). With
+    `log_fd` (a bookie process), each first store and each completed checkpoint is also
+    appended there as one line, one write(2) each (O_APPEND: whole lines, whatever thread)."""
     w = StorageWatch()
     put, put_many, checkpoint = storage.put, storage.put_many, storage.checkpoint
 
+    def stored(ledger_id, entry_ids, now):
+        lines = []
+        for entry_id in entry_ids:
+            if (ledger_id, entry_id) not in w.stored_at:
+                w.stored_at[(ledger_id, entry_id)] = now
+                lines.append(f"S {ledger_id} {entry_id} {now!r}\n")
+        if log_fd is not None and lines:
+            os.write(log_fd, "".join(lines).encode())
+
     def watched_put(ledger_id, entry_id, entry):
-        stored = put(ledger_id, entry_id, entry)
-        if stored:
-            w.stored_at.setdefault((ledger_id, entry_id), time.monotonic())
-        return stored
+        done = put(ledger_id, entry_id, entry)
+        if done:
+            stored(ledger_id, (entry_id,), time.monotonic())
+        return done
 
     def watched_put_many(ledger_id, entry_ids, entries):
-        stored = put_many(ledger_id, entry_ids, entries)
-        now = time.monotonic()
-        for entry_id in list(entry_ids)[:stored]:
-            w.stored_at.setdefault((ledger_id, entry_id), now)
-        return stored
+        done = put_many(ledger_id, entry_ids, entries)
+        stored(ledger_id, list(entry_ids)[:done], time.monotonic())
+        return done
 
     def watched_checkpoint():
         began = time.monotonic()
         checkpoint()  # raises when a write, fsync or index sync failed (a crash gate, a disk fault)
         w.last_checkpoint_began = max(w.last_checkpoint_began, began)
         w.checkpoints += 1
+        if log_fd is not None:
+            os.write(log_fd, f"C {began!r}\n".encode())
 
     storage.put, storage.put_many, storage.checkpoint = watched_put, watched_put_many, watched_checkpoint
     return w
+
+
+def read_watch(path: str) -> StorageWatch:
+    """The StorageWatch a bookie process's watch file records. Only whole lines count: a torn
+    last one (no newline yet) is skipped, and what it would have said only excuses more."""
+    w = StorageWatch()
+    with open(path, "rb") as fh:
+        for raw in fh.read().decode(errors="replace").split("\n")[:-1]:
+            parts = raw.split()
+            try:
+                if len(parts) == 4 and parts[0] == "S":
+                    w.stored_at.setdefault((int(parts[1]), int(parts[2])), float(parts[3]))
+                elif len(parts) == 2 and parts[0] == "C":
+                    w.last_checkpoint_began = max(w.last_checkpoint_began, float(parts[1]))
+                    w.checkpoints += 1
+            except ValueError:
+                continue
+    return w
+
+
+def _watch_prefix(bookie_id: str) -> str:
+    return bookie_id.replace(":", "_").replace("/", "_") + "."
+
+
+def watch_files(directory: str, bookie_id: str) -> list[str]:
+    """A bookie's watch files, one per storage instance, oldest first."""
+    prefix = _watch_prefix(bookie_id)
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".watch")]
+    except FileNotFoundError:
+        return []
+    return [os.path.join(directory, n) for n in sorted(names, key=lambda n: int(n[len(prefix):-6]))]
+
+
+def watch_from_env(bookie) -> None:
+    """How a `bk bookie` process of a chaos run watches itself ($BK_TEST_STORAGE_WATCH, set by
+    the process cluster): the storage it opens is watched before the journal replay's
+    checkpoint and before it serves, into a new file named after the bookie and the instant."""
+    directory = os.environ.get(WATCH_ENV, "")
+    if not directory:
+        return
+    open_and_replay = bookie._open_and_replay
+
+    def watched_open_and_replay():
+        open_and_replay()
+        path = os.path.join(directory, f"{_watch_prefix(bookie.bookie_id)}{time.monotonic_ns()}.watch")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        watch_storage(bookie.storage, log_fd=fd)  # the descriptor lives as long as the process
+
+    bookie._open_and_replay = watched_open_and_replay
 
 
 def entry_at(path: str, offset: int) -> tuple[int, int] | None:
@@ -120,4 +188,5 @@ def entry_at_unflipped(path: str, offset: int, bit: int, work_dir: str) -> tuple
 
 
 __all__ = ["BITFLIP", "BOOKIE_REFUSED", "JOURNAL_OFF_CRASH", "JOURNAL_OFF_CRASH_UNWATCHED", "REASONS",
-           "StorageWatch", "entry_at", "entry_at_unflipped", "watch_storage"]
+           "StorageWatch", "WATCH_ENV", "entry_at", "entry_at_unflipped", "read_watch", "watch_files",
+           "watch_from_env", "watch_storage"]

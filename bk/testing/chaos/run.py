@@ -38,7 +38,7 @@ from bk.testing.history import History
 
 from .clusters import BookieStartError, InProcessChaosCluster, ProcessChaosCluster
 from .excuse import BITFLIP, BOOKIE_REFUSED, JOURNAL_OFF_CRASH, JOURNAL_OFF_CRASH_UNWATCHED, entry_at_unflipped, \
-    watch_storage
+    read_watch, watch_storage
 from .nemesis import KINDS
 from .scenario import INPROCESS, UNSYNCED_CUT_BREAKS, Scenario, stream
 
@@ -154,11 +154,20 @@ class Chaos:
         self.crash_times.setdefault(i, []).append(time.monotonic())
 
     def watch(self, i: int) -> None:
-        """Watch the storage bookie i runs now (in-process only: its stores and checkpoints)."""
+        """Watch the storage bookie i runs now (in-process; processes watch themselves:
+        read_process_watches)."""
         server = (getattr(self.cluster, "servers", None) or {}).get(i)
         storage = getattr(getattr(server, "bookie", None), "storage", None)
         if storage is not None:
             self.watches.setdefault(i, []).append(watch_storage(storage))
+
+    def read_process_watches(self) -> None:
+        """Bookie processes watch themselves into files (excuse.watch_from_env): read them once
+        the run is healed (a line written later only makes an entry durable that really is)."""
+        files = getattr(self.cluster, "watch_files", None)
+        if files is not None:
+            for i in range(self.cluster.count):
+                self.watches[i] = [read_watch(path) for path in files(i)]
 
     def excuses(self, ledger_id: int, entry_id: int) -> dict[int, str]:
         """Bookie -> why it may have lost this entry without knowing it (excuse.py): journal off,

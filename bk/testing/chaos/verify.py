@@ -354,6 +354,7 @@ async def verify(chaos, result) -> None:
     closed: list[int] = []
     really_lost: dict[int, set[int]] = {}
     chaos.resolve_flips(chaos.cluster.data_dir)
+    chaos.read_process_watches()
     async with BookKeeper(chaos.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
         if not s.journal and not any(KINDS_LOSING_ADDS & {f.kind} for f in s.active_faults):
             await _check_restarted_answers(chaos, bkc, out)
