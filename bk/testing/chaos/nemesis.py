@@ -36,6 +36,9 @@ What each kind models:
   (EIO or ENOSPC; once, or until healed; a failed fsync also drops what it covered, as
   Linux does); healed by "replacing the disk": the rule goes, the bookie is killed and
   started again (a storage failure ends only with a restart).
+- writer-crash, client-partition, recover-race (the client group, clients.py): a writer killed
+  mid-add (kill -9 of its process: connections aborted, nothing flushed); one writer alone cut off
+  from one bookie through a route of its own; two clients recovering a ledger at once.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ from typing import Awaitable, Callable
 
 from bk.testing.proxy import DOWN, UP, Rule, add_request, fencing_read, read_request
 
+from . import clients
 from .clusters import BookieStartError
 from .excuse import entry_at
 from .scenario import INPROCESS, PROCESS
@@ -200,8 +204,10 @@ def _flip_bit(path: str, offset: int, bit: int) -> None:
 
 async def _bitflip(ctx, fault) -> str:
     i, target = fault.bookie, fault.param("target")
-    pattern = {"entrylog": ("ledgers", "current", "*.log"), "journal": ("journal", "current", "*.txn")}[target]
-    files = sorted(glob.glob(os.path.join(ctx.cluster.data_dir_of(i), *pattern)))
+    # every ledger dir: `ledgers`, or `ledgers/0`, `ledgers/1` (bk.testing.cluster.ledger_dirs_of)
+    patterns = {"entrylog": [("ledgers", "current", "*.log"), ("ledgers", "*", "current", "*.log")],
+                "journal": [("journal", "current", "*.txn")]}[target]
+    files = sorted(p for pattern in patterns for p in glob.glob(os.path.join(ctx.cluster.data_dir_of(i), *pattern)))
     files = [(p, os.path.getsize(p)) for p in files]
     files = [(p, s) for p, s in files if s > 0]
     if not files:
@@ -302,6 +308,13 @@ KINDS: dict[str, NemesisKind] = {k.name: k for k in (
                 draw=_disk_error_params("fsync", ["EIO", "EIO", "ENOSPC"]), group="disk"),
     NemesisKind("write-error", 3, _disk_error, _disk_heal_restart, (50, 500),
                 draw=_disk_error_params("write", ["EIO", "ENOSPC"]), group="disk"),
+    # client faults (clients.py; drawn last, from the "client" streams: scenario._client_draws)
+    NemesisKind("writer-crash", 1, clients.writer_crash, _nothing, (0, 0),
+                draw=lambda r: {"ledger": r.randrange(4)}, group="client"),
+    NemesisKind("client-partition", 1, clients.client_partition, clients.client_heal, (300, 900),
+                draw=lambda r: {"ledger": r.randrange(4)}, group="client"),
+    NemesisKind("recover-race", 1, clients.recover_race, _nothing, (0, 0),
+                draw=lambda r: {"ledger": r.randrange(4)}, group="client"),
 )}
 
 __all__ = ["BookieStartError", "KINDS", "NemesisKind"]

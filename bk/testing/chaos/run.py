@@ -36,6 +36,7 @@ from bk.client.placement import EnsemblePlacementPolicy
 from bk.errors import BKError, NotEnoughBookiesError
 from bk.testing.history import History
 
+from .clients import CrashableHandle, client_options, route_client, stop_routes, tls_config
 from .clusters import BookieStartError, InProcessChaosCluster, ProcessChaosCluster
 from .excuse import BITFLIP, BOOKIE_REFUSED, JOURNAL_OFF_CRASH, JOURNAL_OFF_CRASH_UNWATCHED, entry_at_unflipped, \
     read_watch, watch_storage
@@ -63,6 +64,7 @@ class RunResult:
     duration_s: float = 0.0
     replay: str = ""
     describe: object = None  # what the run can say about its writers if it hangs
+    clients: dict = field(default_factory=dict)  # the client side drawn: client_draws
 
     @property
     def excused_by_reason(self) -> dict[str, int]:
@@ -80,7 +82,7 @@ class RunResult:
                 "categories": self.categories, "faults": self.faults, "faults_applied": self.faults_applied,
                 "acked": self.acked, "lost_excused": self.lost_excused, "excused": self.excused,
                 "excused_by_reason": self.excused_by_reason, "duration_s": round(self.duration_s, 3),
-                "replay": self.replay, **({} if self.ok else {"trace": self.trace})}
+                "replay": self.replay, "clients": self.clients, **({} if self.ok else {"trace": self.trace})}
 
 
 def payload(seed: int, ledger: int, i: int, size: int) -> bytes:
@@ -142,6 +144,12 @@ class Chaos:
         self.recoverers: list[asyncio.Task] = []
         self.tailed: list[tuple[int, int, bytes]] = []  # (plan index, entry id, bytes) tailing readers read
         self.clients: list[BookKeeper] = []  # writers' clients, closed when the run ends
+        # the client side (clients.py): each client's protocol, TLS, the writers a client fault acts on
+        self.protocols: dict[str, str] = {}  # client role -> "v2" / "v3"
+        self.tls_trust_store = ""  # the run's CA when the bookies serve TLS
+        self.routes: dict[int, dict[str, object]] = {}  # plan index -> bookie id -> its private proxy
+        self.crashables: dict[int, object] = {}  # plan index -> the writer's CrashableHandle
+        self.crashed_writers: set[int] = set()  # plan indices whose writer was killed mid-add
 
     def note(self, text: str) -> None:
         self.trace.append(f"{(time.monotonic() - self.t0) * 1000:7.0f}ms {text}")
@@ -254,15 +262,16 @@ class Chaos:
             self.refused[i] = str(e)
             self.note(f"bookie {i} refused to start: {e}")
 
-    def start_recoverer(self, plan_index: int, who: str) -> str:
+    def start_recoverer(self, plan_index: int, who: str, exact: bool = False) -> str:
         if not self.ledgers:
             return "no ledger yet to recover"
-        k = sorted(self.ledgers)[plan_index % len(self.ledgers)]
+        k = plan_index if exact else sorted(self.ledgers)[plan_index % len(self.ledgers)]
         lid = self.ledgers[k]
+        options = client_options(self, "recoverer-" + who.replace(" ", "-"))
 
         async def recover():
             try:
-                async with BookKeeper(self.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+                async with BookKeeper(self.cluster.metadata_uri, **options) as bkc:
                     rh = await bkc.open_ledger(lid, password=PASSWORD, recovery=True)
                 self.history.recovered(lid, rh.last_add_confirmed, who)
                 self.note(f"{who}: recovered ledger {lid} at {rh.last_add_confirmed}")
@@ -318,7 +327,7 @@ class Chaos:
         """Every running bookie registered again (a bookie process restarted after kill -9
         registers once ZooKeeper expired its dead session): recovery needs them to choose from."""
         want = {self.cluster.bookie_id(i) for i in range(self.cluster.count) if self.cluster.alive(i)}
-        async with BookKeeper(self.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+        async with BookKeeper(self.cluster.metadata_uri, **client_options(self, "checker")) as bkc:
             deadline = time.monotonic() + timeout_s
             while not want <= set(await bkc.registration.writable_bookies()) | set(
                     await bkc.registration.readonly_bookies()):
@@ -332,8 +341,10 @@ class Chaos:
 async def writer(chaos: Chaos, plan) -> None:
     s, h = chaos.s, chaos.history
     placement = EnsemblePlacementPolicy(rng=stream(s.seed, "placement", plan.index))
-    bkc = await BookKeeper.connect(chaos.cluster.metadata_uri, placement=placement, **CLIENT_TIMEOUTS)
+    bkc = await BookKeeper.connect(chaos.cluster.metadata_uri, placement=placement,
+                                   **client_options(chaos, f"writer-{plan.index}"))
     chaos.clients.append(bkc)
+    await route_client(chaos, bkc, plan.index)
     lh = None
     for _ in range(40):
         try:
@@ -345,6 +356,7 @@ async def writer(chaos: Chaos, plan) -> None:
     if lh is None:
         return
     chaos.ledgers[plan.index], chaos.handles[plan.index] = lh.ledger_id, lh
+    adder = chaos.crashables[plan.index] = CrashableHandle(lh, bkc)  # a writer-crash kills it (clients.py)
     chaos.note(f"ledger {plan.index} = {lh.ledger_id} {plan.shape} on {[chaos.cluster.index_of(b) for b in lh.ensemble]}")
     rng = stream(s.seed, "payloads", plan.index)
     sem = asyncio.Semaphore(plan.window)
@@ -353,7 +365,7 @@ async def writer(chaos: Chaos, plan) -> None:
     async def one(i: int) -> None:
         try:
             sent = time.monotonic()  # before the add: a crash from here on may lose it (journal off)
-            entry_id = await h.add(lh, payload(s.seed, plan.index, i, rng_sizes[i]))
+            entry_id = await h.add(adder, payload(s.seed, plan.index, i, rng_sizes[i]))
             chaos.sent_at[(lh.ledger_id, entry_id)] = sent
         except BKError as e:
             failed.append(e)
@@ -364,7 +376,7 @@ async def writer(chaos: Chaos, plan) -> None:
     tasks = []
     for i in range(plan.entries):
         await sem.acquire()
-        if failed:
+        if failed or adder.crashed:
             sem.release()
             break
         tasks.append(asyncio.ensure_future(one(i)))
@@ -372,6 +384,8 @@ async def writer(chaos: Chaos, plan) -> None:
     await asyncio.gather(*tasks)
     chaos.note(f"ledger {plan.index}: writer done at LAC {lh.last_add_confirmed}"
                f" ({h.summary(lh.ledger_id)}){f', first error {failed[0]!r}' if failed else ''}")
+    if adder.crashed:
+        return  # killed mid-add: it neither closes nor writes on (its handle is dropped)
     if plan.writer_end == "closes" and not failed:
         try:
             await h.close(lh)
@@ -384,7 +398,7 @@ async def writer(chaos: Chaos, plan) -> None:
 
 
 async def tailer(chaos: Chaos, k: int, writing: asyncio.Future) -> None:
-    async with BookKeeper(chaos.cluster.metadata_uri, **CLIENT_TIMEOUTS) as bkc:
+    async with BookKeeper(chaos.cluster.metadata_uri, **client_options(chaos, f"tailer-{k}")) as bkc:
         seen: dict[tuple[int, int], bytes] = {}
         while not writing.done():
             for plan_index, lid in list(chaos.ledgers.items()):
@@ -404,16 +418,21 @@ async def tailer(chaos: Chaos, k: int, writing: asyncio.Future) -> None:
 async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: str | None) -> None:
     from .verify import verify
     trace = result.trace
+    config, trust_store = bookie_config(s), ""
+    if s.tls:  # the bookies serve TLS, every client connects with it (clients.py)
+        tls, trust_store = tls_config(work_dir)
+        config.update(tls)
     if s.mode == INPROCESS:
-        cluster = InProcessChaosCluster(work_dir, s.bookies, test_break=s.test_break, **bookie_config(s))
+        cluster = InProcessChaosCluster(work_dir, s.bookies, test_break=s.test_break, **config)
     else:
         if zk_connect is None:
             raise RuntimeError("a process-mode run needs a ZooKeeper (zk_connect)")
         cluster = ProcessChaosCluster(work_dir, s.bookies, f"{zk_connect}/chaos-{s.seed}-{os.getpid()}-"
                                       f"{int(time.time() * 1000) % 10**9}", test_break=s.test_break,
-                                      **bookie_config(s))
+                                      **config)
     await cluster.start()
     chaos = Chaos(s, cluster, trace)
+    chaos.tls_trust_store = trust_store
     for i in range(s.bookies):
         chaos.watch(i)
     result.describe = chaos.describe_writers
@@ -429,9 +448,19 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
         result.faults_applied = chaos.applied
         await verify(chaos, result)
     finally:
+        result.clients = client_draws(chaos)
         for c in chaos.clients:
             await c.close()
+        await stop_routes(chaos)
         await cluster.stop()
+
+
+def client_draws(chaos: Chaos) -> dict:
+    """What the run drew for its client side, for its JSON (runner.py sums it)."""
+    s = chaos.s
+    return {"entries": [p.entries for p in s.ledgers], "long_ledger": any(p.long for p in s.ledgers),
+            "tls": s.tls, "protocols": dict(sorted(chaos.protocols.items())),
+            "client_faults": [f.kind for f in s.active_faults if KINDS[f.kind].group == "client"]}
 
 
 def _session_state(store) -> str:

@@ -51,6 +51,7 @@ class LedgerPlan:
     window: int  # adds in flight
     pace_ms: float  # pause between two adds (so the writes span the fault schedule)
     writer_end: str  # WRITER_ENDS
+    long: bool = False  # the seed's long ledger (thousands of entries; drawn from the "client" streams)
 
     @property
     def shape(self) -> str:
@@ -90,6 +91,16 @@ class Scenario:
     keep: frozenset | None = None  # None: every fault
     test_break: str = ""  # a deliberately broken bookie (bk.testing.breaks), for the runner's self-tests
     draw_for: str = ""  # the break this scenario was drawn to expose ("" = none; see _drawn_for)
+    tls: bool = False  # bookies serve TLS and every client connects with it (the "client" streams)
+
+    def protocol(self, role: str) -> str:
+        """The wire protocol of one client of the run ("writer-0", "tailer-1", "recoverer-<fault>-a",
+        "checker"...), from its own stream: v2 or v3 (BookKeeper's useV2WireProtocol), half each."""
+        return "v3" if stream(self.seed, "client", "protocol", role).random() < 0.5 else "v2"
+
+    def client_target(self, fault: "Fault") -> int:
+        """The plan index of the writer (or ledger) a client fault acts on."""
+        return fault.param("ledger", 0) % len(self.ledgers)
 
     @property
     def active_faults(self) -> tuple[Fault, ...]:
@@ -101,7 +112,7 @@ class Scenario:
     def describe(self) -> str:
         shapes = ", ".join(f"{p.shape} x{p.entries} w{p.window} {p.writer_end}" for p in self.ledgers)
         return (f"seed {self.seed}: {self.mode}, {self.bookies} bookies, journal {'on' if self.journal else 'off'},"
-                f" autorecovery {'on' if self.autorecovery else 'off'}, ledgers [{shapes}],"
+                f" autorecovery {'on' if self.autorecovery else 'off'},{' TLS,' if self.tls else ''} ledgers [{shapes}],"
                 f" {self.tailing_readers} tailing readers, {len(self.active_faults)} of {len(self.faults)} faults")
 
     def replay_args(self) -> list[str]:
@@ -188,7 +199,7 @@ def generate(seed: int, *, mode: str | None = None, process_share: float = 0.02,
     count = stream(seed, "faults").choice([k for k in range(0, max_faults + 1)] + [2, 3, 3])
     faults = [draw(stream(seed, "fault", k), k, core) for k in range(count)]
     # later groups: their own streams, appended after the core faults (see NemesisKind.group)
-    for group in sorted({k.group for k in kinds.values()} - {"core"}):
+    for group in sorted({k.group for k in kinds.values()} - {"core", "client"}):  # client: _client_draws
         choices = usable(group)
         if choices:
             extra = stream(seed, group, "count").choices([0, 1, 2], weights=[6, 3, 1])[0]
@@ -196,8 +207,45 @@ def generate(seed: int, *, mode: str | None = None, process_share: float = 0.02,
             faults += [draw(stream(seed, group, j), base + j, choices) for j in range(extra)]
     if draw_for in UNSYNCED_CUT_BREAKS:
         faults.append(_drawn_for(seed, len(faults), ledgers))
+    ledgers, faults, tls = _client_draws(seed, mode, bookies, ledgers, faults, kinds)
     return Scenario(seed, mode, bookies, journal, autorecovery, tuple(ledgers), readers, tuple(faults),
-                    test_break=test_break, draw_for=draw_for)
+                    test_break=test_break, draw_for=draw_for, tls=tls)
 
 
-__all__ = ["Fault", "INPROCESS", "LedgerPlan", "PROCESS", "Scenario", "WRITER_ENDS", "generate", "stream"]
+# ------------------------------------------------------------ the client side (issue 28)
+# Drawn last, each from its own "client" stream, so every earlier draw of a seed (cluster,
+# workload, core/disk/draw-for faults and their indices) is exactly what it was before:
+# - a long ledger (LONG_LEDGER_SHARE of the seeds): LONG_ENTRIES small entries as fast as a
+#   larger window allows, appended as the last ledger, so ensembles change mid-ledger under the
+#   faults, recovery reads a long tail and write caches fill;
+# - TLS (TLS_SHARE): the bookies serve TLS and every client connects with it;
+# - the wire protocol of each client (Scenario.protocol);
+# - client faults (nemesis kinds of the "client" group: writer-crash, client-partition,
+#   recover-race), 0-2 a run, appended after every other fault.
+LONG_LEDGER_SHARE, LONG_ENTRIES, LONG_ENTRY_BYTES, LONG_WINDOWS = 0.17, (1000, 4000), (16, 256), (32, 64, 128)
+TLS_SHARE = 0.15
+
+
+def _client_draws(seed: int, mode: str, bookies: int, ledgers: list, faults: list, kinds) -> tuple:
+    rng = stream(seed, "client", "long")
+    if rng.random() < LONG_LEDGER_SHARE:
+        e, wq, aq = _shape(rng, bookies)
+        lo = rng.randint(*LONG_ENTRY_BYTES)
+        ledgers = ledgers + [LedgerPlan(len(ledgers), e, wq, aq, entries=rng.randint(*LONG_ENTRIES),
+                                        entry_bytes=(lo, rng.randint(lo, LONG_ENTRY_BYTES[1])),
+                                        window=rng.choice(LONG_WINDOWS), pace_ms=0.0,
+                                        writer_end=rng.choices(WRITER_ENDS, weights=[3, 4, 3])[0], long=True)]
+    tls = stream(seed, "client", "tls").random() < TLS_SHARE
+    choices = [k for k in kinds.values() if k.group == "client" and mode in k.modes and k.weight > 0]
+    if choices:
+        count = stream(seed, "client", "count").choices([0, 1, 2], weights=[6, 3, 1])[0]
+        for j in range(count):
+            frng = stream(seed, "client", "fault", j)
+            kind = frng.choices(choices, weights=[u.weight for u in choices])[0]
+            params = tuple(sorted(kind.draw(frng).items())) if kind.draw else ()
+            faults = faults + [Fault(len(faults), kind.name, frng.randrange(bookies), frng.randint(0, 500),
+                                     frng.randint(*kind.duration_ms), params)]
+    return ledgers, faults, tls
+
+
+__all__ = ["Fault", "INPROCESS", "LONG_LEDGER_SHARE", "LedgerPlan", "TLS_SHARE", "PROCESS", "Scenario", "WRITER_ENDS", "generate", "stream"]
