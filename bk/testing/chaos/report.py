@@ -107,6 +107,26 @@ def _cluster_tables(runs: list[tuple[str, dict]]) -> list[str]:
     lines += ["", "Excused acknowledged entries of the plain runs, by reason:", "",
               _row(["excused reason", "acknowledged entries"]), _row(["---"] * 2)]
     lines += [_row([k, _n(n)]) for k, n in sorted(by_reason.items())] or [_row(["(none)", 0])]
+    return lines + _client_table(runs)
+
+
+def _client_table(runs: list[tuple[str, dict]]) -> list[str]:
+    """The client side each summary drew (runner.client_table; summaries from before issue 28's
+    client draws have none and are left out)."""
+    drawn = [(name, d["clients"]) for name, d in runs if d.get("clients", {}).get("runs")]
+    if not drawn:
+        return []
+    lines = ["", "The client side those runs drew (long ledger: 1,000-4,000 entries; clients: every writer,"
+             " tailing reader, recoverer and checker):", "",
+             _row(["summary", "long-ledger runs (failed)", "entries in long ledgers", "TLS runs (failed)",
+                   "clients v2 / v3", "client faults: runs with it (failed)"]), _row(["---"] * 6)]
+    for name, c in drawn:
+        protocols = c.get("protocols", {})
+        faults = ", ".join(f"{k} {_n(v.get('runs', 0))} ({_n(v.get('failed_runs', 0))})"
+                           for k, v in sorted(c.get("client_faults", {}).items())) or "-"
+        lines.append(_row([f"`{name}`", f"{_n(c['long_ledger_runs'])} ({_n(c.get('long_ledger_failed', 0))})",
+                           _n(c.get("long_ledger_entries", 0)), f"{_n(c['tls_runs'])} ({_n(c.get('tls_failed', 0))})",
+                           f"{_n(protocols.get('v2', 0))} / {_n(protocols.get('v3', 0))}", faults]))
     return lines
 
 

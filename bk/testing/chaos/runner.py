@@ -175,7 +175,27 @@ def summarize(results: list[dict], wall_s: float, total: int) -> dict:
                         for x in r.get("excused", [])],
             "categories": dict(Counter(c for r in failures for c in r["categories"])),
             "mean_run_s": round(sum(r["duration_s"] for r in results) / max(1, len(results)), 3),
-            "by_kind": table(results), "failures": failures}
+            "by_kind": table(results), "clients": client_table(results), "failures": failures}
+
+
+def client_table(results: list[dict]) -> dict:
+    """What the runs drew for their client side (run.client_draws): long ledgers and their
+    entries, TLS runs, clients per wire protocol, client faults by kind (runs and failed runs)."""
+    drawn = [(r, r["clients"]) for r in results if r.get("clients")]
+    faults: dict[str, Counter] = defaultdict(Counter)
+    for r, c in drawn:
+        for kind, n in Counter(c.get("client_faults", [])).items():
+            faults[kind].update(runs=1, faults=n, failed_runs=0 if r["ok"] else 1)
+    long_runs = [(r, c) for r, c in drawn if c.get("long_ledger")]
+    return {"runs": len(drawn), "long_ledger_runs": len(long_runs),
+            "long_ledger_failed": sum(not r["ok"] for r, _ in long_runs),
+            "long_ledger_entries": sum(max(c.get("entries") or [0]) for _, c in long_runs),
+            "max_entries": max((max(c.get("entries") or [0]) for _, c in drawn), default=0),
+            "tls_runs": sum(bool(c.get("tls")) for _, c in drawn),
+            "tls_failed": sum(bool(c.get("tls")) and not r["ok"] for r, c in drawn),
+            "protocols": dict(sorted(sum((Counter(c.get("protocols", {}).values()) for _, c in drawn),
+                                         Counter()).items())),
+            "client_faults": {k: dict(v) for k, v in sorted(faults.items())}}
 
 
 def run_many(seeds, options: dict, *, jobs: int = 1, json_path: str | None = None, progress=True,
