@@ -150,8 +150,16 @@ class CrashableHandle:
 
 
 # ------------------------------------------------------------ the nemesis kinds (group "client")
+async def _writer_ready(ctx, ready) -> None:
+    """A client fault's clock runs from the start of the run, but its writer may still be
+    connecting (a loaded machine, TLS): it acts once `ready()`, unless every writer is done."""
+    while not ready() and not (ctx.writing is not None and ctx.writing.done()):
+        await asyncio.sleep(0.005)
+
+
 async def writer_crash(ctx, fault) -> str:
     k = ctx.s.client_target(fault)
+    await _writer_ready(ctx, lambda: k in ctx.crashables)
     handle = ctx.crashables.get(k)
     if handle is None or handle.crashed:
         return f"writer {k} has no open ledger to crash"
@@ -165,6 +173,7 @@ async def writer_crash(ctx, fault) -> str:
 
 async def client_partition(ctx, fault) -> str:
     k = ctx.s.client_target(fault)
+    await _writer_ready(ctx, lambda: k in ctx.routes)
     proxy = ctx.routes.get(k, {}).get(ctx.cluster.bookie_id(fault.bookie))
     if proxy is None:
         return f"writer {k} has no route to bookie {fault.bookie} (not started)"
@@ -180,6 +189,7 @@ async def client_heal(ctx, fault) -> None:
 
 async def recover_race(ctx, fault) -> str:
     k = ctx.s.client_target(fault)
+    await _writer_ready(ctx, lambda: k in ctx.ledgers)
     if k not in ctx.ledgers:
         return f"ledger {k} not created yet: no race"
     for side in "ab":
