@@ -397,8 +397,8 @@ def _check(cfg: BookieConfig) -> None:
 
     if not 0 < cfg.bookie_port < 65536:
         bad("bookie_port", "must be 1..65535")
-    if cfg.write_cache_max_size_bytes < 2 * MiB:
-        bad("write_cache_max_size_bytes", "must be at least 2MiB")
+    if cfg.write_cache_max_size_bytes < 64 * KiB:  # two halves; an empty half takes any entry
+        bad("write_cache_max_size_bytes", "must be at least 64KiB")
     if cfg.entry_log_size_limit_bytes < 64 * KiB:
         bad("entry_log_size_limit_bytes", "must be at least 64KiB")
     if cfg.entry_log_flush_bytes < 0:

@@ -145,8 +145,10 @@ class AddPath:
                 if not _deadline:
                     _deadline = time.monotonic() + self._full_wait_s
                     metrics.THROTTLED_WRITE_REQUESTS.inc()
+                    self.adds_throttled += 1
                 elif time.monotonic() >= _deadline:
                     metrics.REJECTED_WRITE_REQUESTS.inc()
+                    self.adds_rejected += 1
                     raise TooManyRequestsError("write cache full: the bookie cannot flush fast enough",
                                                ledger_id=ledger_id, entry_id=entry_id)
                 self._wait_for_room((ledger_id, entry_id, entry, master_key, recovery, cb, ctx, _deadline))

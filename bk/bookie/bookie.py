@@ -85,6 +85,9 @@ class Bookie(AddPath, ReadPath, LimboPath):
         self._full_wait_s = config.write_cache_full_wait_ms / 1000.0
         self._room_queue: deque = deque()  # add_entry_cb arguments of adds waiting for write-cache room
         self._room_task: asyncio.Task | None = None  # retries them (_retry_when_room)
+        # this bookie's bookie_throttled/rejected_write_requests (the metrics are per process)
+        self.adds_throttled = 0
+        self.adds_rejected = 0
         self._running = False
 
     # ------------------------------------------------------------ lifecycle
@@ -301,6 +304,7 @@ class Bookie(AddPath, ReadPath, LimboPath):
         self._update_read_only(notify)
 
     def stats(self) -> dict:
-        return {**self.storage.stats(), "read_only": self.read_only}
+        return {**self.storage.stats(), "read_only": self.read_only, "adds_throttled": self.adds_throttled,
+                "adds_rejected": self.adds_rejected}
 
 

@@ -608,6 +608,7 @@ class LedgerStorage:
             "read_cache_bytes": self.read_cache.size_bytes,
             "ledgers": len(self._ledgers),
             "checkpoints": self.checkpoints,
+            "entry_log_rotations": self.entry_logger.rotations,
         }
 
 

@@ -130,6 +130,7 @@ class EntryLogger:
         self._current: DurableFile | None = None
         self._current_usage: dict[int, int] = {}
         self._written_end = 0
+        self.rotations = 0  # logs closed because the next record passed entry_log_size_limit_bytes
         self._open_new_log()
 
     # ------------------------------------------------------------ writing
@@ -273,6 +274,7 @@ class EntryLogger:
     def _rotate(self) -> None:
         self._close_current()
         self._open_new_log()
+        self.rotations += 1
 
     def _open_new_log(self) -> None:
         log_id = self._next_log_id

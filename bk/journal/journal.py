@@ -144,6 +144,7 @@ class Journal:
         self.on_error: Callable[[StorageError], None] | None = None  # writer thread; see the docstring
         # counters for benchmarks and monitoring (writer thread writes, anyone reads)
         self.groups_written = 0
+        self.rotations = 0  # files closed because they reached journal_max_size_bytes
         self.records_written = 0
         self.bytes_written = 0
 
@@ -519,6 +520,7 @@ class Journal:
             inplace.end_file(old, self._frame, self._seed)  # before the next file exists
         self._open_file(self._file_id + 1)
         old.close()
+        self.rotations += 1
 
     def _open_file(self, file_id: int) -> None:
         """Create journal file `file_id` with its header, durable before any record.
