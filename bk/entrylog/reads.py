@@ -83,7 +83,7 @@ def drive_many(readers: Iterable[Steps], pread: Callable[[Any, int, int], bytes]
         except Exception as e:
             out.append(e)
     if waiting:
-        got = preads([(op.h.fd, op.n, op.offset) for _, _, op in waiting])
+        got = coalesced_preads(preads, [(op.h.fd, op.n, op.offset) for _, _, op in waiting])
         for (i, steps, op), data in zip(waiting, got):
             try:
                 if data.__class__ is int:
@@ -98,3 +98,49 @@ def drive_many(readers: Iterable[Steps], pread: Callable[[Any, int, int], bytes]
             finally:
                 steps.close()
     return out
+
+
+# A batch's first preads that lie close together in one file become one read: a ledger's
+# consecutive entries are consecutive records, and the entry logs' descriptors have no kernel
+# readahead (POSIX_FADV_RANDOM, bk.entrylog.files), so each small pread of a cold run was a
+# trip to the disk of its own, one after the other. A merged read carries at most
+# COALESCE_GAP_BYTES between two wanted spans (other ledgers' records) and COALESCE_MAX_BYTES
+# in all, and only reads bytes between spans that were asked for: no read-ahead.
+COALESCE_GAP_BYTES = 4096
+COALESCE_MAX_BYTES = 1 << 20
+
+
+def coalesced_preads(preads, reads: list) -> list:
+    """preads(reads) -> per (fd, n, offset) its bytes (short at the end of the file) or errno,
+    with the reads of one fd that overlap or lie within COALESCE_GAP_BYTES of each other done
+    as one read and cut back into theirs (the same bytes each would have read alone). A merged
+    read that fails is retried as its separate reads, so one bad span never fails its
+    neighbours."""
+    if len(reads) < 2:
+        return preads(reads)
+    groups: list[list] = []  # [fd, start, end, [indices]], in (fd, offset) order
+    for i in sorted(range(len(reads)), key=lambda i: (reads[i][0], reads[i][2])):
+        fd, n, offset = reads[i]
+        g = groups[-1] if groups else None
+        if (g is not None and g[0] == fd and offset <= g[2] + COALESCE_GAP_BYTES
+                and max(g[2], offset + n) - g[1] <= COALESCE_MAX_BYTES):
+            g[2] = max(g[2], offset + n)
+            g[3].append(i)
+        else:
+            groups.append([fd, offset, offset + n, [i]])
+    if len(groups) == len(reads):
+        return preads(reads)
+    out: list = [None] * len(reads)
+    retry: list[int] = []
+    for (fd, start, end, members), data in zip(groups, preads([(g[0], g[2] - g[1], g[1]) for g in groups])):
+        if data.__class__ is int and len(members) > 1:
+            retry.extend(members)
+            continue
+        for i in members:
+            _, n, offset = reads[i]
+            out[i] = data if data.__class__ is int else data[offset - start:offset - start + n]
+    if retry:
+        for i, data in zip(retry, preads([reads[i] for i in retry])):
+            out[i] = data
+    return out
+

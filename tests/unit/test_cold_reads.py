@@ -244,6 +244,69 @@ def test_preads_reads_each_span_or_gives_its_errno_as_os_pread(tmp_path, kernel)
         os.close(fd)
 
 
+@pytest.mark.parametrize("kernel", ["pure", "native"])
+def test_close_preads_of_a_batch_are_one_read_with_the_same_bytes_each(tmp_path, kernel):
+    """A batch's first preads that overlap or lie close in one file are read as one (a ledger's
+    consecutive records: one disk trip, not one each with no kernel readahead) and cut back:
+    every read gets exactly what it gets read alone (os.pread's bytes: short at the end, empty
+    past it; its errno on a bad descriptor), for seeded random batches over two files."""
+    import errno
+    import os
+    import random
+    from bk import _native
+    from bk.entrylog.reads import COALESCE_GAP_BYTES, coalesced_preads
+    mod = _native.load_pure("entrylog") if kernel == "pure" else _native.load_native("entrylog")
+    if mod is None:
+        pytest.fail("bk._native._entrylog is not built (scripts/setup builds it)")
+    calls = []
+
+    def counted(reads):
+        calls.append(len(reads))
+        return mod.preads(reads)
+    rng = random.Random(34)
+    (tmp_path / "a").write_bytes(rng.randbytes(300_000))
+    (tmp_path / "b").write_bytes(rng.randbytes(50_000))
+    fa, fb = os.open(tmp_path / "a", os.O_RDONLY), os.open(tmp_path / "b", os.O_RDONLY)
+    bad = os.open(tmp_path / "b", os.O_RDONLY)
+    os.close(bad)
+    try:
+        run = [(fa, 1100, 1024 + 1100 * k) for k in range(50)]  # consecutive records
+        calls.clear()
+        assert coalesced_preads(counted, run) == [os.pread(*r) for r in run]
+        assert calls == [1]  # one read for the run
+        for _ in range(200):
+            reads = []
+            for _ in range(rng.randint(0, 30)):
+                fd = rng.choice([fa, fa, fa, fb, bad])
+                offset = rng.choice([rng.randint(0, 310_000), rng.randint(0, 3) * COALESCE_GAP_BYTES])
+                reads.append((fd, rng.choice([0, 1, 512, 4096, rng.randint(1, 20_000)]), offset))
+            want = [b"" if not n else errno.EBADF if fd == bad else os.pread(fd, n, off) for fd, n, off in reads]
+            assert mod.preads(reads) == want  # each read alone: os.pread's bytes, or its errno
+            assert coalesced_preads(counted, reads) == want
+    finally:
+        os.close(fa)
+        os.close(fb)
+
+
+def test_a_merged_read_that_fails_is_retried_as_its_separate_reads(tmp_path):
+    """EIO on a merged read (a bad sector under one record) must not fail the records beside it:
+    the group is read again span by span, and only the span that fails gets the errno."""
+    import errno
+    import os
+    from bk.entrylog.reads import coalesced_preads
+    (tmp_path / "a").write_bytes(bytes(range(256)) * 64)
+    fd = os.open(tmp_path / "a", os.O_RDONLY)
+
+    def sick(reads):  # the bytes 5000-5009 cannot be read
+        return [errno.EIO if off < 5010 and off + n > 5000 else os.pread(f, n, off) for f, n, off in reads]
+    try:
+        reads = [(fd, 1000, 3000), (fd, 1000, 4000), (fd, 1000, 5000), (fd, 1000, 6000)]
+        assert coalesced_preads(sick, reads) == [os.pread(fd, 1000, 3000), os.pread(fd, 1000, 4000), errno.EIO,
+                                                 os.pread(fd, 1000, 6000)]
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("proto", ["v2", "v3"])
 def test_cold_reads_beyond_the_bookie_wide_limit_are_refused_once_each(tmp_path, proto):
     """max_reads_in_progress_limit 2: the bookie refuses reads beyond twice that; the cold READs
