@@ -159,7 +159,8 @@ async def _read_all(chaos, lid: int, md, out: list[str]) -> dict[int, bytes]:
 
 # Faults after which a bookie may rightly lack an acknowledged entry of its share (the add
 # never reached it): the restarted-bookie check below runs only without them.
-KINDS_LOSING_ADDS = frozenset({"drop", "partition", "pause", "reorder", "reset", "bitflip"})
+# (client-partition: the one writer's adds never reached that bookie, as with a partition)
+KINDS_LOSING_ADDS = frozenset({"drop", "partition", "pause", "reorder", "reset", "bitflip", "client-partition"})
 NEGATIVE = (int(StatusCode.ENOENTRY), int(StatusCode.ENOLEDGER))
 
 
