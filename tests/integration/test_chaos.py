@@ -114,15 +114,21 @@ def test_scenarios_are_reproducible_and_faults_independent():
 
 
 def test_a_seed_drawn_for_ack_before_fsync_gets_an_anchored_whole_cluster_cut():
+    from bk.testing.chaos.nemesis import KINDS
     from bk.testing.chaos.run import bookie_config
     for seed in range(1, 30):
         plain, broken = generate(seed), generate(seed, test_break="ack-before-fsync")
         clean = generate(seed, draw_for="ack-before-fsync")
         assert broken.journal and bookie_config(broken)["flush_interval_ms"] == 1000
-        cut = broken.faults[-1]
+        # the cut is appended after the core and disk faults; the client faults (scenario.py,
+        # _client_draws) come after it, drawn from their own streams
+        client = [f for f in broken.faults if KINDS[f.kind].group == "client"]
+        cut = broken.faults[-1 - len(client)]
         assert cut.kind == "power-loss-all" and cut.param("after_acks") >= 1
         if plain.journal:  # the seed's own schedule is left as it was, the cut appended
-            assert broken.faults[:-1] == plain.faults and broken.ledgers == plain.ledgers
+            assert broken.faults[:cut.index] == plain.faults[:cut.index] and broken.ledgers == plain.ledgers
+            same = lambda fs: [(f.kind, f.bookie, f.at_ms, f.duration_ms, f.params) for f in fs]  # noqa: E731
+            assert same(client) == same(plain.faults[cut.index:])
         assert clean.faults == broken.faults and clean.test_break == "" and broken.test_break
         assert "--draw-for ack-before-fsync" in " ".join(clean.replay_args())
         assert "--draw-for" not in " ".join(broken.replay_args())

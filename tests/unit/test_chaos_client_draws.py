@@ -88,14 +88,30 @@ class _FakeClient:
         self._side_client = self._long_poll_client = None
 
 
+class _Closable:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+class _AsyncClosable(_Closable):
+    async def close(self):
+        self.closed = True
+
+
 class _FakeBookKeeper:
     def __init__(self, n: int):
         self.conns = [_FakeClient() for _ in range(n)]
-        self.pool = type("pool", (), {"clients": lambda _self: {str(i): c for i, c in enumerate(self.conns)}})()
-        self.closed = False
+        self.pool = _Closable()
+        self.pool.clients = lambda: {str(i): c for i, c in enumerate(self.conns)}
+        self.registration, self.store = _AsyncClosable(), _AsyncClosable()
+        self._closed = False
 
-    async def close(self):
-        self.closed = True
+    @property
+    def closed(self):
+        return self._closed and self.pool.closed and self.registration.closed and self.store.closed
 
 
 class _FakeHandle:

@@ -134,6 +134,9 @@ class CrashableHandle:
         """kill -9: abort every connection (nothing buffered is sent), then drop the client. No
         await here: nothing of the writer runs between the first abort and the last verdict."""
         self.crashed = True
+        # a closed client is what the handle asks before it changes an ensemble or writes metadata
+        # (LedgerHandle._bookie_failed): set first, so the losses the aborts report change nothing
+        self.bkc._closed = True
         aborted = 0
         for client in self.bkc.pool.clients().values():
             for c in (client, client._side_client, client._long_poll_client):
@@ -145,8 +148,18 @@ class CrashableHandle:
             if not outer.done():
                 outer.set_exception(WriterCrashed(f"ledger {self.ledger_id}: the writer was killed mid-add"))
         self._in_flight.clear()
-        asyncio.ensure_future(self.bkc.close())  # its pool closes now (no reconnect), then its session
+        self.bkc.pool.close()  # no reconnect
+        asyncio.ensure_future(_end_session(self.bkc))
         return aborted
+
+
+async def _end_session(bkc) -> None:
+    """The rest of BookKeeper.close (which returns at once for a client already marked closed):
+    the dead process's metadata session goes."""
+    if bkc.registration is not None:
+        await bkc.registration.close()
+    if bkc.store is not None:
+        await bkc.store.close()
 
 
 # ------------------------------------------------------------ the nemesis kinds (group "client")
