@@ -144,13 +144,22 @@ class BookieProcess:
             self.proc.wait()
 
 
+def ledger_dirs_of(bookie_dir: str, count: int = 1) -> list[str]:
+    """A test bookie's ledger dirs: `<bookie dir>/ledgers`, or with several, `ledgers/0`,
+    `ledgers/1`, ...: every one under `ledgers`, so what covers that path (a disk fault on the
+    ledger dirs, a power cut of the bookie's directory) covers them all."""
+    base = os.path.join(bookie_dir, "ledgers")
+    return [base] if count <= 1 else [os.path.join(base, str(k)) for k in range(count)]
+
+
 class LocalCluster:
     def __init__(self, data_dir: str, bookies: int = 3, *, zk_connect: str | None = None,
                  zk_port: int | None = None, autorecovery: bool = False, env: dict | None = None,
                  proxied: bool = False, bookie_ports: dict | None = None, http_ports: dict | None = None,
-                 **overrides):
+                 ledger_dirs_per_bookie: int = 1, **overrides):
         self.data_dir = os.path.abspath(data_dir)
         self.count = bookies
+        self.ledger_dirs_per_bookie = ledger_dirs_per_bookie
         self.zk: LocalZooKeeper | None = None
         self._zk_connect = zk_connect
         self._zk_port = zk_port
@@ -197,9 +206,9 @@ class LocalCluster:
     def bookie_config(self, i: int, port: int) -> dict:
         d = os.path.join(self.data_dir, f"bookie-{i}")
         values = dict(metadata_service_uri=self.metadata_uri, bookie_port=port, advertised_address="127.0.0.1",
-                      journal_dirs=[os.path.join(d, "journal")], ledger_dirs=[os.path.join(d, "ledgers")],
-                      flush_interval_ms=1000, write_cache_max_size_bytes="32MiB",
-                      read_cache_max_size_bytes="32MiB", autorecovery_enabled=self.autorecovery)
+                      journal_dirs=[os.path.join(d, "journal")],
+                      ledger_dirs=ledger_dirs_of(d, self.ledger_dirs_per_bookie), flush_interval_ms=1000,
+                      write_cache_max_size_bytes="32MiB", read_cache_max_size_bytes="32MiB", autorecovery_enabled=self.autorecovery)
         values.update(self.overrides)
         return values
 

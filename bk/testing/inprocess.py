@@ -18,6 +18,7 @@ from bk.meta import open_store
 from bk.meta.cluster import init_new_cluster, is_initialized
 from bk.server import BookieServer
 
+from .cluster import ledger_dirs_of
 from .ports import free_port
 from .powerloss import halt_without_checkpoint
 
@@ -26,11 +27,12 @@ from .powerloss import halt_without_checkpoint
 
 class InProcessCluster:
     def __init__(self, data_dir, bookies: int = 3, metadata_uri: str | None = None, prepare_bookie=None,
-                 **overrides):
+                 ledger_dirs_per_bookie: int = 1, **overrides):
         self.data_dir = str(data_dir)
         # called with every Bookie before its server starts it (tests only: bk.testing.breaks)
         self.prepare_bookie = prepare_bookie
         self.count = bookies
+        self.ledger_dirs_per_bookie = ledger_dirs_per_bookie  # ledger_dirs: see ledger_dirs_of
         self.metadata_uri = metadata_uri or f"mem://cluster-{uuid.uuid4().hex[:12]}/ledgers"
         self.overrides = overrides
         self.servers: dict[int, BookieServer] = {}
@@ -41,9 +43,9 @@ class InProcessCluster:
         d = os.path.join(self.data_dir, f"bookie-{i}")
         port = self.ports.setdefault(i, free_port())
         values = dict(metadata_service_uri=self.metadata_uri, bookie_port=port, advertised_address="127.0.0.1",
-                      journal_dirs=[os.path.join(d, "journal")], ledger_dirs=[os.path.join(d, "ledgers")],
-                      flush_interval_ms=200, write_cache_max_size_bytes="16MiB",
-                      read_cache_max_size_bytes="16MiB", disk_check_interval_ms=1000,
+                      journal_dirs=[os.path.join(d, "journal")],
+                      ledger_dirs=ledger_dirs_of(d, self.ledger_dirs_per_bookie), flush_interval_ms=200,
+                      write_cache_max_size_bytes="16MiB", read_cache_max_size_bytes="16MiB", disk_check_interval_ms=1000,
                       http_server_port=0)
         values.update(self.overrides)
         values.update(extra)

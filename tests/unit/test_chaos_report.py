@@ -89,3 +89,30 @@ def test_a_run_is_kept_without_its_per_run_detail():
     assert "results" not in kept and kept["excused"] == run["excused"] and kept["runs"] == 2
     assert kept["failures"] == [{"seed": 6, "mode": "inprocess", "categories": ["inv1"], "faults": ["crash"],
                                  "first_failure": "inv1: lost", "replay": "python -m bk.testing.chaos --seed 6"}]
+
+
+def test_the_storage_draw_and_what_it_reached_are_summed_and_shown():
+    """runner.summarize sums each run's `reached` counters and splits runs by each storage draw
+    (storage.storage_table); the report shows both, and nothing for summaries without them."""
+    from bk.testing.chaos import report
+
+    def run(seed, ok, gc, throttled, duration):
+        return {"seed": seed, "ok": ok, "mode": "inprocess", "faults": [], "faults_applied": 0, "acked": 5,
+                "lost_excused": 0, "categories": [] if ok else ["inv1"], "duration_s": duration,
+                "storage": {"gc": gc, "small_logs": True, "small_cache": False, "two_dirs": gc, "journal": True,
+                            "deletes": 2, "deleted": 2},
+                "reached": {"gc_passes": 4 if gc else 0, "gc_ledgers_deleted": 2 if gc else 0,
+                            "adds_throttled": throttled, "entry_log_rotations": 3}}
+    results = [run(1, True, True, 0, 1.0), run(2, False, False, 7, 3.0), {**run(3, True, True, 1, 2.0), "reached": {}}]
+    summary = runner.summarize(results, 10.0, 3)
+    st = summary["storage"]
+    assert st["runs"] == 3 and st["reached_runs"] == 2 and st["client_deleted_ledgers"] == 6
+    assert st["reached"]["gc_passes"] == 4 and st["reached"]["adds_throttled"] == 7
+    assert st["runs_reaching"]["entry_log_rotations"] == 2 and st["runs_reaching"]["adds_throttled"] == 1
+    assert st["draws"]["gc on"] == {"runs": 2, "failed_runs": 0, "mean_run_s": 1.5}
+    assert st["draws"]["gc off"] == {"runs": 1, "failed_runs": 1, "mean_run_s": 3.0}
+    text = report.tables([("s.json", dict(summary, results=results, git_revision="abc", drawn_for=""))])
+    assert "| `s.json` | 6 | 4 (1) | 2 (1) |" in text
+    assert "| `s.json` | gc | 2 runs, 0 failed, 1.50 s | 1 runs, 1 failed, 3.00 s |" in text
+    old = {k: v for k, v in summary.items() if k != "storage"}
+    assert "storage reached" not in report.tables([("o.json", dict(old, results=results, drawn_for=""))])

@@ -35,6 +35,7 @@ import shutil
 import signal
 
 from bk.testing import breaks
+from bk.testing.cluster import ledger_dirs_of
 from bk.testing.inprocess import InProcessCluster, free_port
 from bk.testing.powerloss import install_index_model, simulate_power_loss
 from bk.testing.proxy import Proxy
@@ -62,6 +63,7 @@ class InProcessChaosCluster:
         self.count = bookies
         self.proxies: dict[int, Proxy] = {}
         self.paused: set[int] = set()
+        self.started: list = []  # every Bookie this cluster started, a restart's too (storage.reached)
         self._disk_faults = None
         # crash and restart of one bookie never overlap (a crash halts its storage in a thread)
         self._locks = {i: asyncio.Lock() for i in range(bookies)}
@@ -88,6 +90,7 @@ class InProcessChaosCluster:
                         port = self.inner.ports[i]
                         self.proxies[i] = await Proxy("127.0.0.2", port, "127.0.0.1", port).start()
                 await self.inner.start()
+                self.started += [server.bookie for server in self.inner.servers.values()]
                 return self
             except OSError as e:
                 if e.errno != errno.EADDRINUSE or attempt == 4:
@@ -178,7 +181,7 @@ class InProcessChaosCluster:
     async def _restart(self, i: int) -> None:
         for attempt in range(20):
             try:
-                await self.inner.start_bookie(i)
+                self.started.append((await self.inner.start_bookie(i)).bookie)
                 return
             except OSError as e:  # its port (its identity) taken meanwhile by someone else: wait
                 if e.errno != errno.EADDRINUSE or attempt == 19:
@@ -268,6 +271,7 @@ class ProcessChaosCluster:
         self.count = bookies
         self.paused: set[int] = set()
         self.servers: dict = {}  # in-process servers: none here
+        self.started: list = []  # Bookie objects: none in this process (storage.reached)
         self._locks = {i: asyncio.Lock() for i in range(bookies)}  # a kill never races a restart
 
     @property
@@ -361,7 +365,8 @@ class ProcessChaosCluster:
         async with self._locks[i]:
             if not self.alive(i) or i in self.paused:
                 return False
-            sock = os.path.join(self.data_dir_of(i), "ledgers", "admin.sock")
+            sock = os.path.join(ledger_dirs_of(self.data_dir_of(i), self.inner.ledger_dirs_per_bookie)[0],
+                                "admin.sock")
             try:
                 await asyncio.to_thread(admin_call, sock, "expire_metadata_session", 30.0)
             except AdminError:

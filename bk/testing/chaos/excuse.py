@@ -11,8 +11,10 @@ may have (verify.may_be_lost). The reasons, as the run's JSON names them:
   returned. A checkpoint flushes both write-cache halves as they were when it began (the
   pending one, then the active one it swaps out), fsyncs the entry log and syncs the index
   before it returns; one a crash interrupts fails at its next write (the crash gate) and raises,
-  so it is never counted. A durable entry stays durable: GC is off in these runs and a later
-  crash or power cut rolls back only what was not synced. Whatever the watch missed (a
+  so it is never counted. A durable entry stays durable: a correct GC moves a live entry only
+  by a copy made durable before the index switches to it (docs/GC.md; many runs run GC:
+  storage.py), and a later crash or power cut rolls back only what was not synced (a GC that
+  loses a live entry is what inv1 must catch, not excuse). Whatever the watch missed (a
   checkpoint before the watch was installed) only excuses more, never less.
   A bookie process is watched the same way from inside (`watch_from_env`, set up by the
   runner's process cluster through BK_TEST_STORAGE_WATCH): each storage instance it opens

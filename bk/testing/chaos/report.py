@@ -107,7 +107,7 @@ def _cluster_tables(runs: list[tuple[str, dict]]) -> list[str]:
     lines += ["", "Excused acknowledged entries of the plain runs, by reason:", "",
               _row(["excused reason", "acknowledged entries"]), _row(["---"] * 2)]
     lines += [_row([k, _n(n)]) for k, n in sorted(by_reason.items())] or [_row(["(none)", 0])]
-    return lines + _client_table(runs)
+    return lines + _client_table(runs) + _storage_tables(runs)
 
 
 def _client_table(runs: list[tuple[str, dict]]) -> list[str]:
@@ -127,6 +127,42 @@ def _client_table(runs: list[tuple[str, dict]]) -> list[str]:
         lines.append(_row([f"`{name}`", f"{_n(c['long_ledger_runs'])} ({_n(c.get('long_ledger_failed', 0))})",
                            _n(c.get("long_ledger_entries", 0)), f"{_n(c['tls_runs'])} ({_n(c.get('tls_failed', 0))})",
                            f"{_n(protocols.get('v2', 0))} / {_n(protocols.get('v3', 0))}", faults]))
+    return lines
+
+
+# storage.storage_table's counters, as the table names them (total, then runs reaching it)
+REACHED_COLUMNS = (("gc_passes", "GC passes"), ("gc_ledgers_deleted", "ledgers GC deleted"),
+                   ("gc_logs_deleted", "logs GC deleted"), ("gc_logs_compacted", "logs compacted"),
+                   ("entry_log_rotations", "entry-log rotations"), ("journal_rotations", "journal rotations"),
+                   ("adds_throttled", "adds finding the write cache full"),
+                   ("adds_rejected", "adds refused (cache still full)"))
+
+
+def _storage_tables(runs: list[tuple[str, dict]]) -> list[str]:
+    """What the bookies' storage reached in each summary's in-process runs (storage.reached) and
+    its runs split by each storage draw (summaries from before issue 28's storage draw have none)."""
+    drawn = [(name, d["storage"]) for name, d in runs if d.get("storage", {}).get("runs")]
+    if not drawn:
+        return []
+    lines = ["", "What the bookies' storage reached in those runs (in-process runs; each cell: the bookies'"
+             " counters summed, then the runs reaching it):", "",
+             _row(["summary", "ledgers the clients deleted"] + [title for _, title in REACHED_COLUMNS]),
+             _row(["---"] * (2 + len(REACHED_COLUMNS)))]
+    for name, st in drawn:
+        reached, reaching = st.get("reached", {}), st.get("runs_reaching", {})
+        lines.append(_row([f"`{name}`", _n(st.get("client_deleted_ledgers", 0))]
+                          + [f"{_n(reached.get(k, 0))} ({_n(reaching.get(k, 0))})" for k, _ in REACHED_COLUMNS]))
+    lines += ["", "The same runs split by each storage draw (runs, failed runs, mean run time):", "",
+              _row(["summary", "draw", "on", "off"]), _row(["---"] * 4)]
+    for name, st in drawn:
+        draws = st.get("draws", {})
+        for key in sorted({k.rsplit(" ", 1)[0] for k in draws}):
+            cells = []
+            for side in ("on", "off"):
+                c = draws.get(f"{key} {side}", {})
+                cells.append(f"{_n(c.get('runs', 0))} runs, {_n(c.get('failed_runs', 0))} failed,"
+                             f" {c.get('mean_run_s', 0):.2f} s")
+            lines.append(_row([f"`{name}`", key.replace("_", " "), *cells]))
     return lines
 
 

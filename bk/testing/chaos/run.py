@@ -42,6 +42,7 @@ from .excuse import BITFLIP, BOOKIE_REFUSED, JOURNAL_OFF_CRASH, JOURNAL_OFF_CRAS
     read_watch, watch_storage
 from .nemesis import KINDS
 from .scenario import INPROCESS, UNSYNCED_CUT_BREAKS, Scenario, stream
+from . import storage
 
 log = logging.getLogger(__name__)
 PASSWORD = b"chaos"
@@ -65,6 +66,8 @@ class RunResult:
     replay: str = ""
     describe: object = None  # what the run can say about its writers if it hangs
     clients: dict = field(default_factory=dict)  # the client side drawn: client_draws
+    storage: dict = field(default_factory=dict)  # the bookies' storage drawn (storage.py)
+    reached: dict = field(default_factory=dict)  # what their counters say the run reached (storage.reached)
 
     @property
     def excused_by_reason(self) -> dict[str, int]:
@@ -82,7 +85,8 @@ class RunResult:
                 "categories": self.categories, "faults": self.faults, "faults_applied": self.faults_applied,
                 "acked": self.acked, "lost_excused": self.lost_excused, "excused": self.excused,
                 "excused_by_reason": self.excused_by_reason, "duration_s": round(self.duration_s, 3),
-                "replay": self.replay, "clients": self.clients, **({} if self.ok else {"trace": self.trace})}
+                "replay": self.replay, "clients": self.clients, "storage": self.storage, "reached": self.reached,
+                **({} if self.ok else {"trace": self.trace})}
 
 
 def payload(seed: int, ledger: int, i: int, size: int) -> bytes:
@@ -113,6 +117,8 @@ def bookie_config(s: Scenario) -> dict:
     if s.mode != INPROCESS and s.autorecovery:
         # nothing can trigger the auditor's ledger check from outside a process: run it often
         values["auditor_periodic_check_interval_s"] = 1
+    # GC, deletes, small logs and caches, two ledger dirs: drawn from their own stream (storage.py)
+    values.update(storage.draw_storage(s.seed, s.draw_for).config())
     return values
 
 
@@ -144,6 +150,7 @@ class Chaos:
         self.recoverers: list[asyncio.Task] = []
         self.tailed: list[tuple[int, int, bytes]] = []  # (plan index, entry id, bytes) tailing readers read
         self.clients: list[BookKeeper] = []  # writers' clients, closed when the run ends
+        self.deleted: list[int] = []  # ledgers storage.deleter deleted for sure (never read back)
         # the client side (clients.py): each client's protocol, TLS, the writers a client fault acts on
         self.protocols: dict[str, str] = {}  # client role -> "v2" / "v3"
         self.tls_trust_store = ""  # the run's CA when the bookies serve TLS
@@ -436,18 +443,23 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
     for i in range(s.bookies):
         chaos.watch(i)
     result.describe = chaos.describe_writers
+    stored = storage.draw_storage(s.seed, s.draw_for)
     try:
         chaos.note(s.describe())
+        chaos.note(stored.describe())
         writers = asyncio.ensure_future(asyncio.gather(*(writer(chaos, p) for p in s.ledgers)))
         chaos.writing = writers
+        deleting = asyncio.ensure_future(storage.deleter(chaos, stored))
         tailers = [asyncio.ensure_future(tailer(chaos, k, writers)) for k in range(s.tailing_readers)]
         faults = [asyncio.ensure_future(chaos.run_fault(f)) for f in s.active_faults]
-        await asyncio.gather(writers, *faults, *tailers)
+        await asyncio.gather(writers, deleting, *faults, *tailers)
         await asyncio.gather(*chaos.recoverers)
         await chaos.heal_all()
         result.faults_applied = chaos.applied
         await verify(chaos, result)
+        await storage.check_deleted(chaos, result.failures)
     finally:
+        storage.record(chaos, stored, result)
         result.clients = client_draws(chaos)
         for c in chaos.clients:
             await c.close()

@@ -31,6 +31,7 @@ from .gc_runner import git_revision
 from .pool import run_supervised
 from .run import RUN_LIMIT_S, RunResult, run_scenario
 from .scenario import generate
+from .storage import storage_table
 
 REPLAYS = 3
 SHRINK_TRIES = 3
@@ -175,7 +176,8 @@ def summarize(results: list[dict], wall_s: float, total: int) -> dict:
                         for x in r.get("excused", [])],
             "categories": dict(Counter(c for r in failures for c in r["categories"])),
             "mean_run_s": round(sum(r["duration_s"] for r in results) / max(1, len(results)), 3),
-            "by_kind": table(results), "clients": client_table(results), "failures": failures}
+            "by_kind": table(results), "clients": client_table(results), "storage": storage_table(results),
+            "failures": failures}
 
 
 def client_table(results: list[dict]) -> dict:
