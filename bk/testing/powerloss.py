@@ -189,15 +189,17 @@ def _restore_in_place(path: str, copy: str, durable: int, tear: bool, rng: rando
     """A file written in place (fileio.track_in_place): bytes after its last fsynced data
     end get back what the copy (the file as last made durable whole) holds there: every
     write since the last fsync is lost, the zeros or old records under it come back. The
-    file's size is the copy's (its last fsynced size). With `tear`, part of the next page
-    of lost data survives, or garbage lands there."""
+    file's size is the copy's, or the last fsynced size when a fsynced write grew the file
+    past the copy (a FILE_END written at the preallocated end: chaos seed 70431). With
+    `tear`, part of the next page of lost data survives, or garbage lands there."""
     if not os.path.exists(copy):
         return
     with open(copy, "rb") as fh:
         old = fh.read()
+    size = max(len(old), durable)  # a fsynced write is durable wherever it lands
     with open(path, "r+b") as fh:
         now = fh.read()
-        if now[:durable] + old[durable:] == now and len(now) == len(old):
+        if now[:durable] + old[durable:] == now and len(now) == size:
             return
         page_end = (durable // PAGE_BYTES + 1) * PAGE_BYTES
         out = bytearray(now[:durable] + old[durable:])
@@ -211,7 +213,7 @@ def _restore_in_place(path: str, copy: str, durable: int, tear: bool, rng: rando
             report.torn.append(path)
         fh.seek(0)
         fh.write(out)
-        fh.truncate(len(old))
+        fh.truncate(size)
     report.truncated[path] = (len(now), durable)
 
 

@@ -144,3 +144,25 @@ def test_an_index_commit_survives_a_cut_only_once_synced(tmp_path, track, index_
         assert bool(report.index_rolled_back) is (not index_sync)
     finally:
         index.close()
+
+
+def test_an_in_place_file_keeps_a_synced_write_past_its_preallocated_end(tmp_path, track):
+    """Chaos seed 70431 (64 KiB journals, a whole-cluster power cut): a format 2 journal file
+    filled to its preallocated end got its FILE_END written past that end and fsynced, then the
+    next file was created; the model put back the in-place copy's length and cut the durable
+    FILE_END, so three bookies refused to start ("end of the data ... without its end record,
+    and later journal files exist"). A fsynced write is durable wherever it lands."""
+    d = tmp_path / "disk" / "journal"
+    fileio.ensure_dir(str(d))
+    f = fileio.DurableFile(str(d / "1.txn"))
+    f.write(bytes(4096))  # preallocated zeros, durable
+    f.fsync()
+    f.size = 0  # written in place from here
+    fileio.track_in_place(f.path, 0)
+    f.write(b"r" * 4096)  # fills the preallocated space
+    f.write(b"E" * 100)  # past its end (the file grows)
+    f.fsync()
+    f.write(b"u" * 50)  # never synced
+    f.close()
+    _cut(track, tmp_path / "disk")
+    assert (d / "1.txn").read_bytes() == b"r" * 4096 + b"E" * 100
