@@ -92,3 +92,30 @@ def test_two_ledger_dirs_lie_under_the_paths_every_bookie_fault_covers(tmp_path)
     assert set(two) <= set(cluster.bookie_dirs(0))
     assert cluster.config(0).resolved_index_dir.startswith(two[0])
     assert LocalCluster(str(tmp_path), ledger_dirs_per_bookie=2).bookie_config(0, 1234)["ledger_dirs"] == two
+
+
+def _logs_per_dir(dirs) -> list[int]:
+    from bk.entrylog.logger import EntryLogger
+    from bk.formats.entrylog import log_dir
+    el = EntryLogger(dirs, load_config(env={}, overrides={"entry_log_size_limit_bytes": 64 * 1024}))
+    for i in range(40):  # 40 entries of 8 KiB: a rotation every 7 or so
+        el.add_entries([(7).to_bytes(8, "big") + i.to_bytes(8, "big") + bytes(8192)])
+    el.close()
+    return [len([n for n in os.listdir(log_dir(d)) if n.endswith(".log")]) for d in dirs]
+
+
+def test_two_dirs_on_one_filesystem_each_get_entry_logs_as_two_disks_would(tmp_path):
+    """Both chaos ledger dirs lie on one filesystem: plain, every log lands in the first (same free
+    space, the first wins); with SeparateDisks (installed by an in-process run with two dirs)
+    each dir counts what its logs hold, and new logs alternate."""
+    from bk.entrylog import logger
+    plain = _logs_per_dir([str(tmp_path / "a" / "0"), str(tmp_path / "a" / "1")])
+    assert plain[0] > 1 and plain[1] == 0
+    before = logger._dir_space
+    storage.SeparateDisks.install()
+    try:
+        separate = _logs_per_dir([str(tmp_path / "b" / "0"), str(tmp_path / "b" / "1")])
+    finally:
+        storage.SeparateDisks.uninstall()
+    assert min(separate) >= 2 and abs(separate[0] - separate[1]) <= 1
+    assert logger._dir_space is before  # uninstalled

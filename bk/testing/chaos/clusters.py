@@ -17,6 +17,9 @@ directions and delivers them late, as a resumed process would), proxy(i) (the sa
 rule API for both), expire_session(i) (in-process), data_dir_of(i), alive(i), heal_network(), and
 disk_faults (bk.testing.diskfaults: DiskFaults in-process, a DiskFaultControl file the
 bookie processes read): fail(op, errno, path_prefix, count), full_disk(path), heal(rule).
+A bookie's files all lie under data_dir_of(i), its ledger dirs (one, or two: the storage draw's
+`ledger_dirs_per_bookie`, bk.testing.cluster.ledger_dirs_of) under its `ledgers`, so a power cut
+of data_dir_of(i), a disk fault on `ledgers` and the crash gate (the config's dirs) cover them all.
 
 Power loss in-process. The crash is abrupt (crash_bookie's crash gate: from the instant of
 the cut no write, fsync, rename, unlink or index commit of the bookie reaches its disk), so
@@ -40,6 +43,7 @@ from bk.testing.inprocess import InProcessCluster, free_port
 from bk.testing.powerloss import install_index_model, simulate_power_loss
 from bk.testing.proxy import Proxy
 from .excuse import WATCH_ENV, watch_files
+from .storage import SeparateDisks
 
 log = logging.getLogger(__name__)
 TRACK_ENV = "BK_FSYNC_TRACK_FILE"
@@ -65,6 +69,9 @@ class InProcessChaosCluster:
         self.paused: set[int] = set()
         self.started: list = []  # every Bookie this cluster started, a restart's too (storage.reached)
         self._disk_faults = None
+        self._separate_disks = overrides.get("ledger_dirs_per_bookie", 1) > 1
+        if self._separate_disks:  # new entry logs alternate between the dirs (storage.SeparateDisks)
+            SeparateDisks.install()
         # crash and restart of one bookie never overlap (a crash halts its storage in a thread)
         self._locks = {i: asyncio.Lock() for i in range(bookies)}
 
@@ -239,6 +246,8 @@ class InProcessChaosCluster:
             from bk.testing.diskfaults import DiskFaults
             DiskFaults.uninstall()  # back to zero cost for the next run
             self._disk_faults = None
+        if self._separate_disks:
+            SeparateDisks.uninstall()
         if self._old_track is None:
             os.environ.pop(TRACK_ENV, None)
         else:

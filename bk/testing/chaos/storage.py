@@ -21,7 +21,8 @@ faults, placement) is what it was before the draw existed. Per seed:
   `write_cache_full_wait_ms` (5 ms-2 s) are refused with ETOOMANYREQUESTS (50%);
 - two ledger directories per bookie (50%: bk.testing.cluster.ledger_dirs_of puts both under
   `<bookie>/ledgers`, so a disk fault on the ledger dirs, a power cut of the bookie's
-  directory, the crash gate (its config's ledger_dirs) and a bit flip cover both).
+  directory, the crash gate (its config's ledger_dirs) and a bit flip cover both; in-process,
+  SeparateDisks makes new entry logs alternate between them).
 The deleted ledgers are never read back; the plan's ledgers are checked as always (inv1:
 every acknowledged entry still read, which is what catches a GC that deletes live data).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import asdict, dataclass
 
 from bk.errors import BKError, NoSuchLedgerMetadataError
@@ -211,6 +213,45 @@ def record(chaos, plan: StoragePlan, result) -> None:
     result.reached = reached(started) if started else {}
 
 
+# ------------------------------------------------------------ two ledger dirs, two disks
+class SeparateDisks:
+    """Two ledger dirs on one filesystem (/dev/shm) report the same free space, so the entry
+    logger (which opens each new log in the dir with the most free space) would put every log in
+    the first. While installed (an in-process run with two dirs: InProcessChaosCluster), each
+    ledger dir looks like a disk of its own: the filesystem's free space less what that dir's
+    logs hold, so new logs alternate between the dirs and GC, compaction, the start-up log check
+    and the faults meet logs in both. Through the entry logger's test seam (`_dir_space`);
+    a full disk (bk.testing.diskfaults) still reports itself. Bookie processes keep the plain
+    choice (their logs stay in the first dir)."""
+
+    _installed: "SeparateDisks | None" = None
+
+    def __init__(self):
+        from bk.entrylog import logger
+        self._logger = logger
+        self._plain = logger._dir_space
+
+    def space(self, path: str):
+        usage = self._plain(path)
+        try:
+            used = sum(e.stat().st_size for e in os.scandir(path) if e.is_file(follow_symlinks=False))
+        except OSError:
+            return usage
+        return usage._replace(free_bytes=max(0, usage.free_bytes - used))
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed is None:
+            cls._installed = cls()
+            cls._installed._logger._dir_space = cls._installed.space
+
+    @classmethod
+    def uninstall(cls) -> None:
+        if cls._installed is not None:
+            cls._installed._logger._dir_space = cls._installed._plain
+            cls._installed = None
+
+
 # ------------------------------------------------------------ what the run reached
 REACHED_KEYS = ("gc_passes", "gc_ledgers_deleted", "gc_logs_deleted", "gc_logs_compacted", "compaction_runs",
                 "entry_log_rotations", "journal_rotations", "adds_throttled", "adds_rejected", "checkpoints")
@@ -267,4 +308,4 @@ def storage_table(results: list[dict]) -> dict:
             "draws": draws}
 
 
-__all__ = ["DRAWS", "REACHED_KEYS", "StoragePlan", "check_deleted", "deleter", "draw_storage", "reached", "record", "storage_table"]
+__all__ = ["DRAWS", "SeparateDisks", "REACHED_KEYS", "StoragePlan", "check_deleted", "deleter", "draw_storage", "reached", "record", "storage_table"]
