@@ -487,3 +487,49 @@ def test_journal_off_crashes_of_bookie_processes_are_judged_from_their_watch_fil
     assert [len(w.stored_at) for w in chaos.watches[0]] == [1, 1]
     assert chaos.excuses(7, 0) == {0: "journal-off-crash"}
     assert chaos.durable_on(1, 7, 0) and not chaos.durable_on(0, 7, 0)
+
+
+def _replication_verdict(monkeypatch, copied_after: int | None) -> tuple[list[str], int]:
+    """Ledger 7 (3/2/1) on bookies 0-2 of four live ones (movable), entry 0 lost for real (its
+    replicas are bookies 0 and 1), bookie 2 lacking the last entry of its share until the
+    AutoRecovery worker has copied it: after `copied_after` probes (None: never)."""
+    from bk.meta.memory import InMemoryStore
+    chaos, md = _chaos(journal=True), _md(aq=1)
+    share = [e for e in range(10) if BOOKIES[2] in verify.write_set(md, e)]
+    assert 0 not in share
+    digest = DigestManager(7, "CRC32C", PASSWORD)
+    probes = [0]
+
+    def answers(bookie, entry_id):
+        if (bookie, entry_id) == (BOOKIES[2], share[-1]):
+            probes[0] += 1
+            if copied_after is None or probes[0] <= copied_after:
+                return None
+        return digest.frame_entry(entry_id, entry_id - 1, 1, b"x")
+
+    async def main():
+        bkc = types.SimpleNamespace(
+            registration=types.SimpleNamespace(writable_bookies=lambda: _coro(BOOKIES + ["127.0.0.1:4999"])),
+            get_ledger_metadata=lambda lid: _coro(md), store=InMemoryStore(),
+            pool=types.SimpleNamespace(get=lambda b: _Client(b, answers)))
+        out: list[str] = []
+        await verify._check_replication(chaos, bkc, [7], {7: {0}}, out)
+        return out
+
+    monkeypatch.setattr(verify, "PROCESS_AUDIT_WAIT_S", 0.0)
+    monkeypatch.setattr(verify, "REPLICATION_WAIT_S", 1.0)
+    return asyncio.run(main()), probes[0]
+
+
+def test_a_ledger_that_lost_entries_for_real_gets_time_to_have_its_other_shares_copied(monkeypatch):
+    """Seed 60435 (journal off, AQ 1): a ledger with entries lost for real keeps its marker, so the
+    wait for markers skipped it and its other shares were judged at once, 1 s after the heal,
+    before the worker had copied a hole of another segment: a false failure. Now they get the
+    same deadline as the others; the copy arrives, nothing is found."""
+    out, probes = _replication_verdict(monkeypatch, copied_after=2)
+    assert out == [] and probes > 2
+
+
+def test_a_share_never_copied_is_still_a_failure(monkeypatch):
+    out, _ = _replication_verdict(monkeypatch, copied_after=None)
+    assert len(out) == 1 and out[0].startswith("replication: ledger 7") and BOOKIES[2] in out[0], out

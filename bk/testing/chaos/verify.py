@@ -333,13 +333,23 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: dict[int,
     gone = {chaos.cluster.bookie_id(i) for i in chaos.refused}
     for lid in lids:
         md = await bkc.get_ledger_metadata(lid)
-        found = await checker.check(lid, md)
-        bad, allowed = [], []
-        for first, bookie in sorted(found.missing_shares):
-            missing, share = await _share_ends_missing(checker, md, lid, first, bookie)
-            why = judge_missing(chaos, lid, bookie, missing, share=share, lost=really_lost.get(lid, set()),
-                                stuck=lid in stuck)
-            (allowed if why else bad).append(f"{bookie} (segment {first}, entries {missing}{': ' + why if why else ''})")
+        while True:
+            found = await checker.check(lid, md)
+            bad, allowed = [], []
+            for first, bookie in sorted(found.missing_shares):
+                missing, share = await _share_ends_missing(checker, md, lid, first, bookie)
+                why = judge_missing(chaos, lid, bookie, missing, share=share, lost=really_lost.get(lid, set()),
+                                    stuck=lid in stuck)
+                (allowed if why else bad).append(
+                    f"{bookie} (segment {first}, entries {missing}{': ' + why if why else ''})")
+            # A ledger that lost entries for real keeps its marker (the wait above skips it), and
+            # its worker copies one share at a time: its other shares may still be on their way
+            # (seed 60435: checked 1 s after the heal, a hole in segment 0 not yet copied). Wait
+            # for them within the same deadline; one still missing then is a failure.
+            if not bad or lid not in really_lost or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+            md = await bkc.get_ledger_metadata(lid)
         named = md.bookies() & gone if lid not in stuck and lid not in really_lost else set()
         if allowed:
             chaos.note(f"ledger {lid}: shares left lacking, allowed: {'; '.join(allowed)}")
