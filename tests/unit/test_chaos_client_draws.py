@@ -162,3 +162,5 @@ def test_the_summary_counts_the_client_side():
                      "max_entries": 2000, "tls_runs": 2, "tls_failed": 1, "protocols": {"v2": 2, "v3": 2},
                      "client_faults": {"recover-race": {"runs": 1, "faults": 2, "failed_runs": 1},
                                        "writer-crash": {"runs": 1, "faults": 1, "failed_runs": 0}}}
+    recorded = runner.client_table([run(4, True, long_ledger=True, acked=[9, 1500])])
+    assert recorded["long_ledger_acked"] == 1500 and recorded["long_ledger_entries"] == 2000

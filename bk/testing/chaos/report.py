@@ -118,14 +118,16 @@ def _client_table(runs: list[tuple[str, dict]]) -> list[str]:
         return []
     lines = ["", "The client side those runs drew (long ledger: 1,000-4,000 entries; clients: every writer,"
              " tailing reader, recoverer and checker):", "",
-             _row(["summary", "long-ledger runs (failed)", "entries in long ledgers", "TLS runs (failed)",
+             _row(["summary", "long-ledger runs (failed)", "long-ledger entries: planned (acknowledged)",
+                   "TLS runs (failed)",
                    "clients v2 / v3", "client faults: runs with it (failed)"]), _row(["---"] * 6)]
     for name, c in drawn:
         protocols = c.get("protocols", {})
         faults = ", ".join(f"{k} {_n(v.get('runs', 0))} ({_n(v.get('failed_runs', 0))})"
                            for k, v in sorted(c.get("client_faults", {}).items())) or "-"
         lines.append(_row([f"`{name}`", f"{_n(c['long_ledger_runs'])} ({_n(c.get('long_ledger_failed', 0))})",
-                           _n(c.get("long_ledger_entries", 0)), f"{_n(c['tls_runs'])} ({_n(c.get('tls_failed', 0))})",
+                           f"{_n(c.get('long_ledger_entries', 0))} ({_n(c.get('long_ledger_acked', '-'))})",
+                           f"{_n(c['tls_runs'])} ({_n(c.get('tls_failed', 0))})",
                            f"{_n(protocols.get('v2', 0))} / {_n(protocols.get('v3', 0))}", faults]))
     return lines
 

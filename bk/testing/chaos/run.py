@@ -470,7 +470,9 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
 def client_draws(chaos: Chaos) -> dict:
     """What the run drew for its client side, for its JSON (runner.py sums it)."""
     s = chaos.s
-    return {"entries": [p.entries for p in s.ledgers], "long_ledger": any(p.long for p in s.ledgers),
+    acked = [len(chaos.history.acknowledged(chaos.ledgers[p.index])) if p.index in chaos.ledgers else 0
+             for p in s.ledgers]
+    return {"entries": [p.entries for p in s.ledgers], "acked": acked, "long_ledger": any(p.long for p in s.ledgers),
             "tls": s.tls, "protocols": dict(sorted(chaos.protocols.items())),
             "client_faults": [f.kind for f in s.active_faults if KINDS[f.kind].group == "client"]}
 

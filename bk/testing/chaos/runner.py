@@ -197,7 +197,10 @@ def client_table(results: list[dict]) -> dict:
             "tls_failed": sum(bool(c.get("tls")) and not r["ok"] for r, c in drawn),
             "protocols": dict(sorted(sum((Counter(c.get("protocols", {}).values()) for _, c in drawn),
                                          Counter()).items())),
-            "client_faults": {k: dict(v) for k, v in sorted(faults.items())}}
+            "client_faults": {k: dict(v) for k, v in sorted(faults.items())},
+            # acknowledged entries of the long ledgers (a run's last ledger), when every run recorded them
+            **({"long_ledger_acked": sum(c["acked"][-1] for _, c in long_runs)}
+               if all(c.get("acked") for _, c in long_runs) else {})}
 
 
 def run_many(seeds, options: dict, *, jobs: int = 1, json_path: str | None = None, progress=True,
