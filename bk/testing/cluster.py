@@ -208,7 +208,8 @@ class LocalCluster:
         values = dict(metadata_service_uri=self.metadata_uri, bookie_port=port, advertised_address="127.0.0.1",
                       journal_dirs=[os.path.join(d, "journal")],
                       ledger_dirs=ledger_dirs_of(d, self.ledger_dirs_per_bookie), flush_interval_ms=1000,
-                      write_cache_max_size_bytes="32MiB", read_cache_max_size_bytes="32MiB", autorecovery_enabled=self.autorecovery)
+                      write_cache_max_size_bytes="32MiB", read_cache_max_size_bytes="32MiB",
+                      autorecovery_enabled=self.autorecovery)
         values.update(self.overrides)
         return values
 

@@ -45,8 +45,8 @@ class InProcessCluster:
         values = dict(metadata_service_uri=self.metadata_uri, bookie_port=port, advertised_address="127.0.0.1",
                       journal_dirs=[os.path.join(d, "journal")],
                       ledger_dirs=ledger_dirs_of(d, self.ledger_dirs_per_bookie), flush_interval_ms=200,
-                      write_cache_max_size_bytes="16MiB", read_cache_max_size_bytes="16MiB", disk_check_interval_ms=1000,
-                      http_server_port=0)
+                      write_cache_max_size_bytes="16MiB", read_cache_max_size_bytes="16MiB",
+                      disk_check_interval_ms=1000, http_server_port=0)
         values.update(self.overrides)
         values.update(extra)
         return load_config(overrides=values, env={})

@@ -13,7 +13,8 @@ from bk.testing.cluster import LocalCluster, ledger_dirs_of
 from bk.testing.inprocess import InProcessCluster
 
 SEEDS = range(1, 1001)
-STORAGE_KEYS = {"ledger_dirs_per_bookie", "gc_wait_time_ms", "minor_compaction_threshold", "minor_compaction_interval_s",
+STORAGE_KEYS = {"ledger_dirs_per_bookie", "gc_wait_time_ms", "minor_compaction_threshold",
+                "minor_compaction_interval_s",
                 "major_compaction_threshold", "major_compaction_interval_s", "compaction_rate_bytes_per_s",
                 "entry_log_size_limit_bytes", "journal_max_size_bytes", "write_cache_max_size_bytes",
                 "write_cache_full_wait_ms"}

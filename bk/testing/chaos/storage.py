@@ -126,8 +126,8 @@ def draw_storage(seed: int, draw_for: str = "") -> StoragePlan:
     if draw_for in UNSYNCED_CUT_BREAKS:
         gc = small_cache = False
         deletes = 0
-    return StoragePlan(gc, gc_wait, minor, major, major_every, small_logs, log_limit, journal_max, small_cache, cache, full_wait,
-                       dirs, deletes, (entries_lo, entries_lo + 20), (lo, lo + 4000), window)
+    return StoragePlan(gc, gc_wait, minor, major, major_every, small_logs, log_limit, journal_max, small_cache, cache,
+                       full_wait, dirs, deletes, (entries_lo, entries_lo + 20), (lo, lo + 4000), window)
 
 
 # ------------------------------------------------------------ the deleted ledgers
@@ -144,7 +144,7 @@ async def deleter(chaos, plan: StoragePlan) -> None:
     bookies = chaos.s.bookies
     async with BookKeeper(chaos.cluster.metadata_uri, **client_options(chaos, "deleter")) as bkc:
         for k in range(plan.deletes):
-            e = rng.choice([k for k in (2, 3) if k < bookies] or [2])
+            e = rng.choice([n for n in (2, 3) if n < bookies] or [2])  # a spare bookie left
             wq = rng.randint(2, e)
             entries = rng.randint(*plan.delete_entries)
             sizes = [rng.randint(*plan.delete_entry_bytes) for _ in range(entries)]
@@ -304,8 +304,9 @@ def storage_table(results: list[dict]) -> dict:
                 "runs": len(rs), "failed_runs": sum(not r["ok"] for r in rs),
                 "mean_run_s": round(sum(r["duration_s"] for r in rs) / max(1, len(rs)), 3)}
     return {"runs": len(drawn), "reached_runs": sum(bool(r.get("reached")) for r in drawn), "reached": total,
-            "runs_reaching": runs_reaching, "client_deleted_ledgers": sum(r["storage"].get("deleted", 0) for r in drawn),
-            "draws": draws}
+            "runs_reaching": runs_reaching,
+            "client_deleted_ledgers": sum(r["storage"].get("deleted", 0) for r in drawn), "draws": draws}
 
 
-__all__ = ["DRAWS", "SeparateDisks", "REACHED_KEYS", "StoragePlan", "check_deleted", "deleter", "draw_storage", "reached", "record", "storage_table"]
+__all__ = ["DRAWS", "REACHED_KEYS", "SeparateDisks", "StoragePlan", "check_deleted", "deleter", "draw_storage",
+           "reached", "record", "storage_table"]
