@@ -50,7 +50,12 @@ def _explain(summary: dict) -> str:
                      for r in summary["failures"])
 
 
-@pytest.mark.timeout(240)
+# Above the runner's own limits: a run past its limit (60 s in-process, 240 s processes) is
+# cancelled and reported with every task's stack, and a worker silent for 300 s (the pool's
+# hang_s) is reported with its threads' stacks; pytest's timeout would show only this test
+# waiting on the pool (a CI run, 3a18dd5, timed out at 240 s that way, with nothing to read).
+# About 45 s on a quiet host, 66 s beside three busy loops.
+@pytest.mark.timeout(600)
 def test_fixed_seeds_keep_every_invariant():
     inprocess, process = INPROCESS_SEEDS + REGRESSION_SEEDS, PROCESS_SEEDS + REGRESSION_PROCESS_SEEDS
     assert all(generate(s).mode == PROCESS for s in process)
