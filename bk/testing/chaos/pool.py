@@ -24,6 +24,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 TASKS_PER_WORKER = 200
+DRAIN_S = 10.0  # how long the last messages of a worker that exited normally may take to be read
 
 
 def _worker_main(wid: int, tasks, results, options: dict, run_one, limit: int, dump_path: str,
@@ -54,6 +55,13 @@ class _Slot:
         self.started = 0.0
         self.given = 0
         self.limit = limit
+        self._exited_at: float | None = None
+
+    def exited_at(self, now: float) -> float:
+        """When the supervisor first saw this worker's process gone."""
+        if self._exited_at is None:
+            self._exited_at = now
+        return self._exited_at
 
     def give(self, seed: int | None) -> None:
         self.seed, self.started = seed, time.monotonic()
@@ -127,6 +135,13 @@ def run_supervised(seeds: Iterable[int], options: dict, *, jobs: int, run_one, h
                                   f"hang: the run was still going {hang_s:g}s after it started (worker killed)",
                                   stacks.splitlines()[-200:])
                 elif not slot.proc.is_alive() and slot.wid in slots:
+                    if slot.seed is not None and slot.proc.exitcode == 0 and now - slot.exited_at(now) < DRAIN_S:
+                        # A worker that left normally put its last "done" and "exit" before it
+                        # exited: they may still be queued behind other workers' messages. Read
+                        # on; only a seed still unanswered after DRAIN_S is the worker's failure
+                        # (before, its finished seed was called a harness failure and its real
+                        # result dropped: seed 81867 of a 10-job run).
+                        continue
                     seed = slot.seed
                     retire(slot, kill=False)
                     if seed is not None:
