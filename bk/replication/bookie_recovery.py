@@ -223,6 +223,9 @@ class BookieRecovery:
             return LedgerResult(ledger_id, "deleted", None, outcome)
         if outcome.skipped_open:
             return LedgerResult(ledger_id, "skipped-open", None, outcome)
+        if outcome.errors:  # the shares that could be copied were; these could not
+            return LedgerResult(ledger_id, "failed", "; ".join(f"segment at entry {first}: {why}"
+                                                                for first, _, why in outcome.errors), outcome)
         if outcome.left:
             why = (f"target {target} is already in the segment" if target is not None
                    else "no writable bookie outside the segment")

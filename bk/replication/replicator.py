@@ -285,6 +285,7 @@ class LedgerOutcome:
     deleted: bool = False  # the ledger was deleted meanwhile
     skipped_open: bool = False  # an open ledger left alone (skip_open)
     left: list[tuple[int, str]] = field(default_factory=list)  # (segment first entry, lost bookie) not done
+    errors: list[tuple[int, str, str]] = field(default_factory=list)  # (first entry, bookie, why) copies that failed
 
     @property
     def bytes(self) -> int:
@@ -423,7 +424,9 @@ class LedgerReplicator:
         `choose_target(metadata, segment_index, lost_bookie)` names the target, or None to leave that
         one (it is reported in `left`). `shares`, when given, limits the work to those (segment first
         entry, bookie) pairs: a bookie that lacks entries of one segment keeps the segments it holds
-        whole. A ledger deleted meanwhile counts as done."""
+        whole. A share whose copy fails (an entry no replica can give, a refusing target) is
+        recorded in `errors` and stays in `left`; the other shares are still copied. A ledger
+        deleted meanwhile counts as done."""
         lost = set(lost)
 
         def wanted(first: int, bookie: str) -> bool:
@@ -449,8 +452,18 @@ class LedgerReplicator:
                 target = choose_target(md, index, bookie)
                 if target is None:
                     continue
-                outcome.segments.append(await self.replicate_segment(ledger_id, md, index, bookie, target, lost,
-                                                                     on_bytes))
+                try:
+                    outcome.segments.append(await self.replicate_segment(ledger_id, md, index, bookie, target,
+                                                                         lost, on_bytes))
+                except NoSuchLedgerMetadataError:
+                    raise
+                except BKError as e:
+                    # As BookKeeper's ReplicationWorker goes on to the next fragment: a share that
+                    # cannot be copied now (an entry no replica can give, a refusing target) must
+                    # not keep the ledger's other shares under-replicated. It stays in `left`.
+                    log.warning("ledger %d: segment at %d: copying the share of %s failed: %s", ledger_id, first,
+                                bookie, e)
+                    outcome.errors.append((first, bookie, str(e)))
                 md, _ = await self.bk.ledger_manager.read_ledger_metadata(ledger_id)
             outcome.left = [(first, b) for first, ensemble in md.segments for b in ensemble if wanted(first, b)]
         except NoSuchLedgerMetadataError:

@@ -176,7 +176,14 @@ class ReplicationWorker:
                 self._defer(ledger_id)
                 log.warning("replication worker %s: ledger %d: %s; will retry", self.bookie_id, ledger_id, e)
                 return
-            metrics.REREPLICATE.success((time.monotonic() - started) * 1000.0)
+            if outcome.errors:  # shares that could not be copied now (the others were): a failure too
+                self.failures += 1
+                metrics.REPLICATION_EXCEPTIONS.inc()
+                metrics.REREPLICATE.failure((time.monotonic() - started) * 1000.0)
+                log.warning("replication worker %s: ledger %d: %s; will retry", self.bookie_id, ledger_id,
+                            "; ".join(f"segment at {first}, {bookie}: {why}" for first, bookie, why in outcome.errors))
+            else:
+                metrics.REREPLICATE.success((time.monotonic() - started) * 1000.0)
             self.segments_replicated += len(outcome.segments)
             self.bytes_replicated += outcome.bytes
             metrics.REPLICATION_NUM_BYTES_WRITTEN.inc(outcome.bytes)

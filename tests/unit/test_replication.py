@@ -93,6 +93,22 @@ async def raw_entries_ok(bkc, ledger_id: int, expected: list[bytes]) -> None:
             assert bytes(got) == payload
 
 
+async def two_segment_ledger(cluster, bkc, n: int, seed: int):
+    """A closed E3/WQ2/AQ2 ledger of n entries whose first bookie failed adds halfway, so it has two
+    segments; the second bookie of the first ensemble (returned as `victim`) is in both."""
+    lh = await bkc.create_ledger(3, 2, 2, password=b"pw")
+    bkc.placement.rng = random.Random(0)
+    data = payloads(n, seed)
+    await asyncio.gather(*(lh.add_entry(x) for x in data[:n // 2]))
+    failing, victim = lh.ensemble[0], lh.ensemble[1]
+    cluster.by_id(failing).add_hook = lambda req: int(StatusCode.EIO)
+    await asyncio.gather(*(lh.add_entry(x) for x in data[n // 2:]))
+    await lh.close()
+    cluster.by_id(failing).add_hook = None
+    assert len(lh.metadata.segments) == 2 and all(victim in ens for _, ens in lh.metadata.segments)
+    return lh, data, victim
+
+
 async def check_recovered(bkc, ledger_id, expected, lost, *, last_entry_id=None):
     md = await bkc.get_ledger_metadata(ledger_id)
     assert lost not in md.bookies()
@@ -137,19 +153,8 @@ async def test_recover_with_a_target_only_one_ledger_and_a_multi_segment_ledger(
     async with FakeCluster(5) as cluster, BookKeeper(cluster.metadata_uri, add_timeout_s=2) as bkc:
         a, b, c, d, t = [x.bookie_id for x in cluster.bookies]
         # a ledger with two segments, both with b: a fails mid-stream and is replaced by d
-        lh = await bkc.create_ledger(3, 2, 2, password=b"pw")
-        bkc.placement.rng = random.Random(0)
-        data = payloads(80, 5)
-        await asyncio.gather(*(lh.add_entry(x) for x in data[:40]))
-        first_ensemble = lh.ensemble
-        victim = first_ensemble[1]
-        failing = first_ensemble[0]
-        cluster.by_id(failing).add_hook = lambda req: int(StatusCode.EIO)
-        await asyncio.gather(*(lh.add_entry(x) for x in data[40:]))
-        await lh.close()
-        cluster.by_id(failing).add_hook = None
+        lh, data, victim = await two_segment_ledger(cluster, bkc, 80, 5)
         md = lh.metadata
-        assert len(md.segments) == 2 and all(victim in ens for _, ens in md.segments)
         other, _ = await write_ledger(bkc, 10, ensemble=[victim] + [x for x in (a, c, d) if x != victim][:2], seed=3)
         target = next(x for x in (a, b, c, d, t) if x not in md.bookies())
         await cluster.kill(cluster.by_id(victim))
@@ -212,6 +217,33 @@ async def test_an_unreadable_entry_fails_that_ledger_only_and_changes_nothing():
         assert await bkc.ledger_manager.read_ledger_metadata(doomed.ledger_id) == before
         assert summary.by_status("recovered") == [fine.ledger_id]
         await check_recovered(bkc, fine.ledger_id, data, ids[0], last_entry_id=9)
+
+
+@run_async
+async def test_a_share_that_cannot_be_copied_does_not_keep_the_ledgers_other_shares_from_being_copied():
+    """The lost bookie is in both segments of a ledger; one entry of its share in the first has no
+    readable copy left. Before, that copy's failure ended the whole ledger's repair, so the second
+    segment kept naming the lost bookie (a worker retried the same first share forever); as
+    BookKeeper's ReplicationWorker goes on to the next fragment, the second share is now copied and
+    only the first is left, with its error."""
+    async with FakeCluster(5) as cluster, BookKeeper(cluster.metadata_uri, add_timeout_s=2, read_timeout_s=2) as bkc:
+        lh, data, victim = await two_segment_ledger(cluster, bkc, 60, 7)
+        md = lh.metadata
+        # one entry of the victim's share in segment 0: its other copy corrupt, so nothing can give it
+        def write_set(e):
+            ensemble = md.ensemble_for(e)
+            return [ensemble[(e + i) % md.ensemble_size] for i in range(md.write_quorum_size)]
+        second = md.segments[1][0]
+        entry = next(e for e in range(second) if victim in write_set(e))
+        (other,) = [b for b in write_set(entry) if b != victim]
+        cluster.by_id(other).corrupt(lh.ledger_id, entry)
+        await cluster.kill(cluster.by_id(victim))
+        summary = await BookieRecovery(bkc).recover(victim, ledger_id=lh.ledger_id)
+        new = await bkc.get_ledger_metadata(lh.ledger_id)
+        assert victim in new.segments[0][1] and victim not in new.segments[1][1]  # before: in both
+        (failed,) = summary.failed
+        assert "segment at entry 0" in failed.error and "no replica could be read" in failed.error
+        assert failed.outcome.left == [(0, victim)] and len(failed.outcome.segments) == 1
 
 
 @run_async
