@@ -14,7 +14,9 @@ Phases of a run:
    adds in flight), or lives on (keeps its handle; its next add must fail);
 4. heal everything, then verify (verify.py).
 A harness exception or a run over its time limit is a failure too (`harness`,
-`timeout`): a hang is a liveness bug until shown otherwise.
+`timeout`): a hang is a liveness bug until shown otherwise. So is a call into the run's
+event loop from another thread (`thread`, bk.testing.loopcheck): it breaks things later and
+at random (seed 62830), so it is caught where it happens.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from bk.client import BookKeeper
 from bk.client.placement import EnsemblePlacementPolicy
 from bk.errors import BKError, NotEnoughBookiesError
 from bk.testing.history import History
+from bk.testing.loopcheck import checked_loop_factory
 
 from .clients import CrashableHandle, client_options, route_client, stop_routes, tls_config
 from .clusters import BookieStartError, InProcessChaosCluster, ProcessChaosCluster
@@ -515,7 +518,6 @@ async def _watched(coro, limit_s: float, result: RunResult):
 def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, keep_dir: bool = False,
                  time_limit_s: float | None = None) -> RunResult:
     """Run one scenario in a fresh event loop; never raises for what the run finds."""
-    from bk import eventloop
     result = RunResult(s.seed, s.mode, ok=False, faults=[f.kind for f in s.active_faults])
     limit = time_limit_s or RUN_LIMIT_S[s.mode]
     os.makedirs(work_dir, exist_ok=True)
@@ -523,8 +525,10 @@ def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, k
     # too, so a replay puts its ledgers on the same bookies
     random.seed(f"{s.seed}:global")
     started = time.monotonic()
+    foreign: list = []  # calls into the run's loop from other threads (bk.testing.loopcheck)
     try:
-        eventloop.run(_watched(_scenario(s, work_dir, result, zk_connect), limit, result))
+        with asyncio.Runner(loop_factory=checked_loop_factory(foreign)) as runner:
+            runner.run(_watched(_scenario(s, work_dir, result, zk_connect), limit, result))
     except asyncio.TimeoutError:
         result.failures.append(f"timeout: the run did not finish within {limit:g}s (a hang)")
     except BaseException as e:  # noqa: BLE001 - a harness error is a finding too
@@ -532,6 +536,10 @@ def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, k
             raise
         result.failures.append(f"harness: {type(e).__name__}: {e}")
         result.trace.append(traceback.format_exc())
+    for calls in foreign:  # the loop is not thread-safe: such a call breaks things later, at random
+        for call in calls.describe():
+            result.failures.append("thread: " + call.split("\n", 1)[0])
+            result.trace.append(call)
     result.duration_s = time.monotonic() - started
     result.ok = not result.failures
     if not keep_dir:
