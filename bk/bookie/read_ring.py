@@ -15,6 +15,7 @@ elsewhere, "ring" insists (an error at start without it), "threads" never uses i
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import logging
 import os
@@ -185,8 +186,28 @@ class RingReads:
             self._ring.fail_prepared(e.errno or errno.EIO)
 
     def close(self) -> None:
-        """Wait for the reads in the kernel and answer every queued one (blocking, briefly)."""
+        """Wait for the reads in the kernel and answer every queued one (blocking, briefly).
+
+        On the loop's thread: the eventfd's reader and the futures those answers settle belong
+        to the loop, which is not thread-safe. Called from another thread while the loop runs
+        (an in-process crash stops the bookie from a worker thread), the close is handed to the
+        loop and waited for; that thread must not be one the loop itself blocks on. A foreign
+        thread's remove_reader closed a libuv handle behind the loop's back, and loop.close()
+        failed with EBUSY much later (chaos seed 62830)."""
         if self._closed:
+            return
+        if self._loop.is_running() and asyncio._get_running_loop() is not self._loop:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+
+            def close_on_the_loop() -> None:
+                try:
+                    self.close()
+                except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                    done.set_exception(e)
+                else:
+                    done.set_result(None)
+            self._loop.call_soon_threadsafe(close_on_the_loop)
+            done.result()
             return
         self._closed = True
         try:
