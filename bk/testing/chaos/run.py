@@ -41,6 +41,7 @@ from bk.testing.loopcheck import checked_loop_factory
 
 from .clients import CrashableHandle, client_options, route_client, stop_routes, tls_config
 from .clusters import BookieStartError, InProcessChaosCluster, ProcessChaosCluster
+from .diagnose import LoopLag
 from .excuse import BITFLIP, BOOKIE_REFUSED, JOURNAL_OFF_CRASH, JOURNAL_OFF_CRASH_UNWATCHED, entry_at_unflipped, \
     read_watch, watch_storage
 from .nemesis import KINDS
@@ -131,6 +132,7 @@ class Chaos:
     def __init__(self, scenario: Scenario, cluster, trace: list[str]):
         self.s = scenario
         self.cluster = cluster
+        self.lag: LoopLag | None = None  # started with the workload (_scenario)
         self.trace = trace
         self.t0 = time.monotonic()
         self.history = History()
@@ -447,6 +449,7 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
         chaos.watch(i)
     result.describe = chaos.describe_writers
     stored = storage.draw_storage(s.seed, s.draw_for)
+    chaos.lag = LoopLag(chaos.note).start()  # diagnose.py: a late loop explains timeouts
     try:
         chaos.note(s.describe())
         chaos.note(stored.describe())
@@ -462,6 +465,8 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
         await verify(chaos, result)
         await storage.check_deleted(chaos, result.failures)
     finally:
+        await chaos.lag.stop()
+        chaos.note(chaos.lag.summary())
         storage.record(chaos, stored, result)
         result.clients = client_draws(chaos)
         for c in chaos.clients:

@@ -42,6 +42,7 @@ from bk.replication.replicator import ledger_digest, segment_bounds, share_ends
 from bk.testing.history import check_ledger
 
 from .clients import client_options
+from .diagnose import describe_bookies
 from .run import PASSWORD
 
 RECOVERY_WAIT_S = 4.0
@@ -108,17 +109,23 @@ def recovery_may_stall(chaos, md, ledger_id: int) -> str | None:
 
 
 async def _recover(chaos, bkc, lid: int):
-    """Open with recovery until it closes (BP-46 limbo and repair may take a moment)."""
+    """Open with recovery until it closes (BP-46 limbo and repair may take a moment). Each
+    failed attempt is noted, first and last in full, so a liveness failure shows its course."""
     deadline = time.monotonic() + RECOVERY_WAIT_S
-    last_error = None
+    last_error, attempts = None, []
     while True:
+        started = time.monotonic()
         try:
             rh = await bkc.open_ledger(lid, password=PASSWORD, recovery=True)
             chaos.history.recovered(lid, rh.last_add_confirmed, "verifier")
             return rh, None
         except BKError as e:
             last_error = e
+            attempts.append(((time.monotonic() - started) * 1000, repr(e)[:400]))
         if time.monotonic() > deadline:
+            for k, (ms, why) in enumerate(attempts):  # the first, the last, and each change of error
+                if k in (0, len(attempts) - 1) or why[:80] != attempts[k - 1][1][:80]:
+                    chaos.note(f"ledger {lid}: recovery attempt {k + 1} of {len(attempts)} failed after {ms:.0f} ms: {why}")
             return None, last_error
         await asyncio.sleep(0.1)
 
@@ -389,6 +396,8 @@ async def verify(chaos, result) -> None:
                     chaos.note(f"ledger {lid} stays {md.state.name}: bookie(s) {sorted(gone)} gone, no spare"
                                f" to write recovered entries to: {error!r}")
                 elif stall is None:
+                    for line in describe_bookies(chaos.cluster):  # a stuck read shows here (diagnose.py)
+                        chaos.note(line)
                     out.append(f"liveness: ledger {lid} ({plan.shape}) still {md.state.name} after"
                                f" {RECOVERY_WAIT_S:g}s of recovery, though no entry it had to read may have"
                                f" been lost by AQ {md.ack_quorum_size} bookies of its write set: {error!r}")
