@@ -191,27 +191,41 @@ class RingReads:
         On the loop's thread: the eventfd's reader and the futures those answers settle belong
         to the loop, which is not thread-safe. Called from another thread while the loop runs
         (an in-process crash stops the bookie from a worker thread), the close is handed to the
-        loop and waited for; that thread must not be one the loop itself blocks on. A foreign
-        thread's remove_reader closed a libuv handle behind the loop's back, and loop.close()
-        failed with EBUSY much later (chaos seed 62830)."""
+        loop and waited for, as long as the loop runs: one that stops with the close still
+        queued (or closes before it can be queued) races nothing any more, and the close is
+        done here. A foreign thread's remove_reader closed a libuv handle behind the loop's
+        back, and loop.close() failed with EBUSY much later (chaos seed 62830)."""
         if self._closed:
             return
         if self._loop.is_running() and asyncio._get_running_loop() is not self._loop:
-            done: concurrent.futures.Future = concurrent.futures.Future()
-
-            def close_on_the_loop() -> None:
-                try:
-                    self.close()
-                except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-                    done.set_exception(e)
-                else:
-                    done.set_result(None)
-            self._loop.call_soon_threadsafe(close_on_the_loop)
-            done.result()
-            return
+            if self._close_on_the_loop() or self._closed:
+                return
         self._closed = True
         try:
             self._loop.remove_reader(self._ring.fileno())
         except (RuntimeError, ValueError, OSError):
             pass  # the loop is closed already
         self._ring.close()
+
+    def _close_on_the_loop(self) -> bool:
+        """close() run by the loop, from another thread: True once it ran there, False when the
+        loop stopped or closed first (the caller closes in place)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def close_here() -> None:
+            try:
+                self.close()
+            except Exception as e:  # noqa: BLE001 - handed to the waiting thread
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+        try:
+            self._loop.call_soon_threadsafe(close_here)
+        except RuntimeError:  # the loop closed meanwhile
+            return False
+        while not done.done():
+            if not self._loop.is_running():  # stopped with the close queued: nothing races us now
+                return False
+            concurrent.futures.wait([done], timeout=0.2)
+        done.result()  # what the close raised on the loop, raised here
+        return True

@@ -154,6 +154,66 @@ def test_a_cancelled_reader_keeps_its_file_until_the_kernel_is_done(tmp_path):
     eventloop.run(main())
 
 
+def test_close_from_another_thread_runs_on_the_loop_and_answers_the_read_there(tmp_path):
+    """Chaos seed 62830: an in-process crash closes the ring from a worker thread. The close
+    (remove_reader, and the answers it gives reads still queued) must run on the loop: the
+    loop is watched (bk.testing.loopcheck) and records any call from the worker."""
+    from bk.testing.loopcheck import checked_loop_factory
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        threads = ReadThreads(loop, 1)
+        reads = RingReads(loop, threads)
+        r, w = os.pipe()
+        try:
+            h = _Handle(r, str(tmp_path / "pipe"))
+            task = asyncio.ensure_future(reads.run(_steps(h, 5)))
+            await asyncio.sleep(0.05)
+            assert reads.in_flight == 1
+            os.write(w, b"bytes")  # close() waits for the read in the kernel, then answers it
+            await asyncio.to_thread(reads.close)
+            assert reads._closed and await task == b"bytes"
+            await asyncio.to_thread(reads.close)  # twice is fine
+        finally:
+            threads.shutdown()
+            os.close(r)
+            os.close(w)
+    foreign: list = []
+    with asyncio.Runner(loop_factory=checked_loop_factory(foreign)) as runner:
+        runner.run(main())
+    assert [line for calls in foreign for line in calls.describe()] == []
+
+
+class _StoppedLoop:
+    """A loop that takes callbacks and never runs them, then stops: the close handed to it
+    must not leave its caller waiting."""
+
+    def __init__(self):
+        self.running, self.queued, self.readers = True, [], {}
+
+    def is_running(self):
+        return self.running
+
+    def add_reader(self, fd, cb):
+        self.readers[fd] = cb
+
+    def remove_reader(self, fd):
+        return self.readers.pop(fd, None) is not None
+
+    def call_soon_threadsafe(self, cb, *args):
+        self.queued.append(cb)
+        self.running = False  # it stops before running it
+
+
+def test_a_close_handed_to_a_loop_that_stops_first_is_done_by_the_caller():
+    loop = _StoppedLoop()
+    reads = RingReads(loop, threads=None)
+    reads.close()  # from this thread, which runs no loop: handed over, then done here
+    assert reads._closed and loop.readers == {} and len(loop.queued) == 1
+    loop.queued[0]()  # the queued close, should the loop ever run it: nothing left to do
+    assert loop.readers == {}
+
+
 def test_read_io_choices(monkeypatch):
     async def main():
         loop = asyncio.get_running_loop()
