@@ -345,24 +345,29 @@ class BookieServer:
         metrics.GC_DAMAGED_ENTRY_LOGS.set_function(lambda: len(bookie.gc.damaged_logs()) if bookie.gc else 0)
 
     async def _check_disks(self) -> None:
-        """Read-only above disk_usage_threshold; writable again below the low-water mark. The
-        statvfs calls run on the disk-space thread (a sick disk may hang them), the verdict on the loop."""
+        """Read-only when every ledger dir is at or above disk_usage_threshold, as BookKeeper's
+        LedgerDirsMonitor decides (a full dir only stops getting new entry logs, EntryLogger
+        _pick_dir), or when a journal dir is (bk's own rule: the journal has nowhere else to
+        go). Writable again once the journal dirs and at least one ledger dir are below the
+        low-water mark. The statvfs calls run on the disk-space thread (a sick disk may hang
+        them), the verdict on the loop."""
         cfg = self.config
         dirs = {*cfg.ledger_dirs, *cfg.journal_dirs}
         space = {} if self._forced_read_only else await on_space_thread(_measure_dirs, dirs)
         if self._forced_read_only:  # also when the operator switched during the measurement
             self.bookie.set_read_only(True, "set by the operator")
             return
-        worst = 0.0
-        writable_dirs = 0
-        for d, usage in space.items():
-            worst = max(worst, usage)
-            if d in cfg.ledger_dirs and usage < cfg.disk_usage_threshold:
-                writable_dirs += 1
-        self._writable_dirs = writable_dirs
-        if worst >= cfg.disk_usage_threshold:
-            self.bookie.set_read_only(True, f"disk usage {worst:.0%} >= disk_usage_threshold")
-        elif worst < cfg.disk_usage_lwm_threshold:
+        threshold, lwm = cfg.disk_usage_threshold, cfg.disk_usage_lwm_threshold
+        ledger = [usage for d, usage in space.items() if d in cfg.ledger_dirs]
+        journal = max((usage for d, usage in space.items() if d not in cfg.ledger_dirs), default=0.0)
+        self._writable_dirs = sum(1 for usage in ledger if usage < threshold)
+        least_full = min(ledger, default=0.0)
+        if journal >= threshold:
+            self.bookie.set_read_only(True, f"journal disk usage {journal:.0%} >= disk_usage_threshold")
+        elif ledger and not self._writable_dirs:
+            self.bookie.set_read_only(True, f"every ledger dir's disk usage >= disk_usage_threshold"
+                                            f" (the least full: {least_full:.0%})")
+        elif journal < lwm and least_full < lwm:
             self.bookie.set_read_only(False)  # also ends a full disk seen by a write (docs/DISK-FAULTS.md)
 
     def _read_only_changed(self) -> None:

@@ -78,16 +78,23 @@ def test_wire_reports_what_http_reports_off_the_loop(disks):
     assert fake.threads == {"bk-disk-space"}  # not a worker of the default executor (the read path's)
 
 
-def test_disk_checker_entry_logger_and_gc_see_the_same_per_dir_usage(disks):
-    """fs-b (l3) is over disk_usage_threshold: the checker counts 2 writable ledger dirs and
-    turns the bookie read-only; the entry logger and GC read the same per-dir figures."""
-    fake, cfg = disks
+def _checked_server(cfg):
     states = []
     server = SimpleNamespace(config=cfg, _forced_read_only=False, _writable_dirs=0,
                              bookie=SimpleNamespace(set_read_only=lambda ro, why="": states.append((ro, why))))
+    return server, states
+
+
+def test_disk_checker_entry_logger_and_gc_see_the_same_per_dir_usage(disks):
+    """fs-b (l3) is over disk_usage_threshold: the checker counts 2 writable ledger dirs and
+    the bookie stays writable, as BookKeeper's LedgerDirsMonitor keeps it while any ledger
+    dir is writable (before, bk turned read-only on the fullest dir); the entry logger puts
+    its next log on a dir under the threshold. GC reads the same per-dir figures."""
+    fake, cfg = disks
+    server, states = _checked_server(cfg)
     asyncio.run(BookieServer._check_disks(server))
     assert server._writable_dirs == 2
-    assert states == [(True, "disk usage 98% >= disk_usage_threshold")]
+    assert states == [(False, "")]
     assert fake.calls_on_loop == [] and fake.threads == {"bk-disk-space"}
 
     el = EntryLogger(list(cfg.ledger_dirs), cfg)
@@ -103,6 +110,38 @@ def test_disk_checker_entry_logger_and_gc_see_the_same_per_dir_usage(disks):
     fake.mount(os.path.dirname(l3), total_bytes=4_000, free_bytes=2_000)  # space freed on fs-b
     asyncio.run(BookieServer._check_disks(server))
     assert server._writable_dirs == 3 and states[-1] == (False, "")
+
+
+def test_read_only_when_every_ledger_dir_is_full_and_writable_below_the_low_water_mark(disks):
+    fake, cfg = disks
+    l1, l2, l3 = cfg.ledger_dirs
+    fs_a, fs_b = os.path.dirname(l1), os.path.dirname(l3)
+    fake.mount(fs_a, total_bytes=10_000, free_bytes=400)  # 96%: both of its dirs full, fs-b too
+    server, states = _checked_server(cfg)
+    asyncio.run(BookieServer._check_disks(server))
+    assert server._writable_dirs == 0
+    assert states == [(True, "every ledger dir's disk usage >= disk_usage_threshold (the least full: 96%)")]
+
+    fake.mount(fs_a, total_bytes=10_000, free_bytes=800)  # 92%: writable dirs again, above the lwm (90%)
+    asyncio.run(BookieServer._check_disks(server))
+    assert server._writable_dirs == 2 and len(states) == 1  # no verdict: it stays read-only for now
+
+    fake.mount(fs_a, total_bytes=10_000, free_bytes=3_000)  # 70%
+    asyncio.run(BookieServer._check_disks(server))
+    assert states[-1] == (False, "")
+
+
+def test_a_full_journal_dir_makes_the_bookie_read_only(disks):
+    fake, cfg = disks
+    fs_j = os.path.dirname(cfg.journal_dirs[0])
+    fake.mount(fs_j, total_bytes=2_000, free_bytes=50)  # 97.5%
+    server, states = _checked_server(cfg)
+    asyncio.run(BookieServer._check_disks(server))
+    assert server._writable_dirs == 2  # the ledger dirs are not the reason
+    assert states == [(True, "journal disk usage 98% >= disk_usage_threshold")]
+    fake.mount(fs_j, total_bytes=2_000, free_bytes=1_000)
+    asyncio.run(BookieServer._check_disks(server))
+    assert states[-1] == (False, "")
 
 
 def test_the_disk_space_thread_hands_back_errors(disks):
