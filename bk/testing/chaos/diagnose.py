@@ -11,8 +11,9 @@ not say why. Two explanations predict different evidence, so a run now records b
   the read timeout proves nothing about the bookie.
 - `describe_bookies`: at a liveness failure, each in-process bookie's read path (reads running
   and waiting per connection, paused writes, io_uring reads in the kernel, read-aheads in
-  flight, read-thread jobs) and each proxy's held frames. A read that never started or never
-  finished shows there.
+  flight, read-thread jobs), the fences not yet durable (a recovery read fences: it waits for
+  the fence's journal record) with its journals' queues, and each proxy's held frames. A read
+  that never started or never finished shows there.
 """
 from __future__ import annotations
 
@@ -93,6 +94,15 @@ def _read_path(server) -> str:
     in_aheads = sum(len(runs) for runs in aheads._by_ledger.values()) if aheads is not None else 0
     threads = bookie._read_threads
     queued = threads._jobs.qsize() if threads is not None else 0
+    storage = bookie.storage
+    fences = sorted(lid for lid in storage.ledger_ids()
+                    if (d := storage.get_ledger(lid)) is not None and d.fence_pending is not None
+                    and not d.fence_pending.done())
+    journals = "; ".join(f"journal {j.index}: {j.queued_records()} queued, {j._taken - j._processed} being written,"
+                         f" {'failed' if j._failed is not None else 'ok'},"
+                         f" writer {'alive' if j._thread is not None and j._thread.is_alive() else 'gone'}"
+                         for j in bookie.journals)
     return (f"{len(conns)} connection(s), reads running {running}, waiting {waiting}, writes paused on {paused},"
             f" {buffered} B unwritten; ring {'off' if ring is None else f'{ring.in_flight} in the kernel'};"
-            f" read-aheads in flight {in_aheads}; read-thread jobs queued {queued}; limbo {sorted(bookie.limbo_ledgers())}")
+            f" read-aheads in flight {in_aheads}; read-thread jobs queued {queued}; limbo {sorted(bookie.limbo_ledgers())};"
+            f" fences not yet durable {fences}; {journals}")
