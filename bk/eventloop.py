@@ -39,11 +39,17 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 async def cancel_and_wait(task: "asyncio.Task | None") -> None:
     """Cancel a background task and wait until it has finished; its cancellation (and any
-    error it ended with, already logged by its owner) is not the caller's concern."""
+    error it ended with, already logged by its owner) is not the caller's concern. The
+    caller's own cancellation is: it is passed on, never swallowed (a lost cancellation
+    leaves whoever cancelled the caller waiting for ever)."""
     if task is None:
         return
     task.cancel()
     try:
         await task
-    except (asyncio.CancelledError, Exception):
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():  # the caller itself is being cancelled: pass it on
+            raise
+    except Exception:
         pass
