@@ -93,7 +93,14 @@ class ReplicationWorker:
 
     # ------------------------------------------------------------ loop
     async def _run(self) -> None:
+        me = asyncio.current_task()
         while True:
+            # A cancellation swallowed on the way (Python 3.11's wait_for returns the inner result
+            # when the outer task is cancelled just as it finishes) would let the worker sleep on
+            # and stop() wait for ever (chaos seed 107897): a task asked to stop never starts
+            # another round.
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError()
             try:
                 await self.urm.wait_until_replication_enabled()
                 if await self.bk.registration.registration(self.bookie_id) != "writable":

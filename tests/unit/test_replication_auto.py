@@ -177,6 +177,30 @@ async def start_worker(bkc, bookie_id, **options):
     return worker, urm
 
 
+@pytest.mark.timeout(30)
+@run_async
+async def test_a_worker_whose_cancellation_is_swallowed_once_still_stops():
+    """Chaos seed 107897 hung: a power cut's crash waited for ReplicationWorker.stop(), and the
+    worker's task, asked to cancel, slept on at the idle poll: the CancelledError had been
+    swallowed below _take() (3.11's wait_for can, when the inner call finishes as the outer task
+    is cancelled). Here _take swallows it on purpose; the worker must stop all the same."""
+    async with FakeCluster(3) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
+        worker, _ = await start_worker(bkc, cluster.bookies[0].bookie_id)
+        inside = asyncio.Event()
+
+        async def take_swallowing_a_cancel():
+            inside.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # swallowed: the task stays "cancelling" and its coroutine goes on
+            return None
+        worker._take = take_swallowing_a_cancel
+        await asyncio.wait_for(inside.wait(), 10)
+        await asyncio.wait_for(worker.stop(), 10)
+        assert not worker.running
+
+
 @run_async
 async def test_worker_replicates_a_marked_ledger_to_its_own_bookie_and_unmarks_it():
     async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri) as bkc:
