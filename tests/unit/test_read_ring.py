@@ -116,20 +116,27 @@ def _steps(h, n: int):
         h.released = True
 
 
+async def _a_read_waiting_on_a_pipe(tmp_path):
+    """A ring whose one read waits in the kernel for a pipe's bytes: (threads, reads, r, w,
+    handle, the reader's task)."""
+    loop = asyncio.get_running_loop()
+    threads = ReadThreads(loop, 1)
+    reads = RingReads(loop, threads)
+    r, w = os.pipe()
+    h = _Handle(r, str(tmp_path / "pipe"))
+    task = asyncio.ensure_future(reads.run(_steps(h, 5)))
+    await asyncio.sleep(0.05)
+    assert reads.in_flight == 1
+    return threads, reads, r, w, h, task
+
+
 def test_a_cancelled_reader_keeps_its_file_until_the_kernel_is_done(tmp_path):
     """A read of a pipe waits for its bytes; the reader is cancelled meanwhile. Its steps
     (which hold the file) close only when the kernel answers: a file released earlier
     could be closed and its fd number reused under a read still in the kernel."""
     async def main():
-        loop = asyncio.get_running_loop()
-        threads = ReadThreads(loop, 1)
-        reads = RingReads(loop, threads)
-        r, w = os.pipe()
+        threads, reads, r, w, h, task = await _a_read_waiting_on_a_pipe(tmp_path)
         try:
-            h = _Handle(r, str(tmp_path / "pipe"))
-            task = asyncio.ensure_future(reads.run(_steps(h, 5)))
-            await asyncio.sleep(0.05)
-            assert reads.in_flight == 1
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -161,15 +168,8 @@ def test_close_from_another_thread_runs_on_the_loop_and_answers_the_read_there(t
     from bk.testing.loopcheck import checked_loop_factory
 
     async def main():
-        loop = asyncio.get_running_loop()
-        threads = ReadThreads(loop, 1)
-        reads = RingReads(loop, threads)
-        r, w = os.pipe()
+        threads, reads, r, w, _, task = await _a_read_waiting_on_a_pipe(tmp_path)
         try:
-            h = _Handle(r, str(tmp_path / "pipe"))
-            task = asyncio.ensure_future(reads.run(_steps(h, 5)))
-            await asyncio.sleep(0.05)
-            assert reads.in_flight == 1
             os.write(w, b"bytes")  # close() waits for the read in the kernel, then answers it
             await asyncio.to_thread(reads.close)
             assert reads._closed and await task == b"bytes"
