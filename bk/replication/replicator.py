@@ -338,9 +338,13 @@ class LedgerReplicator:
                     if remaining <= 0:
                         break
                     changed.clear()
+                    # asyncio.timeout, not wait_for: on Python 3.11, wait_for returns normally when
+                    # its task is cancelled just as the event is set, and the cancellation is lost
+                    # (chaos seed 107897: the worker's task slept on, and its stop() waited for ever)
                     try:
-                        await asyncio.wait_for(changed.wait(), remaining)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(remaining):
+                            await changed.wait()
+                    except TimeoutError:
                         pass
                     md, _ = await lm.read_ledger_metadata(ledger_id)
             finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
@@ -415,3 +416,47 @@ async def test_a_stale_marker_is_cleared_even_when_every_worker_is_in_the_segmen
             assert await urm.lock_holder(lh.ledger_id) is None and worker.failures == 0
             assert await urm.is_ledger_underreplicated(lh.ledger_id)
             await worker.stop()
+
+
+class _WatchedLedgers:
+    """A ledger manager whose one ledger stays open with a lost bookie; `change()` fires its watch."""
+
+    def __init__(self, md):
+        self.md, self.watchers = md, []
+
+    async def read_ledger_metadata(self, ledger_id):
+        return self.md, 1
+
+    async def watch_ledger_metadata(self, ledger_id, cb):
+        self.watchers.append(cb)
+        return SimpleNamespace(cancel=lambda: None)
+
+    def change(self):
+        for cb in self.watchers:
+            cb(self.md, 1)
+
+
+@pytest.mark.parametrize("iterations", [0, 1, 2])
+def test_a_worker_cancelled_as_the_ledgers_metadata_changes_is_cancelled(iterations):
+    """Chaos seed 107897's lost cancellation, scripted: the worker waits out an open ledger's grace
+    period on a metadata watch; the watch fires and the worker's task is cancelled in the same
+    loop iteration (or one or two later). With asyncio.wait_for (Python 3.11) the cancellation
+    was swallowed and the task went on; the grace wait must end in CancelledError."""
+    from bk.meta.ledger_metadata import LedgerMetadata
+    from bk.replication.replicator import LedgerReplicator
+
+    async def main():
+        md = LedgerMetadata.new(["a:1", "b:1", "c:1"], 2, 2, password=b"pw")
+        lm = _WatchedLedgers(md)
+        replicator = LedgerReplicator(SimpleNamespace(ledger_manager=lm))
+        task = asyncio.ensure_future(replicator.close_open_ledger(1, ["a:1"], grace_s=30))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert lm.watchers and not task.done()  # waiting out the grace period
+        lm.change()
+        for _ in range(iterations):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+    asyncio.run(main())
