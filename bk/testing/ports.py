@@ -15,6 +15,9 @@ out the same port twice. Under pytest-xdist (scripts/test runs test files in sev
 processes at once) that memory is per process, and a worker could pick the port of a bookie
 another worker killed and is about to restart: so each worker draws from a slice of the range
 of its own (PYTEST_XDIST_WORKER gwK of PYTEST_XDIST_WORKER_COUNT), and workers never pick alike.
+The chaos runner's worker processes narrow that slice again (`narrow(k, n)`, k the worker's
+slot among n live ones): a process-cluster run picks a bookie's port a second before the bookie
+binds it, and another worker picking the same port meanwhile took it (seed 109795, EADDRINUSE).
 
 `well_known_ports()` serialises the tests that start `bk standalone` on BookKeeper's default
 ports (2181, 3181, 8180): across worker processes they would take each other's.
@@ -33,6 +36,7 @@ _LOWEST = 10000  # below: well-known and registered services a machine may run
 _TRIES = 200
 _rng = random.SystemRandom()  # not the tests' seeded `random`: seeds must not pick ports
 _handed_out: set[int] = set()  # every port free_port returned in this process
+_narrowed: tuple[int, int] | None = None  # (k, n): this process takes the k-th of n parts of its slice
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -54,17 +58,34 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def worker_slice(low: int, high: int) -> tuple[int, int]:
-    """[low, high) itself, or this pytest-xdist worker's own slice of it (disjoint per worker)."""
-    try:
-        k = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
-        n = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-    except (KeyError, ValueError):
-        return low, high
+def _part(low: int, high: int, k: int, n: int) -> tuple[int, int]:
     if n <= 1 or not 0 <= k < n:
         return low, high
     width = (high - low) // n
     return low + k * width, low + (k + 1) * width
+
+
+def worker_slice(low: int, high: int) -> tuple[int, int]:
+    """[low, high) itself, or this pytest-xdist worker's own slice of it (disjoint per worker),
+    narrowed to this process's part of that slice when `narrow` was called."""
+    try:
+        k = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+        n = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    except (KeyError, ValueError):
+        k = n = 1
+    low, high = _part(low, high, k, n)
+    if _narrowed is not None:
+        low, high = _part(low, high, *_narrowed)
+    return low, high
+
+
+def narrow(k: int, n: int) -> None:
+    """From now on this process picks ports only from the k-th of n equal parts of its slice:
+    for processes forked from one parent that each start servers, k distinct among the live ones."""
+    global _narrowed
+    if not 0 <= k < n:
+        raise ValueError(f"part {k} of {n}")
+    _narrowed = (k, n)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,8 @@ to a file), then SIGKILL; the seed is recorded as a `hang` failure with those
 stacks, and a fresh worker takes its place. A worker that dies is recorded as a
 `harness` failure of its seed. Workers are forked (the parent has no event loop
 or threads yet) and replaced after `tasks_per_worker` runs, so whatever one run
-leaks does not pile up.
+leaks does not pile up. Each live worker holds one of `jobs` port slots
+(bk.testing.ports.narrow): the servers two workers start never pick the same port.
 """
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ TASKS_PER_WORKER = 200
 DRAIN_S = 10.0  # how long the last messages of a worker that exited normally may take to be read
 
 
-def _worker_main(wid: int, tasks, results, options: dict, run_one, limit: int, dump_path: str,
-                 on_exit) -> None:
+def _worker_main(wid: int, port_slot: tuple[int, int], tasks, results, options: dict, run_one, limit: int,
+                 dump_path: str, on_exit) -> None:
+    from bk.testing import ports
+    ports.narrow(*port_slot)
     dump = open(dump_path, "w")
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     logging.disable(logging.CRITICAL if not options.get("verbose") else logging.NOTSET)
@@ -44,12 +47,14 @@ def _worker_main(wid: int, tasks, results, options: dict, run_one, limit: int, d
 
 
 class _Slot:
-    def __init__(self, ctx, wid: int, results, options: dict, run_one, limit: int, dump_dir: str, on_exit):
+    def __init__(self, ctx, wid: int, port_slot: tuple[int, int], results, options: dict, run_one, limit: int,
+                 dump_dir: str, on_exit):
         self.wid = wid
+        self.port_slot = port_slot
         self.tasks = ctx.Queue()
         self.dump_path = os.path.join(dump_dir, f"worker-{wid}.stacks")
-        self.proc = ctx.Process(target=_worker_main, args=(wid, self.tasks, results, options, run_one, limit,
-                                                           self.dump_path, on_exit), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(wid, port_slot, self.tasks, results, options, run_one,
+                                                           limit, self.dump_path, on_exit), daemon=True)
         self.proc.start()
         self.seed: int | None = None  # the seed handed over and not finished
         self.started = 0.0
@@ -85,12 +90,14 @@ def run_supervised(seeds: Iterable[int], options: dict, *, jobs: int, run_one, h
     dump_dir = tempfile.mkdtemp(prefix="bk-chaos-stacks-")
     slots: dict[int, _Slot] = {}
     next_wid = [0]
+    free_port_slots = list(range(jobs))  # a retired worker's slot goes to its replacement
 
     def spawn() -> None:
         wid = next_wid[0]
         next_wid[0] += 1
-        slot = slots[wid] = _Slot(ctx, wid, results, options, run_one, tasks_per_worker, dump_dir,
-                                         on_exit)
+        port_slot = (free_port_slots.pop(0), jobs)
+        slot = slots[wid] = _Slot(ctx, wid, port_slot, results, options, run_one, tasks_per_worker, dump_dir,
+                                  on_exit)
         feed(slot)
 
     def feed(slot: _Slot) -> None:
@@ -103,7 +110,9 @@ def run_supervised(seeds: Iterable[int], options: dict, *, jobs: int, run_one, h
         if kill and slot.proc.is_alive():
             slot.proc.kill()
         slot.proc.join(5)
-        slots.pop(slot.wid, None)
+        if slots.pop(slot.wid, None) is not None:
+            free_port_slots.append(slot.port_slot[0])
+            free_port_slots.sort()
         if pending:
             spawn()
 
