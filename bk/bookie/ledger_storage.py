@@ -243,7 +243,8 @@ class LedgerStorage:
         if not self._flush_event.is_set():
             self._flush_event.set()
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await fut
         except asyncio.TimeoutError:
             return self._pending is None
         return True

@@ -113,7 +113,8 @@ async def cmd_activeledgers(uri, args):
     store = await open_store(uri)
     try:
         try:
-            existing = set(await asyncio.wait_for(LedgerManager(store).list_ledger_ids(), args.timeout_ms / 1000))
+            async with asyncio.timeout(args.timeout_ms / 1000):
+                existing = set(await LedgerManager(store).list_ledger_ids())
         except asyncio.TimeoutError:
             raise BKError(f"listing the metadata store's ledgers took over {args.timeout_ms} ms: "
                           "give a longer -timeout") from None

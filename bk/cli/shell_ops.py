@@ -35,7 +35,9 @@ async def bookie_space(bkc, bookie_id: str) -> tuple[int | None, int | None]:
     """(free, total) bytes a bookie reports over the wire (GetBookieInfo), or (None, None)."""
     client = bkc.pool.get(bookie_id)
     try:
-        resp = await asyncio.wait_for(client.call(client.send_bookie_info, BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY), BOOKIE_INFO_TIMEOUT_S)
+        async with asyncio.timeout(BOOKIE_INFO_TIMEOUT_S):
+            resp = await client.call(client.send_bookie_info,
+                                     BOOKIE_INFO_FREE_DISK_SPACE | BOOKIE_INFO_TOTAL_DISK_CAPACITY)
     except Exception:  # noqa: BLE001 - unreachable: reported as unknown
         return None, None
     return resp.free_disk_bytes, resp.total_disk_bytes

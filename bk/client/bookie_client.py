@@ -369,13 +369,12 @@ class BookieClient:
     async def _connect(self) -> None:
         core = self._core
         try:
-            _, protocol = await asyncio.wait_for(
-                self._loop.create_connection(lambda: _BookieProtocol(self), self.host, self.port),
-                self.connect_timeout_s)
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, protocol = await self._loop.create_connection(lambda: _BookieProtocol(self), self.host, self.port)
             if not self.wire.plain:
                 try:
-                    await asyncio.wait_for(handshake(self._loop, protocol, self.wire, self.host, self.bookie_id),
-                                           self.connect_timeout_s)
+                    async with asyncio.timeout(self.connect_timeout_s):
+                        await handshake(self._loop, protocol, self.wire, self.host, self.bookie_id)
                 except BaseException:
                     protocol.transport.abort()
                     raise

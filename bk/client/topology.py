@@ -274,7 +274,8 @@ class NetworkTopology:
                     self.script, *batch, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE)
                 try:
-                    stdout, stderr = await asyncio.wait_for(proc.communicate(), SCRIPT_TIMEOUT_S)
+                    async with asyncio.timeout(SCRIPT_TIMEOUT_S):
+                        stdout, stderr = await proc.communicate()
                 except asyncio.TimeoutError:
                     proc.kill()
                     await proc.wait()
@@ -304,7 +305,8 @@ class NetworkTopology:
 
         async def ask(bookie: str):
             client = self.pool.get(bookie)
-            return await asyncio.wait_for(client.call(client.send_bookie_info, FREE_AND_TOTAL), BOOKIE_INFO_TIMEOUT_S)
+            async with asyncio.timeout(BOOKIE_INFO_TIMEOUT_S):
+                return await client.call(client.send_bookie_info, FREE_AND_TOTAL)
 
         answers = await asyncio.gather(*(ask(b) for b in due), return_exceptions=True)
         for bookie, answer in zip(due, answers):

@@ -159,7 +159,8 @@ class RegistrationManager:
                     f" expire within {self.stale_registration_timeout_s:g} s (another bookie with the same id?)"
                 )
             try:
-                await asyncio.wait_for(gone, remaining)
+                async with asyncio.timeout(remaining):
+                    await gone
             except asyncio.TimeoutError:
                 pass
 

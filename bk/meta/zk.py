@@ -368,7 +368,8 @@ class ZooKeeperStore(MetadataStore):
 
         threading.Thread(target=run, name="kazoo-close", daemon=True).start()
         try:
-            await asyncio.wait_for(asyncio.shield(done), self.close_timeout_s)
+            async with asyncio.timeout(self.close_timeout_s):
+                await asyncio.shield(done)
         except asyncio.TimeoutError:
             log.warning("closing the ZooKeeper session to %s did not finish within %.1f s: left to the"
                         " server's session timeout", self.hosts, self.close_timeout_s)
@@ -387,7 +388,8 @@ class ZooKeeperStore(MetadataStore):
                 session_id, password = client.client_id
                 await self._loop.run_in_executor(None, _close_session, self.hosts, session_id, password)
                 try:
-                    await asyncio.wait_for(self._until_new_session(states, old_id), self.session_timeout_s * 2)
+                    async with asyncio.timeout(self.session_timeout_s * 2):
+                        await self._until_new_session(states, old_id)
                     return
                 except asyncio.TimeoutError:
                     continue  # the original client took its session back first; again

@@ -247,7 +247,8 @@ async def list_bookies(admin, request):
 async def _bookie_space(pool, bookie_id: str) -> dict | None:
     client = pool.get(bookie_id)
     try:
-        resp = await asyncio.wait_for(client.call(client.send_bookie_info, FREE_AND_TOTAL), BOOKIE_INFO_TIMEOUT_S)
+        async with asyncio.timeout(BOOKIE_INFO_TIMEOUT_S):
+            resp = await client.call(client.send_bookie_info, FREE_AND_TOTAL)
     except Exception:  # noqa: BLE001 - an unreachable bookie is reported as null
         return None
     return {"free": resp.free_disk_bytes, "total": resp.total_disk_bytes}

@@ -122,7 +122,8 @@ async def bookie_sanity(admin, request):
     lock = admin.__dict__.setdefault("_sanity_lock", asyncio.Lock())
     async with lock:
         try:
-            await asyncio.wait_for(sanity_check(admin.config, server.bookie_id), SANITY_TIMEOUT_S)
+            async with asyncio.timeout(SANITY_TIMEOUT_S):
+                await sanity_check(admin.config, server.bookie_id)
             answer["passed"] = True
         except asyncio.CancelledError:
             raise

@@ -121,8 +121,8 @@ def start_tls(conn, req, server_tls: ServerTls | None) -> None:
 async def _handshake(conn, context: ssl.SSLContext) -> None:
     loop = asyncio.get_running_loop()
     try:
-        new_transport = await asyncio.wait_for(
-            loop.start_tls(conn.transport, conn, context, server_side=True), HANDSHAKE_TIMEOUT_S)
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            new_transport = await loop.start_tls(conn.transport, conn, context, server_side=True)
     except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as e:
         log.error("TLS handshake with %s failed: %s", conn.peer, e or type(e).__name__)
         conn.phase_event(Event.HANDSHAKE_FAILED)

@@ -544,7 +544,8 @@ class Proxy:
         item = (predicate, fut)
         self._waiters.append(item)
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await fut
         except asyncio.TimeoutError:
             raise TimeoutError(f"proxy condition not reached within {timeout_s} s; stats {self.stats()}") from None
         finally:

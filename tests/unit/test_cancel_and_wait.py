@@ -43,3 +43,21 @@ def test_a_caller_cancelled_while_it_waits_is_cancelled():
             await stopper
         await asyncio.wait({task}, timeout=5)
     asyncio.run(main())
+
+
+def test_no_asyncio_wait_for_in_bk():
+    # Python 3.11's wait_for returns the inner result and drops a cancellation of the caller that
+    # lands as the inner future completes (fixed in 3.12 by rebuilding it on asyncio.timeout):
+    # a replication worker lost its cancel that way and ran on (chaos seed 107897). bk uses
+    # `async with asyncio.timeout(...)` instead; this keeps wait_for from coming back.
+    import ast
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2] / "bk"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            func = getattr(node, "func", None)
+            if (isinstance(func, ast.Attribute) and func.attr == "wait_for" and getattr(func.value, "id", "") == "asyncio"
+                    or isinstance(func, ast.Name) and func.id == "wait_for"):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert found == []

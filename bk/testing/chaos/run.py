@@ -514,7 +514,8 @@ async def _watched(coro, limit_s: float, result: RunResult):
         result.trace.append(f"still running at the time limit: {t.get_name()}\n{out.getvalue()}")
     task.cancel()
     try:
-        await asyncio.wait_for(task, 30)
+        async with asyncio.timeout(30):
+            await task
     except BaseException:  # noqa: BLE001 - cancelled, or failing while it is: the timeout is the finding
         pass
     raise asyncio.TimeoutError

@@ -197,7 +197,8 @@ async def _raw_add(bookie_id: str, lid: int, entry_id: int, key: bytes) -> int |
     """A plain (non-recovery) ADD straight to one bookie; its status code, None if unreachable."""
     host, _, port = bookie_id.rpartition(":")
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+        async with asyncio.timeout(1.0):
+            reader, writer = await asyncio.open_connection(host, int(port))
     except (OSError, asyncio.TimeoutError):
         return None
     try:
@@ -206,7 +207,8 @@ async def _raw_add(bookie_id: str, lid: int, entry_id: int, key: bytes) -> int |
         writer.write(encode_request(AddRequest(0, key, lid, entry_id, entry)))
         decoder = FrameDecoder()
         while True:
-            chunk = await asyncio.wait_for(reader.read(65536), 1.0)
+            async with asyncio.timeout(1.0):
+                chunk = await reader.read(65536)
             if not chunk:
                 return None
             frames = decoder.feed(chunk)
