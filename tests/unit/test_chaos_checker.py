@@ -18,6 +18,7 @@ import pytest
 from bk.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bk.proto import DigestManager, StatusCode
 from bk.testing.chaos import verify
+from bk.testing.chaos.diagnose import Budget
 from bk.testing.chaos.run import PASSWORD, Chaos, RunResult
 from bk.testing.chaos.scenario import generate
 
@@ -362,7 +363,7 @@ def _verdict_when_recovery_never_closes(monkeypatch, chaos) -> list[str]:
             return _open_md()
 
     async def never_closes(chaos, bkc, lid):
-        return None, BKError(f"recovery of ledger {lid} failed")
+        return None, BKError(f"recovery of ledger {lid} failed"), Budget(None, verify.RECOVERY_WAIT_S)
 
     async def nothing(*a):
         return None

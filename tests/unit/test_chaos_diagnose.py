@@ -10,7 +10,7 @@ import pytest
 
 from bk.client import BookKeeper
 from bk.testing.chaos.clusters import InProcessChaosCluster
-from bk.testing.chaos.diagnose import STALL_S, LoopLag, describe_bookies
+from bk.testing.chaos.diagnose import STALL_S, STARVED_CAP, Budget, LoopLag, describe_bookies
 
 
 def test_a_callback_holding_the_loop_is_noted_with_how_late_the_loop_was():
@@ -41,6 +41,41 @@ def test_a_quiet_loop_notes_nothing():
     assert notes == [] and lag.stalls == 0
 
 
+def test_a_budget_gives_back_the_time_the_loop_was_late():
+    # Seeds 110091 and 110098 failed liveness on a loaded machine: their 4 s recovery window
+    # was spent with the loop up to 1.8 s late. The window now counts the time the loop had.
+    async def main():
+        lag = LoopLag().start()
+        await asyncio.sleep(0.05)
+        budget = lag.budget(0.3)
+        time.sleep(0.5)  # the process gets no CPU (or a callback holds the loop) for 0.5 s
+        stretched = (budget.expired(), budget.starved_s(), budget.describe())
+        await asyncio.sleep(0.4)  # a loop on time again: the 0.3 s plus 0.5 s given back run out
+        spent = budget.expired()
+        await lag.stop()
+        return stretched, spent
+    (expired, starved, described), spent = asyncio.run(main())
+    assert not expired and starved >= 0.45 and "the loop was late" in described
+    assert spent
+
+
+def test_a_budget_stretches_at_most_starved_cap_times_and_is_wall_time_without_a_lag():
+    async def main():
+        lag = LoopLag().start()
+        await asyncio.sleep(0.05)
+        budget = lag.budget(0.1)
+        time.sleep(0.1 * STARVED_CAP + 0.2)
+        await asyncio.sleep(0.03)
+        capped = (budget.expired(), budget.starved_s())
+        await lag.stop()
+        plain = Budget(None, 0.1)
+        await asyncio.sleep(0.15)
+        return capped, plain.expired(), plain.describe()
+    (expired, starved), plain_expired, plain_described = asyncio.run(main())
+    assert expired and starved == pytest.approx(0.1 * (STARVED_CAP - 1))
+    assert plain_expired and plain_described == "0.1s"
+
+
 @pytest.mark.timeout(60)
 def test_each_bookie_and_proxy_of_an_in_process_cluster_is_described(tmp_path):
     async def main():
@@ -57,3 +92,11 @@ def test_each_bookie_and_proxy_of_an_in_process_cluster_is_described(tmp_path):
     assert not any("cannot describe" in line for line in lines), lines
     assert "reads running 0, waiting 0" in lines[0] and "limbo []" in lines[0]
     assert describe_bookies(object()) == []  # a process cluster: nothing in this process
+
+
+@pytest.mark.timeout(120)
+def test_a_run_past_its_time_limit_is_a_timeout_with_every_tasks_stack(tmp_path):
+    from bk.testing.chaos.runner import run_one
+    r = run_one(3, {"mode": "inprocess", "time_limit_s": 0.3})
+    assert not r.ok and r.failures[0].startswith("timeout: the run did not finish within 0.3s"), r.failures
+    assert any(line.startswith("still running at the time limit") for line in r.trace)

@@ -41,7 +41,7 @@ from bk.testing.loopcheck import checked_loop_factory
 
 from .clients import CrashableHandle, client_options, route_client, stop_routes, tls_config
 from .clusters import BookieStartError, InProcessChaosCluster, ProcessChaosCluster
-from .diagnose import LoopLag
+from .diagnose import Budget, LoopLag
 from .excuse import BITFLIP, BOOKIE_REFUSED, JOURNAL_OFF_CRASH, JOURNAL_OFF_CRASH_UNWATCHED, entry_at_unflipped, \
     read_watch, watch_storage
 from .nemesis import KINDS
@@ -132,7 +132,7 @@ class Chaos:
     def __init__(self, scenario: Scenario, cluster, trace: list[str]):
         self.s = scenario
         self.cluster = cluster
-        self.lag: LoopLag | None = None  # started with the workload (_scenario)
+        self.lag: LoopLag | None = None  # the run's, from its start (_watched); None outside a run
         self.trace = trace
         self.t0 = time.monotonic()
         self.history = History()
@@ -162,6 +162,10 @@ class Chaos:
         self.routes: dict[int, dict[str, object]] = {}  # plan index -> bookie id -> its private proxy
         self.crashables: dict[int, object] = {}  # plan index -> the writer's CrashableHandle
         self.crashed_writers: set[int] = set()  # plan indices whose writer was killed mid-add
+
+    def budget(self, wait_s: float):
+        """diagnose.Budget of `wait_s` on this run's loop (plain wall time outside a run)."""
+        return Budget(self.lag, wait_s)
 
     def note(self, text: str) -> None:
         self.trace.append(f"{(time.monotonic() - self.t0) * 1000:7.0f}ms {text}")
@@ -427,7 +431,7 @@ async def tailer(chaos: Chaos, k: int, writing: asyncio.Future) -> None:
         chaos.note(f"tailing reader {k}: read {len(seen)} entries")
 
 
-async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: str | None) -> None:
+async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: str | None, lag: LoopLag) -> None:
     from .verify import verify
     trace = result.trace
     config, trust_store = bookie_config(s), ""
@@ -449,7 +453,7 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
         chaos.watch(i)
     result.describe = chaos.describe_writers
     stored = storage.draw_storage(s.seed, s.draw_for)
-    chaos.lag = LoopLag(chaos.note).start()  # diagnose.py: a late loop explains timeouts
+    chaos.lag, lag.note = lag, chaos.note  # diagnose.py: a late loop explains timeouts, and stretches waits
     try:
         chaos.note(s.describe())
         chaos.note(stored.describe())
@@ -465,8 +469,7 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
         await verify(chaos, result)
         await storage.check_deleted(chaos, result.failures)
     finally:
-        await chaos.lag.stop()
-        chaos.note(chaos.lag.summary())
+        chaos.note(lag.summary())
         storage.record(chaos, stored, result)
         result.clients = client_draws(chaos)
         for c in chaos.clients:
@@ -492,33 +495,41 @@ def _session_state(store) -> str:
     return f"{zk.state} (client state {zk.client_state}, connected {zk.connected})"
 
 
-async def _watched(coro, limit_s: float, result: RunResult):
-    """`coro` within `limit_s`; past it, every task's stack goes to the trace (what hangs,
-    and where) before the run is cancelled and reported as a timeout."""
+async def _watched(coro, limit_s: float, result: RunResult, lag: LoopLag):
+    """`coro` within `limit_s` of the time the loop had (diagnose.Budget: a starved loop's
+    lateness is added back, up to STARVED_CAP times the limit); past it, every task's stack
+    goes to the trace (what hangs, and where) before the run is cancelled and reported as a
+    timeout (TimeoutError with the budget spent)."""
+    lag.start()
+    budget = lag.budget(limit_s)
     task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=limit_s)
-    if task in done:
-        return task.result()
-    describe = getattr(result, "describe", None)
-    if describe is not None:
-        result.trace += ["writers at the time limit: " + line for line in describe()]
-    with tempfile.TemporaryFile("w+") as fh:  # every thread too: a blocked callback thread shows here
-        faulthandler.dump_traceback(fh, all_threads=True)
-        fh.seek(0)
-        result.trace.append("threads at the time limit:\n" + fh.read())
-    for t in asyncio.all_tasks():
-        if t is asyncio.current_task():
-            continue
-        out = io.StringIO()
-        t.print_stack(limit=12, file=out)
-        result.trace.append(f"still running at the time limit: {t.get_name()}\n{out.getvalue()}")
-    task.cancel()
     try:
-        async with asyncio.timeout(30):
-            await task
-    except BaseException:  # noqa: BLE001 - cancelled, or failing while it is: the timeout is the finding
-        pass
-    raise asyncio.TimeoutError
+        while (remaining := budget.remaining()) > 0:
+            done, _ = await asyncio.wait({task}, timeout=remaining)
+            if task in done:
+                return task.result()
+        describe = getattr(result, "describe", None)
+        if describe is not None:
+            result.trace += ["writers at the time limit: " + line for line in describe()]
+        with tempfile.TemporaryFile("w+") as fh:  # every thread too: a blocked callback thread shows here
+            faulthandler.dump_traceback(fh, all_threads=True)
+            fh.seek(0)
+            result.trace.append("threads at the time limit:\n" + fh.read())
+        for t in asyncio.all_tasks():
+            if t is asyncio.current_task():
+                continue
+            out = io.StringIO()
+            t.print_stack(limit=12, file=out)
+            result.trace.append(f"still running at the time limit: {t.get_name()}\n{out.getvalue()}")
+        task.cancel()
+        try:
+            async with asyncio.timeout(30):
+                await task
+        except BaseException:  # noqa: BLE001 - cancelled, or failing while it is: the timeout is the finding
+            pass
+        raise asyncio.TimeoutError(budget.describe())
+    finally:
+        await lag.stop()
 
 
 def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, keep_dir: bool = False,
@@ -534,9 +545,10 @@ def run_scenario(s: Scenario, work_dir: str, *, zk_connect: str | None = None, k
     foreign: list = []  # calls into the run's loop from other threads (bk.testing.loopcheck)
     try:
         with asyncio.Runner(loop_factory=checked_loop_factory(foreign)) as runner:
-            runner.run(_watched(_scenario(s, work_dir, result, zk_connect), limit, result))
-    except asyncio.TimeoutError:
-        result.failures.append(f"timeout: the run did not finish within {limit:g}s (a hang)")
+            lag = LoopLag()
+            runner.run(_watched(_scenario(s, work_dir, result, zk_connect, lag), limit, result, lag))
+    except asyncio.TimeoutError as e:
+        result.failures.append(f"timeout: the run did not finish within {e or f'{limit:g}s'} (a hang)")
     except BaseException as e:  # noqa: BLE001 - a harness error is a finding too
         if isinstance(e, KeyboardInterrupt):
             raise

@@ -29,6 +29,7 @@ from collections import Counter, defaultdict
 
 from .gc_runner import git_revision
 from .pool import run_supervised
+from .diagnose import STARVED_CAP
 from .run import RUN_LIMIT_S, RunResult, run_scenario
 from .scenario import generate
 from .storage import storage_table
@@ -242,7 +243,8 @@ def run_many(seeds, options: dict, *, jobs: int = 1, json_path: str | None = Non
                 report()
 
     limit = options.get("time_limit_s") or max(RUN_LIMIT_S.values())
-    for r in run_supervised(seeds, options, jobs=max(1, jobs), run_one=run_one, hang_s=limit + 60,
+    # a run's limit stretches by what its loop was late, to STARVED_CAP times (diagnose.Budget)
+    for r in run_supervised(seeds, options, jobs=max(1, jobs), run_one=run_one, hang_s=limit * STARVED_CAP + 60,
                             mode_of=lambda seed: scenario_for(seed, options).mode,
                             replay_of=lambda seed: replay_command(scenario_for(seed, options)),
                             on_exit=stop_zookeeper):

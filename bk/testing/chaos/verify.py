@@ -109,24 +109,25 @@ def recovery_may_stall(chaos, md, ledger_id: int) -> str | None:
 
 
 async def _recover(chaos, bkc, lid: int):
-    """Open with recovery until it closes (BP-46 limbo and repair may take a moment). Each
+    """Open with recovery until it closes (BP-46 limbo and repair may take a moment), within
+    RECOVERY_WAIT_S of the time the loop had: (handle or None, last error, the budget). Each
     failed attempt is noted, first and last in full, so a liveness failure shows its course."""
-    deadline = time.monotonic() + RECOVERY_WAIT_S
+    budget = chaos.budget(RECOVERY_WAIT_S)  # diagnose.Budget: a starved loop's time is given back
     last_error, attempts = None, []
     while True:
         started = time.monotonic()
         try:
             rh = await bkc.open_ledger(lid, password=PASSWORD, recovery=True)
             chaos.history.recovered(lid, rh.last_add_confirmed, "verifier")
-            return rh, None
+            return rh, None, budget
         except BKError as e:
             last_error = e
             attempts.append(((time.monotonic() - started) * 1000, repr(e)[:400]))
-        if time.monotonic() > deadline:
+        if budget.expired():
             for k, (ms, why) in enumerate(attempts):  # the first, the last, and each change of error
                 if k in (0, len(attempts) - 1) or why[:80] != attempts[k - 1][1][:80]:
                     chaos.note(f"ledger {lid}: recovery attempt {k + 1} of {len(attempts)} failed after {ms:.0f} ms: {why}")
-            return None, last_error
+            return None, last_error, budget
         await asyncio.sleep(0.1)
 
 
@@ -312,7 +313,7 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: dict[int,
     movable = [lid for lid in lids if lid not in stuck]
     urm = LedgerUnderreplicationManager(bkc.store)
     try:
-        deadline = time.monotonic() + REPLICATION_WAIT_S
+        budget = chaos.budget(REPLICATION_WAIT_S)
         while True:
             # a ledger left open (>= AQ bookies may have lost data, recovery rightly refused) or
             # closed with entries lost for real cannot be made whole: its marker may stay
@@ -323,7 +324,7 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: dict[int,
                      if n in {ur_node_name(lid) for lid in movable if lid not in really_lost}]
             if not marked and not locks:
                 break
-            if time.monotonic() > deadline:
+            if budget.expired():
                 detail = []
                 for lid in marked:
                     info = await urm.get_ledger_unreplication_info(lid)
@@ -332,7 +333,7 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: dict[int,
                                   f" {getattr(info, 'missing_replicas', info)} lock {await urm.lock_holder(lid)}")
                 workers = [(i, s.autorecovery.worker.current, s.autorecovery.worker.failures)
                            for i, s in chaos.cluster.servers.items() if getattr(s, "autorecovery", None)]
-                out.append(f"replication: markers {marked} and locks {locks} left {REPLICATION_WAIT_S:g}s after"
+                out.append(f"replication: markers {marked} and locks {locks} left {budget.describe()} after"
                            f" the audit: {'; '.join(detail)}; workers (bookie, current, failures) {workers}")
                 return
             await asyncio.sleep(0.1)
@@ -355,7 +356,7 @@ async def _check_replication(chaos, bkc, lids: list[int], really_lost: dict[int,
             # its worker copies one share at a time: its other shares may still be on their way
             # (seed 60435: checked 1 s after the heal, a hole in segment 0 not yet copied). Wait
             # for them within the same deadline; one still missing then is a failure.
-            if not bad or lid not in really_lost or time.monotonic() > deadline:
+            if not bad or lid not in really_lost or budget.expired():
                 break
             await asyncio.sleep(0.2)
             md = await bkc.get_ledger_metadata(lid)
@@ -384,7 +385,7 @@ async def verify(chaos, result) -> None:
             lid = chaos.ledgers.get(plan.index)
             if lid is None:
                 continue
-            rh, error = await _recover(chaos, bkc, lid)
+            rh, error, budget = await _recover(chaos, bkc, lid)
             md = await bkc.get_ledger_metadata(lid)
             acked = h.acknowledged(lid)
             result.acked += len(acked)
@@ -401,7 +402,7 @@ async def verify(chaos, result) -> None:
                     for line in describe_bookies(chaos.cluster):  # a stuck read shows here (diagnose.py)
                         chaos.note(line)
                     out.append(f"liveness: ledger {lid} ({plan.shape}) still {md.state.name} after"
-                               f" {RECOVERY_WAIT_S:g}s of recovery, though no entry it had to read may have"
+                               f" {budget.describe()} of recovery, though no entry it had to read may have"
                                f" been lost by AQ {md.ack_quorum_size} bookies of its write set: {error!r}")
                 else:
                     chaos.note(f"ledger {lid} stays {md.state.name}, recovery rightly refuses to guess: {stall}:"
