@@ -421,6 +421,38 @@ def test_a_journal_off_crash_excuses_an_open_ledger_only_where_a_checkpoint_had_
     assert verify.recovery_may_stall(chaos, md, 8).startswith("entry 0: 2 bookies")
 
 
+def test_the_entry_before_the_last_segment_which_recovery_reads_for_the_length_may_excuse_it():
+    """Seed 111343: journal off, a 2/2/2 ledger's entries 0-8 acknowledged by bookies 0 and 1,
+    which then lost power together before any checkpoint; the writer moved entries 9- to a new
+    segment and crashed before any was acknowledged. Recovery finds nothing in the last segment
+    and reads entry 8, the last one before it, for the ledger's length: lost on both bookies of
+    its write set, so recovery rightly refuses to close. The checker looked only from the last
+    segment's first entry on, and called the ledger left open a liveness failure."""
+    chaos = _chaos(journal=False)
+    _acknowledge(chaos, 7, 9)
+    for i in (0, 1):
+        storage = chaos.cluster.storage(i)
+        for e in range(9):
+            storage.put(7, e, b"e%d" % e)
+        chaos.mark_crashed(i)
+    md = LedgerMetadata(ensemble_size=2, write_quorum_size=2, ack_quorum_size=2,
+                        segments=((0, BOOKIES[:2]), (9, [BOOKIES[2], BOOKIES[0]])), state=LedgerState.OPEN,
+                        last_entry_id=-1, password=PASSWORD)
+    assert verify.recovery_may_stall(chaos, md, 7).startswith("entry 8: 2 bookies")
+    checkpointed = _chaos(journal=False)  # the same, but a checkpoint of bookie 0 covered entry 8
+    _acknowledge(checkpointed, 7, 9)
+    for i in (0, 1):
+        storage = checkpointed.cluster.storage(i)
+        for e in range(9):
+            storage.put(7, e, b"e%d" % e)
+        if i == 0:
+            storage.checkpoint()
+        checkpointed.mark_crashed(i)
+    assert verify.recovery_may_stall(checkpointed, md, 7) is None
+    chaos.history.ok(chaos.history.invoke(7, b"e9"), 9)  # the last segment's first acknowledged: found
+    assert verify.recovery_may_stall(chaos, md, 7) is None
+
+
 def test_bookies_that_cannot_answer_the_fence_excuse_an_open_ledger():
     """Two of the three bookies refused to come back (AQ 2): fencing cannot reach E - AQ + 1 = 2
     proofs, every ledger on them may stay open."""

@@ -88,8 +88,12 @@ def recovery_may_stall(chaos, md, ledger_id: int) -> str | None:
       holds it if it was acknowledged (AQ of WQ did), or says "no". So the entry can stall
       recovery only when >= AQ bookies of its write set may have lost it. The entries looked at
       are the last segment's first up to one past the highest id any add of the ledger could
-      have been given (the entry whose absence ends the scan); a flip in another ledger, or in
-      an entry recovery never reads, excuses nothing."""
+      have been given (the entry whose absence ends the scan), and the entry just before the
+      last segment when that segment's first entry was never acknowledged: finding nothing
+      there to close on, recovery reads it for the ledger's length (recovery._length_of; seed
+      111343: the writer's new segment got no acknowledged entry, and the entry before it was
+      lost on both bookies of a journal-off power loss). A flip in another ledger, or in an
+      entry recovery never reads, excuses nothing."""
     last_first, last_ensemble = md.last_segment[0], list(md.last_segment[1])
     mute = {chaos.cluster.bookie_id(i) for i in chaos.refused}
     mute |= {chaos.cluster.bookie_id(i) for i, entries in chaos.flipped.items()
@@ -99,7 +103,10 @@ def recovery_may_stall(chaos, md, ledger_id: int) -> str | None:
         return f"{unfenced} of its last ensemble may not answer the fence (AQ {md.ack_quorum_size})"
     ops = chaos.history.ops(ledger_id)
     end = max([len(ops)] + [op.entry_id + 1 for op in ops if op.entry_id is not None])
-    for e in range(max(last_first, 0), end + 1):
+    # recovery reads the entry before the last segment only when it finds that segment's first
+    # entry absent, which an acknowledged first entry never is
+    first = last_first - 1 if last_first > 0 and last_first not in chaos.history.acknowledged(ledger_id) else last_first
+    for e in range(max(first, 0), end + 1):
         lossy = lossy_in_write_set(chaos, md, ledger_id, e)
         if len(lossy) >= md.ack_quorum_size:
             why = {b: r for i, r in chaos.excuses(ledger_id, e).items()
