@@ -50,6 +50,28 @@ STATUS_KEYS = ("last_run_start_ms", "last_run_duration_ms", "passes", "bytes_fre
                "logs_compacted", "ledgers_deleted", "errors")
 
 
+class _Paused:
+    """Time spent inside the GC's own work (a deletion's checkpoint) while the metadata
+    scan runs: the scan's backstop counts only the rest, the store's time. The checkpoint
+    is written on the loop thread and read by the GC thread (floats, under the GIL)."""
+
+    def __init__(self):
+        self.total = 0.0
+        self._since: float | None = None
+
+    def __enter__(self):
+        self._since = time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        self.total += time.monotonic() - self._since
+        self._since = None
+
+    def __call__(self) -> float:
+        since = self._since
+        return self.total + (time.monotonic() - since if since is not None else 0.0)
+
+
 class _Request:
     def __init__(self, force_major: bool, force_minor: bool, only_logs: tuple[int, ...] | None = None):
         self.force_major = force_major
@@ -319,6 +341,7 @@ class GarbageCollector:
         local = frozenset(storage.run_on_owner(storage.ledger_ids))
         forgotten: list[int] = []  # forgotten on the owner thread (loop), in order
         durable = [0]  # forgotten[:durable[0]] are checkpointed and synced
+        checkpointing = _Paused()
 
         async def delete(ids: list[int]) -> list[int]:
             """On the loop (the owner thread): forget the ledgers, then make it durable.
@@ -331,7 +354,8 @@ class GarbageCollector:
             forgotten.extend(ids)
             # Shielded: a cancelled scan (stop, backstop) leaves the checkpoint running;
             # the GC thread then makes the deletions durable itself before going on.
-            await asyncio.shield(asyncio.to_thread(self._make_durable))
+            with checkpointing:
+                await asyncio.shield(asyncio.to_thread(self._make_durable))
             durable[0] = len(forgotten)
             self.step_hook("after_ledger_delete", -1)
             return ids
@@ -340,8 +364,11 @@ class GarbageCollector:
         found: dict = {}
         try:
             # A backstop only: the policy keeps to its own budget (10 call timeouts) and
-            # still deletes what it verified when that runs out.
-            found = self._on_loop(self.policy.find_garbage(set(local), delete), timeout_s * 20)
+            # still deletes what it verified when that runs out. It counts the store's time,
+            # not the checkpoints of the deletions: on a loaded disk those may be long, and
+            # a backstop that fired on them would throw away the pass's count of what is left.
+            found = self._on_loop(self.policy.find_garbage(set(local), delete), timeout_s * 20,
+                                  paused=checkpointing)
         except Exception as e:  # store error, timeout, session loss: nothing more is garbage
             out["errors"].append(f"metadata scan failed: {type(e).__name__}: {e}")
             log.warning("GC: metadata scan failed; no (further) ledger deleted this pass: %s", e)
@@ -366,9 +393,10 @@ class GarbageCollector:
         even after a power cut."""
         self.storage.checkpoint_deletions()
 
-    def _on_loop(self, coro, timeout_s: float):
-        """Run coro on the loop; raise on stop or after timeout_s, once it has ended (a
-        cancelled scan must not go on deleting while this thread goes on)."""
+    def _on_loop(self, coro, timeout_s: float, paused: Callable[[], float] = lambda: 0.0):
+        """Run coro on the loop; raise on stop or after timeout_s (not counting the time
+        `paused` reports), once it has ended (a cancelled scan must not go on deleting
+        while this thread goes on)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             coro.close()
@@ -395,7 +423,7 @@ class GarbageCollector:
         # Polled (not fut.result(timeout)): the coroutine's own TimeoutError must not
         # read as "not done yet", and a stopping bookie must not wait for the scan.
         while not concurrent.futures.wait([fut], timeout=0.2).done:
-            if self._stopping or time.monotonic() >= deadline:
+            if self._stopping or time.monotonic() >= deadline + paused():
                 try:
                     loop.call_soon_threadsafe(cancel)
                 except RuntimeError:  # the loop closed: nothing runs there any more

@@ -8,6 +8,7 @@ is found and released, so AutoRecovery can take the ledger.
 The store is the in-memory one with the slowness and the lost replies injected around
 it (bk.testing.slow_store); the policy is the bookie's own ScanAndCompareGarbageCollector."""
 import asyncio
+import time
 
 from bk import eventloop
 from bk.bookie import Bookie
@@ -23,13 +24,16 @@ ME, OTHER = "me:3181", "other:3181"
 DOOMED = range(1, 20_001)  # local ledgers whose metadata is gone
 LIVE = range(30_001, 30_006)  # local ledgers with metadata
 SIZE = 100
+READ_DELAY_S = 0.2
 
 
 def make_config(tmp_path, **extra):
-    # gc_metadata_timeout_ms 300: a read answers in 100 ms, the metadata phase of a pass has
-    # 10 x 300 ms; verifying 20,000 candidates takes 100 batches of 200 reads (10 s): the
-    # old all-or-nothing phase (and its one-at-a-time reads, 2,000 s) never deletes anything.
-    values = dict(gc_wait_time_ms=3_600_000, gc_metadata_timeout_ms=300,
+    # gc_metadata_timeout_ms 1000: a read answers in 200 ms (READ_DELAY_S), the metadata
+    # phase of a pass has 10 x 1 s; verifying 20,000 candidates takes 100 batches of 200
+    # reads (20 s): the old all-or-nothing phase (and its one-at-a-time reads, 4,000 s)
+    # never deletes anything. A read times out only when it takes 5x its delay (a loaded
+    # CI host once made 300 ms of 100 ms).
+    values = dict(gc_wait_time_ms=3_600_000, gc_metadata_timeout_ms=1000,
                   gc_over_replicated_ledger_max_concurrent_requests=200,
                   gc_over_replicated_ledger_wait_time_ms=0, journal_write_data=False)
     values.update(extra)
@@ -72,7 +76,7 @@ def test_backlog_shrinks_pass_after_pass_with_a_slow_store(tmp_path):
             setup = InMemoryStore(tree)
             for lid in LIVE:
                 await create_metadata(setup, lid, ME)
-            slow = SlowStore(InMemoryStore(tree), delay_s=0.1, delayed=("get",), fail=fail)
+            slow = SlowStore(InMemoryStore(tree), delay_s=READ_DELAY_S, delayed=("get",), fail=fail)
             b.gc.policy = ScanAndCompareGarbageCollector(slow, cfg, ME)
             lefts, total_deleted = [], 0
             for _ in range(30):
@@ -194,4 +198,32 @@ def test_a_lost_lock_call_never_releases_a_lock_someone_holds():
             await m.close()
         await other_session.store.close()
         await session.close()
+    eventloop.run(main())
+
+
+def test_a_slow_checkpoint_of_the_deletions_keeps_the_count_of_what_is_left(tmp_path):
+    """The scan's backstop (20 call timeouts) counts the store's time, not the time GC's
+    own checkpoints of each deleted batch take: on a loaded disk one checkpoint may take
+    longer than the whole backstop, and a backstop that fired then reported the pass as a
+    failed scan with an unknown count left (CI, 2026-11-27)."""
+    cfg = make_config(tmp_path, gc_metadata_timeout_ms=50, gc_over_replicated_ledger_max_concurrent_requests=10)
+    doomed = range(1, 61)
+
+    async def main():
+        async with Bookie(cfg) as b:
+            await add_ledgers(b, doomed)
+            store = InMemoryStore(MemoryTree("slow-checkpoint"))
+            b.gc.policy = ScanAndCompareGarbageCollector(store, cfg, ME)
+            real = b.gc._make_durable
+
+            def slow_make_durable():  # longer than the backstop (1 s) by itself
+                real()
+                time.sleep(1.5)
+            b.gc._make_durable = slow_make_durable
+            out = await asyncio.to_thread(trigger, b)
+            assert not any("metadata scan failed" in e for e in out["errors"]), out["errors"]
+            deleted = out["ledgers_deleted"]
+            assert deleted and out["candidates_left"] == len(doomed) - len(deleted), out
+            assert b.gc.status()["candidates_left"] == out["candidates_left"]
+            await store.close()
     eventloop.run(main())
