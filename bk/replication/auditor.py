@@ -23,7 +23,10 @@ Periodic work: the bookie check (every `auditor_periodic_bookie_check_interval_s
 first at start, through the delay rules above) marks the ledgers of every bookie
 named in some ledger's metadata but not registered; the ledger check (every
 `auditor_periodic_check_interval_s`) probes every bookie's share of every
-segment (LedgerChecker) and marks ledgers whose bookies lost entries. Its last
+segment (LedgerChecker) and marks ledgers whose bookies lost entries, or could
+not be asked about them though registered (as BookKeeper's checker, which counts
+any failed read as a bad fragment: the worker's own check then decides what to
+copy; an unregistered bookie is the bookie check's, with its delay). Its last
 run is kept in `underreplication/checkallledgersctime` (BookKeeper's znode): an
 auditor that starts waits only what is left of the interval since then, and runs
 the check at once when it is overdue (`bk shell forceauditchecks -calc` sets it 21
@@ -311,13 +314,19 @@ class Auditor:
     async def check_all_ledgers(self) -> int:
         """The periodic ledger check: probe every bookie's share of every segment with an end."""
         async with self._lock:
-            marked = 0
+            marked = unanswered = 0
             async for ledger_id, md in self._ledgers():
                 result = await self.checker.check(ledger_id, md)
-                if result.missing:
-                    await self._mark(ledger_id, result.missing)
+                unknown = result.unknown & self.available
+                if unknown:
+                    unanswered += 1
+                    log.warning("auditor: ledger %d: %s did not answer for their share(s) %s: marked", ledger_id,
+                                sorted(unknown), sorted(s for s in result.unknown_shares if s[1] in unknown))
+                if result.missing or unknown:
+                    await self._mark(ledger_id, result.missing | unknown)
                     marked += 1
-            log.info("auditor: ledger check done: %d ledger(s) marked", marked)
+            log.info("auditor: ledger check done: %d ledger(s) marked (%d on shares that could not be read)",
+                     marked, unanswered)
             return marked
 
     async def check_placement(self) -> PlacementCheckResult:

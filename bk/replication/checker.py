@@ -7,9 +7,13 @@ that bookie - BookKeeper's LedgerChecker does the same. The answer per bookie:
 - an EOK whose digest verifies: present;
 - an explicit ENOENTRY / ENOLEDGER, or bytes that fail verification: missing -
   the bookie lost (part of) its share and the ledger is under-replicated;
-- anything else (connection refused, timeout, EIO): unknown. A bookie that is
-  down is the bookie check's business (it is not registered); the checker
-  never marks on an answer that proves nothing.
+- anything else (connection refused, timeout, EIO): unknown. A probe whose
+  connection broke is asked once more first, on a new connection: a broken
+  stream (a TLS session a network fault cut bytes from) fails the first request
+  sent on it after the network heals, and says nothing about the bookie.
+What to do with unknown shares is the caller's: the auditor marks those of
+registered bookies (BookKeeper's checker counts every failed read as a bad
+fragment), the replication worker copies them.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from bk.errors import BKError, DigestMismatchError, ReplicationError
+from bk.errors import BKError, BookieConnectionError, DigestMismatchError, ReplicationError
 from bk.meta.ledger_metadata import LedgerMetadata
 from bk.proto import StatusCode
 
@@ -28,6 +32,8 @@ log = logging.getLogger(__name__)
 
 EOK = int(StatusCode.EOK)
 NEGATIVE = (int(StatusCode.ENOENTRY), int(StatusCode.ENOLEDGER))
+PROBE_TRIES = 2  # a probe whose connection broke, or could not be made, is sent once more
+RETRY_PAUSE_S = 0.05
 
 
 Share = tuple[int, str]  # (first entry of a segment, a bookie of it): that bookie's share of the segment
@@ -50,12 +56,18 @@ class LedgerChecker:
 
     async def _probe(self, digest, bookie: str, entry_id: int) -> bool | None:
         """True present, False missing, None unknown."""
-        async with self._slots:
-            try:
-                client = self.pool.get(bookie)
-                response = await client.call(client.send_read, digest.ledger_id, entry_id)
-            except BKError:
-                return None
+        for attempt in range(PROBE_TRIES):
+            async with self._slots:
+                try:
+                    client = self.pool.get(bookie)
+                    response = await client.call(client.send_read, digest.ledger_id, entry_id)
+                    break
+                except BookieConnectionError:
+                    if attempt + 1 == PROBE_TRIES:
+                        return None
+                except BKError:  # a timeout has waited its time already; the rest is an answer
+                    return None
+            await asyncio.sleep(RETRY_PAUSE_S)
         if response.rc == EOK:
             try:
                 digest.verify_entry(entry_id, response.body)

@@ -138,3 +138,54 @@ def test_seed62830_an_in_process_crash_calls_the_event_loop_only_from_its_thread
     with asyncio.Runner(loop_factory=checked_loop_factory(foreign)) as runner:
         runner.run(main())
     assert [line for calls in foreign for line in calls.describe()] == []
+
+
+@pytest.mark.timeout(60)
+def test_seed123424_a_share_probed_on_a_stream_a_drop_fault_broke_is_asked_again(tmp_path):
+    """python -m bk.testing.chaos --seed 123424 (TLS, AutoRecovery): a bookie lacked two
+    entries of its share after AutoRecovery and no marker was left. The chaos proxy cannot
+    find frames in TLS (a record header read as a length prefix is out of range), so a drop
+    fault drops raw chunks: the bookie's TLS session breaks when the next record reaches it,
+    and the first request a client sends on that connection after the heal fails with the
+    connection lost. When that request was the audit's probe of the lacking share, the
+    checker answered "unknown" and the auditor did not mark the ledger. A probe whose
+    connection broke is now asked again on a new one, and finds the share missing."""
+    from bk.meta.underreplication import LedgerUnderreplicationManager
+    from bk.replication import Auditor, LedgerChecker
+    from bk.replication.admin import list_underreplicated
+    from bk.testing.chaos.clients import tls_config
+    from bk.testing.chaos.clusters import InProcessChaosCluster
+    from bk.testing.proxy import Rule
+
+    async def main():
+        tls, trust = tls_config(str(tmp_path))
+        cluster = await InProcessChaosCluster(str(tmp_path / "c"), 2, **tls).start()
+        try:
+            async with BookKeeper(cluster.metadata_uri, tls_trust_store=trust, read_timeout_s=1) as bkc:
+                lh = await bkc.create_ledger(2, 2, 2, password=b"pw")
+                for i in range(5):
+                    await lh.add_entry(b"entry %d" % i)
+                await lh.close()
+                md = await bkc.get_ledger_metadata(lh.ledger_id)
+                checker = LedgerChecker(bkc.pool)
+                assert not (await checker.check(lh.ledger_id, md)).unknown  # the connections exist
+                lacking = cluster.bookie_id(1)
+                client = bkc.pool.get(lacking)
+                rule = cluster.proxy(1).add_rule(Rule("up", None, "drop"))  # the chaos "drop all up"
+                with pytest.raises(Exception):  # unanswered: its bytes never reached the bookie
+                    await client.call(client.send_read, lh.ledger_id, 0)
+                cluster.proxy(1).remove_rule(rule)  # healed; the TLS stream has a hole
+                cluster.servers[1].bookie.storage.delete_ledger(lh.ledger_id)  # the share is lost
+                result = await checker.check(lh.ledger_id, md)
+                assert result.missing == {lacking} and not result.unknown, result
+                auditor = await Auditor(bkc, LedgerUnderreplicationManager(bkc.store), "auditor:1",
+                                        check_interval_s=0, bookie_check_interval_s=0).start()
+                try:
+                    assert await auditor.check_all_ledgers() == 1
+                    marks = await list_underreplicated(auditor.urm)
+                    assert [(m.ledger_id, sorted(m.missing_replicas)) for m in marks] == [(lh.ledger_id, [lacking])]
+                finally:
+                    await auditor.stop()
+        finally:
+            await cluster.stop()
+    asyncio.run(main())

@@ -20,6 +20,7 @@ from bk.errors import LedgerClosedError, LedgerFencedError
 from bk.meta import open_store
 from bk.meta.cluster import init_new_cluster
 from bk.meta.underreplication import LedgerUnderreplicationManager
+from bk.proto import StatusCode
 from bk.replication import Auditor, AuditorElector, ReplicationWorker, current_auditor
 from bk.replication.admin import list_underreplicated, trigger_audit
 from bk.testing.inprocess import InProcessCluster
@@ -165,6 +166,25 @@ async def test_startup_bookie_check_and_periodic_ledger_check():
         await until(lambda: marked_has(urm, a.ledger_id), "startup bookie check marked ledger a")
         await until(lambda: marked_has(urm, b.ledger_id), "ledger check marked ledger b")
         assert await marked(urm) == {a.ledger_id: (ids[0],), b.ledger_id: (ids[3],)}
+        await auditor.stop()
+
+
+@run_async
+async def test_ledger_check_marks_a_registered_bookie_that_cannot_answer_and_leaves_a_lost_one_to_the_bookie_check():
+    """A registered bookie that answers a probe with an error (EIO: it may have lost the
+    share) is marked by the ledger check, as BookKeeper's checker counts any failed read as
+    a bad fragment; the worker's own check then decides what to copy. A bookie that is not
+    registered is the bookie check's, with its delay: the ledger check leaves it alone."""
+    async with FakeCluster(4) as cluster, BookKeeper(cluster.metadata_uri, read_timeout_s=2) as bkc:
+        ids = [b.bookie_id for b in cluster.bookies]
+        a, _ = await write_ledger(bkc, 9, ensemble=ids[:3])
+        b, _ = await write_ledger(bkc, 9, ensemble=ids[1:4], seed=2)
+        cluster.bookies[0].read_hook = lambda req: int(StatusCode.EIO)
+        await cluster.kill(cluster.bookies[3])
+        auditor, urm = await start_auditor(bkc, delay_s=3600, check_interval_s=0, bookie_check_interval_s=0)
+        await until(lambda: ids[3] not in auditor.available, "bookie 3 seen gone")
+        assert await auditor.check_all_ledgers() == 1
+        assert await marked(urm) == {a.ledger_id: (ids[0],)}
         await auditor.stop()
 
 
