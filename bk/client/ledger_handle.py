@@ -174,6 +174,12 @@ class LedgerHandle(ReadHandle):
         return self._ensemble
 
     @property
+    def failed_bookies(self) -> frozenset[str]:
+        """Bookies of the ensemble this writer saw fail and is replacing (or, with a delayed
+        ensemble change, keeps): it sends them no add and counts none of their answers."""
+        return frozenset(self._core.failed_bookies)
+
+    @property
     def pending_adds(self) -> int:
         return len(self._core.pending)
 

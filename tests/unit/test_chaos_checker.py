@@ -566,3 +566,44 @@ def test_a_ledger_that_lost_entries_for_real_gets_time_to_have_its_other_shares_
 def test_a_share_never_copied_is_still_a_failure(monkeypatch):
     out, _ = _replication_verdict(monkeypatch, copied_after=None)
     assert len(out) == 1 and out[0].startswith("replication: ledger 7") and BOOKIES[2] in out[0], out
+
+
+def test_the_fence_probe_leaves_out_the_bookies_the_old_writer_saw_fail(tmp_path):
+    """Seed 133302 (process cluster; a writer partitioned from one bookie of a 3/3/1 ledger, then
+    killed): 'fence: 1 bookies of the old writer's ensemble accepted a plain add'. Its ensemble
+    change had replaced that bookie in the metadata, and the writer was killed before it applied
+    the change to its own view; recovery fenced the metadata's last segment, which rightly left
+    the replaced bookie out. A writer sends no add to a bookie it saw fail and counts none of its
+    answers, so the probe that stands for the old writer leaves those bookies out too."""
+    from bk.client import BookKeeper
+    from bk.proto import master_key
+    from bk.testing.chaos.clients import CrashableHandle
+    from bk.testing.inprocess import InProcessCluster
+
+    async def main():
+        async with InProcessCluster(tmp_path, bookies=4) as cluster:
+            ids = cluster.bookie_ids
+            async with BookKeeper(cluster.metadata_uri) as other:
+                writer = BookKeeper(cluster.metadata_uri)
+                await writer.start()
+                writer.placement.new_ensemble = lambda size, writable, exclude=(), **_: list(ids[:3])
+                lh = await writer.create_ledger(3, 3, 1, password=PASSWORD)
+                for i in range(5):
+                    await lh.add_entry(b"entry %d" % i)
+                # the writer saw ids[2] fail; its change to [0, 1, 3] reached the metadata, then it died
+                lh._core.failed_bookies.add(ids[2])
+                await other.ledger_manager.update_ledger_metadata(
+                    lh.ledger_id, lambda md: md.with_ensemble_change(5, (ids[0], ids[1], ids[3])))
+                CrashableHandle(lh, writer).crash()
+                await other.open_ledger(lh.ledger_id, password=PASSWORD, recovery=True)
+                md = await other.get_ledger_metadata(lh.ledger_id)
+                assert md.is_closed and md.last_entry_id == 4
+                chaos = types.SimpleNamespace(handles={0: lh}, crashed_writers={0},
+                                              history=types.SimpleNamespace(events=lambda lid: []))
+                plan = types.SimpleNamespace(index=0, writer_end="dies")
+                out: list[str] = []
+                await verify._check_fence(chaos, plan, lh.ledger_id, md, out)
+                assert out == []
+                # the bookie itself accepts the add: it was never fenced (so the probe did decide)
+                assert await verify._raw_add(ids[2], lh.ledger_id, 5, master_key(PASSWORD)) == 0
+    asyncio.run(main())
