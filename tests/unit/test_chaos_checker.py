@@ -607,3 +607,31 @@ def test_the_fence_probe_leaves_out_the_bookies_the_old_writer_saw_fail(tmp_path
                 # the bookie itself accepts the add: it was never fenced (so the probe did decide)
                 assert await verify._raw_add(ids[2], lh.ledger_id, 5, master_key(PASSWORD)) == 0
     asyncio.run(main())
+
+
+def test_a_restarted_bookies_negative_is_noted_with_its_limbo_and_repair(tmp_path):
+    """Seed 133214's failure (a restarted journal-off bookie answered ENOENTRY for an acknowledged
+    entry) did not replay, and its trace said nothing of that bookie's state: the trace now notes
+    the ledger's segments and, in-process, the bookie's limbo, fence, what it stores and its repair."""
+    from bk.client import BookKeeper
+    from bk.testing.chaos.clusters import InProcessChaosCluster
+
+    async def main():
+        cluster = await InProcessChaosCluster(str(tmp_path / "c"), 2).start()
+        try:
+            async with BookKeeper(cluster.metadata_uri) as bkc:
+                lh = await bkc.create_ledger(2, 2, 2, password=PASSWORD)
+                for i in range(3):
+                    await lh.add_entry(b"entry %d" % i)
+                await lh.close()
+                md = await bkc.get_ledger_metadata(lh.ledger_id)
+            notes: list[str] = []
+            chaos = types.SimpleNamespace(cluster=cluster, note=notes.append)
+            await verify._note_negative(chaos, 1, lh.ledger_id, 7, md)
+            assert len(notes) == 2, notes
+            assert notes[0].endswith("segments 0: [0, 1]") or "segments 0: [1, 0]" in notes[0], notes
+            assert "in limbo False, fenced False, highest entry stored 2, entry 7 missing True" in notes[1], notes
+            assert "phase one None; repair None" in notes[1], notes
+        finally:
+            await cluster.stop()
+    asyncio.run(main())

@@ -198,7 +198,28 @@ async def _check_restarted_answers(chaos, bkc, out: list[str]) -> None:
                 if r.rc in NEGATIVE:
                     out.append(f"no-such-entry: restarted journal-off bookie {i} answered {StatusCode(r.rc).name}"
                                f" for acknowledged entry {entry_id} of ledger {lid}")
+                    await _note_negative(chaos, i, lid, entry_id, md)
                     break
+
+
+async def _note_negative(chaos, i: int, lid: int, entry_id: int, md) -> None:
+    """What the trace needs to explain a restarted bookie's negative: the ledger's segments and,
+    in-process, that bookie's limbo, its repair (BP-46 phase two) and what it stores of the ledger."""
+    chaos.note(f"ledger {lid} (state {md.state.name}, last entry {md.last_entry_id}): segments "
+               + "; ".join(f"{first}: {[chaos.cluster.index_of(b) for b in e]}" for first, e in md.segments))
+    server = getattr(chaos.cluster, "servers", {}).get(i)
+    bookie = getattr(server, "bookie", None)
+    if bookie is None:
+        return
+    try:
+        repair = server.repair.status.as_dict() if getattr(server, "repair", None) is not None else None
+        stored = bookie.storage.last_entry_id(lid)  # on the loop: the storage's owner thread
+        missing = await asyncio.to_thread(bookie.missing_entries, lid, [entry_id])
+        chaos.note(f"bookie {i}: ledger {lid} in limbo {bookie.is_limbo(lid)}, fenced {bookie.is_fenced(lid)},"
+                   f" highest entry stored {stored}, entry {entry_id} missing {missing == [entry_id]};"
+                   f" phase one {server.phase_one}; repair {repair}")
+    except Exception as e:  # a diagnosis, never a failure of its own
+        chaos.note(f"bookie {i}: its state could not be read: {e!r}")
 
 
 async def _raw_add(bookie_id: str, lid: int, entry_id: int, key: bytes) -> int | None:
