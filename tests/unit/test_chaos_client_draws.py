@@ -164,3 +164,24 @@ def test_the_summary_counts_the_client_side():
                                        "writer-crash": {"runs": 1, "faults": 1, "failed_runs": 0}}}
     recorded = runner.client_table([run(4, True, long_ledger=True, acked=[9, 1500])])
     assert recorded["long_ledger_acked"] == 1500 and recorded["long_ledger_entries"] == 2000
+
+
+def test_where_runs_only_the_seeds_that_draw_the_named_cluster():
+    import argparse
+
+    import pytest
+
+    from bk.testing.chaos.__main__ import parse_where
+    where = dict([parse_where("journal=off"), parse_where("autorecovery=on"), parse_where("mode=inprocess")])
+    assert where == {"journal": False, "autorecovery": True, "mode": "inprocess"}
+    picked = runner.matching_seeds(range(133001, 134001), {}, where)
+    assert 133214 in picked and 0 < len(picked) < 300  # about 9% of seeds draw this cluster
+    for seed in picked:
+        s = generate(seed)
+        assert (s.journal, s.autorecovery, s.mode) == (False, True, "inprocess")
+    left_out = set(range(133001, 134001)) - set(picked)
+    assert all(generate(seed).journal or not generate(seed).autorecovery or generate(seed).mode != "inprocess"
+               for seed in left_out)
+    for bad in ("journal", "journal=maybe", "colour=red", "bookies=four"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_where(bad)

@@ -9,7 +9,7 @@ import sys
 from .gc_breaks import GC_BREAKS
 from .gc_runner import print_run
 from .nemesis import KINDS
-from .runner import investigate, run_many, run_one
+from .runner import investigate, matching_seeds, run_many, run_one
 
 BREAKS = ("ack-before-fsync", "forget-fence")
 
@@ -23,6 +23,25 @@ def parse_faults(text: str | None):
         return frozenset(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"--faults takes comma-separated fault indices or 'none', got {text!r}")
+
+
+WHERE_FIELDS = {"journal": bool, "autorecovery": bool, "tls": bool, "mode": str, "bookies": int}
+
+
+def parse_where(text: str) -> tuple[str, object]:
+    field, _, value = text.partition("=")
+    kind = WHERE_FIELDS.get(field)
+    if kind is None or not value:
+        raise argparse.ArgumentTypeError(f"--where takes FIELD=VALUE with FIELD one of {', '.join(WHERE_FIELDS)},"
+                                         f" got {text!r}")
+    if kind is bool:
+        if value not in ("on", "off"):
+            raise argparse.ArgumentTypeError(f"--where {field}= takes on or off, got {value!r}")
+        return field, value == "on"
+    try:
+        return field, kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--where {field}= takes {kind.__name__}, got {value!r}")
 
 
 def main(argv=None) -> int:
@@ -50,6 +69,9 @@ def main(argv=None) -> int:
     p.add_argument("--zk", dest="zk_connect", help="ZooKeeper connect string for process runs (default: start one)")
     p.add_argument("--time-limit", dest="time_limit_s", type=float, help="per-run time limit in seconds")
     p.add_argument("--keep-dir", action="store_true", help="keep each run's data directory")
+    p.add_argument("--where", action="append", type=parse_where, default=[], metavar="FIELD=VALUE",
+                   help="run only the seeds of the range whose drawn scenario has FIELD=VALUE (journal, autorecovery,"
+                        " tls: on/off; mode; bookies), to hunt a failure seen in one kind of cluster; repeatable")
     p.add_argument("--report", metavar="JSON", help="print markdown tables of a run's --json file (done or running)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--verbose", action="store_true", help="let bk's logging through")
@@ -78,7 +100,13 @@ def main(argv=None) -> int:
         if not r.ok and a.shrink:
             investigate(r.to_json(), options)
         return 0 if r.ok else 1
-    summary = run_many(range(a.start, a.start + a.seeds), options, jobs=a.jobs, json_path=a.json_path,
+    seeds = range(a.start, a.start + a.seeds)
+    if a.where:
+        seeds = matching_seeds(seeds, options, dict(a.where))
+        print(f"{len(seeds)} of the {a.seeds} seeds from {a.start} draw {' '.join(f'{k}={v}' for k, v in a.where)}",
+              flush=True)
+        options["where"] = {k: v for k, v in a.where}
+    summary = run_many(seeds, options, jobs=a.jobs, json_path=a.json_path,
                        progress=not a.quiet, shrink_limit=a.shrink_limit)
     brief = {k: v for k, v in summary.items() if k not in ("failures", "options")}
     brief["failed_seeds"] = [r["seed"] for r in summary["failures"]]

@@ -73,6 +73,13 @@ def scenario_for(seed: int, options: dict):
     return s if keep is None else s.keeping(keep)
 
 
+def matching_seeds(seeds, options: dict, where: dict) -> list[int]:
+    """The seeds whose drawn scenario has every `where` field's value (drawing is cheap: no run)."""
+    scenario_options = {k: v for k, v in options.items() if k != "where"}
+    return [seed for seed in seeds
+            if all(getattr(scenario_for(seed, scenario_options), k) == v for k, v in where.items())]
+
+
 def run_one(seed: int, options: dict, keep=None) -> RunResult:
     """Run `seed` (with `keep`, only those faults) in this process."""
     s = scenario_for(seed, {**options, "keep": keep if keep is not None else options.get("keep")})
