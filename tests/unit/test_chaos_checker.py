@@ -635,3 +635,118 @@ def test_a_restarted_bookies_negative_is_noted_with_its_limbo_and_repair(tmp_pat
         finally:
             await cluster.stop()
     asyncio.run(main())
+
+
+class _RacingMetadata:
+    """The checker's client, with one metadata read that loses a race: the read returns what
+    the store held, and before the checker gets it `meanwhile()` runs (a replication swap)."""
+
+    def __init__(self, bkc, meanwhile):
+        self.pool, self.ledger_manager, self._real, self._meanwhile = bkc.pool, self, bkc, meanwhile
+
+    async def read_ledger_metadata(self, ledger_id: int):
+        got = await self._real.ledger_manager.read_ledger_metadata(ledger_id)
+        if self._meanwhile is not None:
+            meanwhile, self._meanwhile = self._meanwhile, None
+            await meanwhile(got[0])
+        return got
+
+    async def get_ledger_metadata(self, ledger_id: int):
+        return (await self.read_ledger_metadata(ledger_id))[0]
+
+
+async def _restarted_without_its_entries(tmp_path, monkeypatch):
+    """A 3-bookie journal-off cluster, a closed 2/2/2 ledger of 5 entries on [A, B], B killed
+    (it loses them: no checkpoint ran) and restarted with its repair held (BP-46 phase one has
+    put the ledger in limbo). Returns (cluster, bkc, ledger id, A, B, C, the held repair's gate)."""
+    from bk.client import BookKeeper
+    from bk.replication.integrity import DataIntegrityCheck
+    from bk.testing.chaos.clusters import InProcessChaosCluster
+    gate, repair = asyncio.Event(), DataIntegrityCheck._repair
+
+    async def held(self, ledger_id):
+        await gate.wait()
+        return await repair(self, ledger_id)
+    monkeypatch.setattr(DataIntegrityCheck, "_repair", held)
+    cluster = await InProcessChaosCluster(str(tmp_path / "c"), 3, journal_write_data=False,
+                                          flush_interval_ms=600_000, data_integrity_repair_retry_max_s=0.2).start()
+    bkc = await BookKeeper(cluster.metadata_uri).start()
+    lh = await bkc.create_ledger(2, 2, 2, password=PASSWORD)
+    for i in range(5):
+        await lh.add_entry(b"entry %d" % i)
+    await lh.close()
+    a, b = (cluster.index_of(x) for x in lh.metadata.segments[0][1])
+    c = ({0, 1, 2} - {a, b}).pop()
+    await cluster.crash(b)
+    await cluster.restart(b)
+    bookie = cluster.servers[b].bookie
+    assert bookie.is_limbo(lh.ledger_id)
+    assert await asyncio.to_thread(bookie.missing_entries, lh.ledger_id, range(5)) == list(range(5))
+    return cluster, bkc, lh.ledger_id, a, b, c, gate
+
+
+def _restarted_chaos(cluster, b: int, lid: int, notes: list):
+    history = types.SimpleNamespace(acknowledged=lambda ledger: {e: b"entry %d" % e for e in range(5)})
+    return types.SimpleNamespace(cluster=cluster, crashed={b}, refused={}, ledgers={0: lid}, history=history,
+                                 note=notes.append)
+
+
+async def _limbo_cleared(bookie, lid: int) -> None:
+    for _ in range(200):
+        if not bookie.is_limbo(lid):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the held repair did not clear limbo")
+
+
+def test_seed133214_a_share_moved_away_while_the_checker_asked_is_not_a_false_negative(tmp_path, monkeypatch):
+    """Seed 133214 (in-process, journal off, AutoRecovery on): the restarted-bookie check read a
+    ledger's metadata once, then asked bookie 2 for each acknowledged entry of its share. Meanwhile
+    a replication worker (the auditor had marked bookie 2 while it was down) moved bookie 2's share
+    of the segment starting at entry 9 to another bookie, and bookie 2's repair, reading the new
+    metadata, had nothing of that segment to copy and cleared limbo: its ENOENTRY was right (the
+    entry is no longer its share), the checker judged it by metadata that no longer held. Here the
+    swap lands between the checker's metadata read and its entry reads, as then. The check now
+    judges a negative by the metadata read after it: a failure only if it did not change."""
+    from bk.replication.replicator import LedgerReplicator
+
+    async def main():
+        cluster, bkc, lid, a, b, c, gate = await _restarted_without_its_entries(tmp_path, monkeypatch)
+        try:
+            async def swap(md):
+                await LedgerReplicator(bkc).replicate_segment(lid, md, 0, cluster.bookie_id(b), cluster.bookie_id(c))
+                gate.set()
+                await _limbo_cleared(cluster.servers[b].bookie, lid)
+            notes: list[str] = []
+            out: list[str] = []
+            await verify._check_restarted_answers(_restarted_chaos(cluster, b, lid, notes), _RacingMetadata(bkc, swap),
+                                                  out)
+            md = await bkc.get_ledger_metadata(lid)
+            assert cluster.bookie_id(b) not in md.segments[0][1] and cluster.bookie_id(c) in md.segments[0][1]
+            assert out == [], (out, notes)
+        finally:
+            await bkc.close()
+            await cluster.stop()
+    asyncio.run(main())
+
+
+def test_a_negative_while_the_metadata_still_names_the_bookie_stays_a_failure(tmp_path, monkeypatch):
+    """The other side of seed 133214's fix: a restarted journal-off bookie that cleared limbo
+    without the entries of its share (here cleared by hand: a repair that skipped them) and
+    answers ENOENTRY is still a failure, with its notes."""
+    async def main():
+        cluster, bkc, lid, a, b, c, gate = await _restarted_without_its_entries(tmp_path, monkeypatch)
+        try:
+            await cluster.servers[b].bookie.clear_limbo([lid])
+            notes: list[str] = []
+            out: list[str] = []
+            await verify._check_restarted_answers(_restarted_chaos(cluster, b, lid, notes), _RacingMetadata(bkc, None),
+                                                  out)
+            assert out == [f"no-such-entry: restarted journal-off bookie {b} answered ENOENTRY for acknowledged"
+                           f" entry 0 of ledger {lid}"], out
+            assert "in limbo False" in notes[1], notes
+            gate.set()
+        finally:
+            await bkc.close()
+            await cluster.stop()
+    asyncio.run(main())
