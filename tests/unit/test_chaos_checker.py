@@ -688,7 +688,7 @@ async def _restarted_without_its_entries(tmp_path, monkeypatch):
 def _restarted_chaos(cluster, b: int, lid: int, notes: list):
     history = types.SimpleNamespace(acknowledged=lambda ledger: {e: b"entry %d" % e for e in range(5)})
     return types.SimpleNamespace(cluster=cluster, crashed={b}, refused={}, ledgers={0: lid}, history=history,
-                                 note=notes.append)
+                                 note=notes.append, rejudged={})
 
 
 async def _limbo_cleared(bookie, lid: int) -> None:
@@ -719,11 +719,15 @@ def test_seed133214_a_share_moved_away_while_the_checker_asked_is_not_a_false_ne
                 await _limbo_cleared(cluster.servers[b].bookie, lid)
             notes: list[str] = []
             out: list[str] = []
-            await verify._check_restarted_answers(_restarted_chaos(cluster, b, lid, notes), _RacingMetadata(bkc, swap),
-                                                  out)
+            chaos = _restarted_chaos(cluster, b, lid, notes)
+            await verify._check_restarted_answers(chaos, _RacingMetadata(bkc, swap), out)
             md = await bkc.get_ledger_metadata(lid)
             assert cluster.bookie_id(b) not in md.segments[0][1] and cluster.bookie_id(c) in md.segments[0][1]
             assert out == [], (out, notes)
+            # entry 0 was asked under the old metadata, answered ENOENTRY, and judged again: not its share
+            assert chaos.rejudged == {"restarted_negative_metadata_changed": 1}, notes
+            assert f"restarted bookie {b} answered ENOENTRY for entry 0 of ledger {lid} while its metadata" \
+                   f" changed (segments now 0: {[a, c]})" in notes[0], notes
         finally:
             await bkc.close()
             await cluster.stop()

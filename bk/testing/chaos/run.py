@@ -72,6 +72,7 @@ class RunResult:
     clients: dict = field(default_factory=dict)  # the client side drawn: client_draws
     storage: dict = field(default_factory=dict)  # the bookies' storage drawn (storage.py)
     reached: dict = field(default_factory=dict)  # what their counters say the run reached (storage.reached)
+    checker: dict = field(default_factory=dict)  # what the checker met that it judged again (verify.py)
 
     @property
     def excused_by_reason(self) -> dict[str, int]:
@@ -90,6 +91,7 @@ class RunResult:
                 "acked": self.acked, "lost_excused": self.lost_excused, "excused": self.excused,
                 "excused_by_reason": self.excused_by_reason, "duration_s": round(self.duration_s, 3),
                 "replay": self.replay, "clients": self.clients, "storage": self.storage, "reached": self.reached,
+                "checker": self.checker,
                 **({} if self.ok else {"trace": self.trace})}
 
 
@@ -152,6 +154,7 @@ class Chaos:
         self.disk_rules: dict[int, tuple[int, int]] = {}  # fault index -> (bookie, disk-fault rule id)
         self.disk_faults_applied: dict[int, int] = {}  # bookie -> disk rules ever applied to it
         self.applied = 0
+        self.rejudged: dict[str, int] = {}  # verify.py: answers judged again under newer metadata
         self.recoverers: list[asyncio.Task] = []
         self.tailed: list[tuple[int, int, bytes]] = []  # (plan index, entry id, bytes) tailing readers read
         self.clients: list[BookKeeper] = []  # writers' clients, closed when the run ends
@@ -472,6 +475,7 @@ async def _scenario(s: Scenario, work_dir: str, result: RunResult, zk_connect: s
         chaos.note(lag.summary())
         storage.record(chaos, stored, result)
         result.clients = client_draws(chaos)
+        result.checker = dict(chaos.rejudged)
         for c in chaos.clients:
             await c.close()
         await stop_routes(chaos)

@@ -183,6 +183,10 @@ def summarize(results: list[dict], wall_s: float, total: int) -> dict:
             "excused": [[r["seed"], x["ledger"], x["entry"], x["reason"]] for r in results
                         for x in r.get("excused", [])],
             "categories": dict(Counter(c for r in failures for c in r["categories"])),
+            # what the checker judged again under newer metadata (verify.py), summed, and its runs
+            "checker": dict(sorted(sum((Counter(r.get("checker", {})) for r in results), Counter()).items())),
+            "checker_runs": dict(sorted(Counter(k for r in results for k, v in r.get("checker", {}).items()
+                                                if v).items())),
             "mean_run_s": round(sum(r["duration_s"] for r in results) / max(1, len(results)), 3),
             "by_kind": table(results), "clients": client_table(results), "storage": storage_table(results),
             "failures": failures}

@@ -222,6 +222,8 @@ async def _ask_restarted(chaos, lm, client, i: int, lid: int, entry_id: int, md,
         md, version = await lm.read_ledger_metadata(lid)
         if version == asked_under:
             return md, version, r.rc
+        key = "restarted_negative_metadata_changed"  # in the run's JSON: how often seed 133214's race happens
+        chaos.rejudged[key] = chaos.rejudged.get(key, 0) + 1
         chaos.note(f"restarted bookie {i} answered {StatusCode(r.rc).name} for entry {entry_id} of ledger {lid}"
                    " while its metadata changed (segments now "
                    + "; ".join(f"{first}: {[chaos.cluster.index_of(b) for b in e]}" for first, e in md.segments)
