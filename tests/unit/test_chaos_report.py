@@ -7,7 +7,7 @@ import glob
 import json
 import os
 
-from bk.testing.chaos import runner
+from bk.testing.chaos import report, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -116,3 +116,18 @@ def test_the_storage_draw_and_what_it_reached_are_summed_and_shown():
     assert "| `s.json` | gc | 2 runs, 0 failed, 1.50 s | 1 runs, 1 failed, 3.00 s |" in text
     old = {k: v for k, v in summary.items() if k != "storage"}
     assert "storage reached" not in report.tables([("o.json", dict(old, results=results, drawn_for=""))])
+
+
+def test_the_answers_the_checker_judged_again_are_summed_and_tabled():
+    """Seed 133214's race (a share moved while the checker asked) is counted per run, summed per
+    batch and tabled in CHAOS.md, so a long run says how often it happens."""
+    results = [{"seed": s, "mode": "inprocess", "ok": True, "failures": [], "categories": [], "faults": [],
+                "faults_applied": 0, "acked": 1, "lost_excused": 0, "duration_s": 1.0,
+                "checker": c} for s, c in [(1, {}), (2, {"restarted_negative_metadata_changed": 2}),
+                                           (3, {"restarted_negative_metadata_changed": 1})]]
+    summary = runner.summarize(results, 3.0, 3)
+    assert summary["checker"] == {"restarted_negative_metadata_changed": 3}
+    assert summary["checker_runs"] == {"restarted_negative_metadata_changed": 2}
+    lines = report._checker_table([("x.json", summary)])
+    assert "| `x.json` restarted_negative_metadata_changed | 3 | 2 |" in lines
+    assert report._checker_table([("old.json", {"runs": 1})]) == []
