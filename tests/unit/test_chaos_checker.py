@@ -754,3 +754,46 @@ def test_a_negative_while_the_metadata_still_names_the_bookie_stays_a_failure(tm
             await bkc.close()
             await cluster.stop()
     asyncio.run(main())
+
+
+def test_seed190140_an_add_acknowledged_while_the_crash_waited_is_excused_by_it(tmp_path):
+    """Seed 190140 (process, journal off, a 2/2/2 ledger): the crash was dated when the nemesis
+    asked for it, but the kill came later (it waits for the bookie's lock and, for a process, a
+    thread, on a loaded host). An add sent in between was acknowledged by that bookie from its
+    write cache and lost with it, and the checker, taking the crash for one before the add,
+    called the entry unreadable though both bookies of its write set may have lost it. Here the
+    crash waits on the bookie's lock (held by the test) while entry 1 is added: the crash is now
+    dated when the bookie stops, and entry 1 is excused on it."""
+    from bk.client import BookKeeper
+    from bk.testing.chaos.clusters import InProcessChaosCluster
+    from bk.testing.chaos.nemesis import KINDS
+
+    async def main():
+        cluster = await InProcessChaosCluster(str(tmp_path / "c"), 2, journal_write_data=False,
+                                              flush_interval_ms=600_000).start()
+        try:
+            chaos = Chaos(_scenario(journal=False), cluster, [])
+            for i in range(2):
+                chaos.watch(i)
+            async with BookKeeper(cluster.metadata_uri) as bkc:
+                lh = await bkc.create_ledger(2, 2, 2, password=PASSWORD)
+                await lh.add_entry(b"entry 0")
+                fault = types.SimpleNamespace(bookie=0, index=0, param=lambda k, d=None: d)
+                async with cluster._locks[0]:  # the kill has to wait for the bookie's lock
+                    crash = asyncio.ensure_future(KINDS["crash"].apply(chaos, fault))
+                    for _ in range(5):
+                        await asyncio.sleep(0)
+                    assert not crash.done() and cluster.alive(0)
+                    chaos.sent_at[(lh.ledger_id, 1)] = __import__("time").monotonic()
+                    await lh.add_entry(b"entry 1")  # acknowledged by both bookies: AQ 2
+                assert (await crash).startswith("kill -9 bookie 0 (")
+                await cluster.restart(0)
+                gone = await asyncio.to_thread(cluster.servers[0].bookie.missing_entries, lh.ledger_id, range(2))
+                assert gone == [0, 1]  # the crash took both (journal off, no checkpoint ran)
+            md = _md(ensemble=[cluster.bookie_id(0), cluster.bookie_id(1)], last=1)
+            # bookie 0 lost it (write cache, no checkpoint): its crash came after the add was sent
+            assert chaos.excuses(lh.ledger_id, 1) == {0: "journal-off-crash"}
+            assert verify.lossy_in_write_set(chaos, md, lh.ledger_id, 1) == [cluster.bookie_id(0)]
+        finally:
+            await cluster.stop()
+    asyncio.run(main())

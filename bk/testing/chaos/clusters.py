@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 
 from bk.testing import breaks
 from bk.testing.cluster import ledger_dirs_of
@@ -131,10 +132,16 @@ class InProcessChaosCluster:
     def proxy(self, i: int) -> Proxy:
         return self.proxies[i]
 
-    async def crash(self, i: int) -> None:
+    async def crash(self, i: int) -> float | None:
+        """kill -9 bookie i; returns the instant it stopped (time.monotonic()), None if it was
+        down already. The crash gate closes before crash_bookie's first await: no add reaches
+        the bookie after that instant."""
         async with self._locks[i]:
-            if self.alive(i):
-                await self.inner.crash_bookie(i)
+            if not self.alive(i):
+                return None
+            stopped_at = time.monotonic()
+            await self.inner.crash_bookie(i)
+            return stopped_at
 
     async def power_loss(self, i: int, tear: bool, rng) -> str:
         async with self._locks[i]:
@@ -314,10 +321,20 @@ class ProcessChaosCluster:
         """Bookie i's watch files, one per storage instance it opened, oldest first."""
         return watch_files(self.watch_dir, self.bookie_id(i))
 
-    async def crash(self, i: int) -> None:
+    async def crash(self, i: int) -> float | None:
+        """SIGKILL bookie i; returns the instant the signal was sent (time.monotonic(), from the
+        thread that sent it), None if it was down already."""
         async with self._locks[i]:
             self.paused.discard(i)
-            await asyncio.to_thread(self.inner.kill, i)
+            if not self.alive(i):
+                return None
+            return await asyncio.to_thread(self._kill_now, i)
+
+    def _kill_now(self, i: int) -> float:
+        self.inner.bookies[i].signal(signal.SIGKILL)
+        stopped_at = time.monotonic()
+        self.inner.kill(i)  # reaps it
+        return stopped_at
 
     async def power_loss(self, i: int, tear: bool, rng) -> str:
         if not self.alive(i):

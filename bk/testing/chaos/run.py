@@ -176,9 +176,11 @@ class Chaos:
     def fault_rng(self, fault):
         return stream(self.s.seed, "fault", fault.index, "apply")
 
-    def mark_crashed(self, i: int) -> None:
+    def mark_crashed(self, i: int, at: float | None = None) -> None:
+        """Bookie i stopped at `at` (time.monotonic(); now when None): never earlier than it
+        really stopped, or an add it acknowledged in between would not be excused by it."""
         self.crashed.add(i)
-        self.crash_times.setdefault(i, []).append(time.monotonic())
+        self.crash_times.setdefault(i, []).append(time.monotonic() if at is None else at)
 
     def watch(self, i: int) -> None:
         """Watch the storage bookie i runs now (in-process; processes watch themselves:
