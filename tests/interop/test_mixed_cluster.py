@@ -213,14 +213,23 @@ def test_crashed_java_writer_recovered_by_bk_client(mixed, tmp_path):
 
 def test_a_live_java_writer_is_fenced_by_bk_recovery(mixed, tmp_path):
     """bk's client recovers a ledger a live Java writer is still adding to: the writer's later adds
-    fail (fenced), and what bk closed is what every reader sees."""
-    _, _, writer, log_path = recover_java_writer(mixed, tmp_path, 300_000, kill=False)
+    fail, nothing it saw acknowledged lies past what bk closed, and what bk closed is what every
+    reader sees (recover_and_check)."""
+    _, lac, writer, log_path = recover_java_writer(mixed, tmp_path, 300_000, kill=False)
     lines = [line for line in log_path.read_text().splitlines() if line.startswith("{")]
     answer = json.loads(lines[-1])
     assert writer.returncode != 0 and answer["adds_failed"] > 0, answer
-    # the client's own account of each failed write (bookie, rc) says why, if it was not a fence
+    assert answer["lac_after_writes"] <= lac, (answer, lac)
+    # The first failed add says how the fence reached the writer. LedgerFencedException when a
+    # bookie's EFENCED came while that add still waited for its ack quorum. When it came after
+    # the other two bookies of its write quorum (WQ 3) had acknowledged it (AQ 2), the Java
+    # client (4.17's PendingAddOp: any error on a completed add is notifyWriteFailed) takes the
+    # bookie for a failed one, and the ensemble change finds no spare among the 6 bookies
+    # (CI saw this once): NotEnoughBookies. Any other error is not the fence's doing.
     warnings = [line for line in log_path.read_text().splitlines() if " WARN " in line or " ERROR " in line]
-    assert "fenced" in answer["first_add_error"].lower(), (answer["first_add_error"], warnings[:40])
+    first = answer["first_add_error"].lower()
+    assert "fenced" in first or "rc=-6 not enough non-faulty bookies" in first, (answer["first_add_error"],
+                                                                                   warnings[:40])
 
 
 def test_a_live_bk_writer_is_fenced_by_the_java_clients_recovery(mixed):
