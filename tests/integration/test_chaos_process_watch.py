@@ -51,8 +51,11 @@ def test_a_killed_bookie_process_excuses_only_what_its_checkpoints_had_not_cover
                     chaos.sent_at[(lh.ledger_id, e)] = time.monotonic()
                     lh.async_add_entry(b"after %d" % e, lambda *a: None)  # stored? never checkpointed
                 await asyncio.sleep(0.2)
-                await cluster.crash(0)
-                chaos.mark_crashed(0)
+                asked = time.monotonic()
+                stopped_at = await cluster.crash(0)  # the instant its SIGKILL went (seed 190140)
+                assert asked <= stopped_at <= time.monotonic() and not cluster.alive(0)
+                assert await cluster.crash(0) is None  # down already: no second crash to date
+                chaos.mark_crashed(0, stopped_at)
                 await cluster.restart(0)
                 lid = lh.ledger_id
         finally:
