@@ -82,11 +82,14 @@ RAW_HINT_BYTES = 4 * RAW_SEQ_READ_BYTES
 RAW_HINT_AHEAD_BYTES = 9 * RAW_SEQ_READ_BYTES
 
 
-def drop_page_cache(path: str) -> int:
-    """posix_fadvise(DONTNEED) every file under `path` (clean pages only go); returns files touched."""
+def drop_page_cache(path: str, suffix: str = "") -> int:
+    """posix_fadvise(DONTNEED) every file under `path` whose name ends with `suffix` (clean pages
+    only go); returns files touched."""
     n = 0
     for root, _, files in os.walk(path):
         for name in files:
+            if not name.endswith(suffix):
+                continue
             try:
                 fd = os.open(os.path.join(root, name), os.O_RDONLY)
             except OSError:

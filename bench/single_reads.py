@@ -14,9 +14,11 @@ Sources, each its own ledger (written by bk's client, E=WQ=AQ=1):
   after the filler);
 - `read-cache`: a ledger pushed out to the entry logs by a filler of twice the write cache,
   read once before the timed pass (so its entries are in the read cache);
-- `cold`: like read-cache, but read for the first time, its entry-log pages dropped
-  (posix_fadvise DONTNEED) just before; read in entry order, so the read-ahead
-  (read_ahead_batch_size) serves most of it. Each cold row has a ledger of its own.
+- `cold`: like read-cache, but read for the first time, the bookie's pages dropped
+  (posix_fadvise DONTNEED) just before: every file's (`--cold all`: bk's LMDB index too, while
+  the Java bookie's index pages stay in its heap, IndexInMemoryPageManager) or the entry
+  logs' only (`--cold entry-logs`); read in entry order, so the read-ahead serves most of it.
+  Each cold row has a ledger of its own.
 
 Shapes: `1x8`, `1x100` (one connection, 8 / 100 READs in flight) and `8x8`
 (8 connections, 8 each); each for v2 and v3. Per row: reads/s (median over runs) and
@@ -49,6 +51,10 @@ from .stats import latency_summary_ms, parse_size, positive_int
 
 SHAPES = {"1x8": (1, 8), "1x100": (1, 100), "8x8": (8, 8)}
 SOURCES = ("write-cache", "read-cache", "cold")
+# --cold: which files' pages a cold row drops. "all" includes the index (bk's LMDB lives in the page
+# cache; the Java bookie's index pages live in its heap, LedgerCache, where no drop reaches them);
+# "entry-logs" drops the entries' files only, both bookies' (*.log), as a bookie long up has it.
+COLD_SUFFIX = {"all": "", "entry-logs": ".log"}
 _V2_READ_RESPONSE_FIXED = 4 + 4 + 16  # header, rc, ledger id, entry id
 
 
@@ -215,7 +221,7 @@ async def run_once(target: tuple, args, keys) -> dict:
                 if src == "read-cache":
                     await read_pass(host, port, ledger, 0, n, 2, "1x100", size)
                 else:
-                    drop_page_cache(data_dir)
+                    drop_page_cache(data_dir, COLD_SUFFIX[args.cold])
             print(f"  reading {src} {ver} {shape}", file=sys.stderr, flush=True)
             cpu0 = read_cpu_s(pid)
             out[key] = r = await read_pass(host, port, ledger, 0, n, version, shape, size)
@@ -288,6 +294,13 @@ def main(argv=None) -> int:
     p.add_argument("--bookie-set", type=bookie_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="a bookie setting (repeatable)")
     p.add_argument("--java", action="store_true", help="the same rows against a Java bookie too, runs alternated")
+    p.add_argument("--cold", choices=sorted(COLD_SUFFIX), default="all",
+                   help="what a cold row drops from the page cache: every file of the bookie (default; bk's "
+                        "LMDB index included, the Java bookie's index pages stay in its heap) or its entry "
+                        "logs only")
+    p.add_argument("--warm-up-runs", type=int, default=1, metavar="N",
+                   help="untimed runs of every row on each bookie first (default 1): the Java bookie's JIT "
+                        "compiles its read path during the first one (117 us of CPU per READ against 30-50 warm)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     keys = row_keys([int(v) for v in args.versions.split(",")], args.shapes.split(","), args.sources.split(","))
@@ -302,6 +315,11 @@ def main(argv=None) -> int:
                      cluster.bookies[0].proc.pid)
         java_target = stack.enter_context(java_bookie(cluster, cluster.data_dir, args.write_cache)) \
             if args.java else None
+        for i in range(args.warm_up_runs):
+            print(f"warm-up run {i + 1}/{args.warm_up_runs} (not counted)", file=sys.stderr)
+            for target in (bk_target, java_target):
+                if target is not None:
+                    eventloop.run(run_once(target, args, keys))
         for i in range(args.runs):
             print(f"run {i + 1}/{args.runs}", file=sys.stderr)
             # alternated: which system goes first changes every run
