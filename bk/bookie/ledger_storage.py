@@ -448,9 +448,34 @@ class LedgerStorage:
             batch = min(batch, max(1, READ_AHEAD_MAX_BYTES // record))
         return batch
 
+    def read_ahead_most(self, ledger_id: int) -> int:
+        """Entries a scan's read-ahead may grow to (ReadRuns doubles it run by run): what one read
+        holds of the ledger's records; read_ahead_count itself when that is 1 (read-ahead off,
+        or records larger than one read) or the record size is not known yet."""
+        count = self.read_ahead_count(ledger_id)
+        record = self.entry_logger.record_bytes(ledger_id)
+        return count if count <= 1 or not record else max(count, READ_AHEAD_MAX_BYTES // record)
+
+    def read_ahead_planned(self, ledger_id: int, entry_id: int) -> int:
+        """Entries a miss at entry_id would read now (ReadRuns.plan; asking changes nothing): the
+        span a read-ahead started from there is noted as bringing in, while it is in flight."""
+        return self._read_runs.ahead_count(ledger_id, entry_id, self.read_ahead_count(ledger_id),
+                                           self.read_ahead_most(ledger_id))
+
     def would_read_ahead(self, ledger_id: int, entry_id: int) -> bool:
         """Whether a miss at entry_id would read ahead now (ReadRuns.plan, unchanged by asking)."""
         return self._read_runs.would_read_ahead(ledger_id, entry_id, self.read_ahead_count(ledger_id))
+
+    def read_on_from(self, ledger_id: int, entry_id: int) -> int | None:
+        """A reader got entry_id from the read cache: the entry to read ahead from now, so that a
+        scan finds its next entries read when it asks (entry_id past the middle of the read-ahead
+        that brought it, the entry after that read-ahead not cached, and a miss there would read
+        ahead: ReadRuns), else None. Cheap enough for the loop: one dict lookup and a scan of at
+        most ReadRuns.STREAMS spans, a cache lookup when it says yes."""
+        nxt = self._read_runs.read_on_from(ledger_id, entry_id)
+        if nxt is None or not self.would_read_ahead(ledger_id, nxt) or self.get_cached(ledger_id, nxt) is not None:
+            return None
+        return nxt
 
     def read_steps(self, ledger_id: int, entry_id: int, location: int | None = None) -> reads.Steps:
         """read_from_storage as steps (bk.entrylog.reads), for a driver that does the preads
@@ -480,7 +505,8 @@ class LedgerStorage:
                 return None
             try:
                 batch = self.read_ahead_count(ledger_id)
-                count, scanning = self._read_runs.plan(ledger_id, entry_id, batch) if batch > 1 else (1, False)
+                count, scanning = self._read_runs.plan(ledger_id, entry_id, batch, self.read_ahead_most(ledger_id)) \
+                    if batch > 1 else (1, False)
                 if count <= 1:
                     return (yield from self.entry_logger.entry_steps(ledger_id, entry_id, location))
                 return (yield reads.Call(self._read_ahead, (ledger_id, entry_id, location, count, scanning)))
@@ -541,8 +567,14 @@ class LedgerStorage:
             # A record's ids are its entry's first bytes: a damaged one (or a stale copy left
             # by compaction) can claim an entry that lives elsewhere. Only records the index
             # places exactly here are cached, so a flipped id never shadows a healthy entry.
-            where = self.index.get_locations([(lid, eid) for lid, eid, _, _ in ahead])
-            ahead = [(lid, eid, e) for (lid, eid, e, loc), want in zip(ahead, where) if want == loc]
+            ids = [eid for _, eid, _, _ in ahead]
+            low, high = min(ids), max(ids)
+            if high - low < 2 * len(ids):  # the ledger's next ids, as a scan wrote them: one walk
+                where = self.index.get_location_range(ledger_id, low, high)
+                ahead = [(lid, eid, e) for lid, eid, e, loc in ahead if where.get(eid) == loc]
+            else:
+                where = self.index.get_locations([(lid, eid) for lid, eid, _, _ in ahead])
+                ahead = [(lid, eid, e) for (lid, eid, e, loc), want in zip(ahead, where) if want == loc]
         first = run[0][2]
         # The entries are views of the run's one buffer: cached as views they keep it whole, so
         # they are copied when they are less than half of it (other ledgers' records), so that

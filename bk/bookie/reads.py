@@ -141,14 +141,31 @@ class ReadPath:
         are the readers' to see when they read those entries themselves."""
         run[3] = True
         nxt = run[1] + 1
-        if not self.storage.would_read_ahead(ledger_id, nxt):
-            return
+        if self.storage.would_read_ahead(ledger_id, nxt):
+            self._read_ahead_from(ledger_id, nxt)
+
+    def read_on(self, hits: dict) -> None:
+        """READs got entries from the caches, the newest of each ledger in `hits` {ledger_id:
+        entry_id}: a scan past the middle of a read-ahead's entries starts the read-ahead after
+        it now (LedgerStorage.read_on_from), in a read thread, so that a reader whose READs all
+        hit the read cache - no READ left waiting on a read-ahead to _follow it - does not stall
+        on the disk at the end of every other read-ahead."""
+        read_on_from, covering = self.storage.read_on_from, self._read_aheads.covering
+        for ledger_id, entry_id in hits.items():
+            nxt = read_on_from(ledger_id, entry_id)
+            if nxt is not None and covering(ledger_id, nxt) is None:
+                self._read_ahead_from(ledger_id, nxt)
+
+    def _read_ahead_from(self, ledger_id: int, nxt: int) -> None:
+        """Read entry nxt of the ledger in a read thread in the background (its miss reads ahead,
+        ReadRuns), noted in flight so that READs of what it brings wait for it."""
+        count = self.storage.read_ahead_planned(ledger_id, nxt)  # before a read thread plans it
         try:
             fut = self._read_threads.submit(self.storage.read_from_storage, ledger_id, nxt)
         except RuntimeError:  # stopping
             return
         fut.add_done_callback(_followed)
-        self._read_aheads.note(ledger_id, nxt, nxt + self.storage.read_ahead_count(ledger_id) - 1, fut)
+        self._read_aheads.note(ledger_id, nxt, nxt + count - 1, fut)
 
     # ------------------------------------------------------------ cold reads, in batches
     def read_entries_cb(self, keys: list, done, ctx) -> None:
@@ -179,7 +196,7 @@ class ReadPath:
         if storage.would_read_ahead(ledger_id, first):
             scan = len(todo) > 1 and keys[todo[1][0]] == (ledger_id, first + 1)
             run = (ledger_id, scan, self._read_aheads.note(
-                ledger_id, first, first + storage.read_ahead_count(ledger_id) - 1, self._loop.create_future()))
+                ledger_id, first, first + storage.read_ahead_planned(ledger_id, first) - 1, self._loop.create_future()))
         self._read_stored(keys, todo, outcomes, done, ctx, run)
 
     def _read_stored(self, keys, todo, outcomes, done, ctx, run) -> None:

@@ -200,6 +200,27 @@ class Index:
             raise self._error(e, "reading locations") from e
         return out
 
+    def get_location_range(self, ledger_id: int, first: int, last: int) -> dict[int, int]:
+        """The stored locations of the ledger's entries first..last, {entry_id: location}, from
+        one cursor walk in one read transaction: a read-ahead checks hundreds of consecutive
+        records, and a walk costs a quarter of a get per key (0.18 against 0.79 us here), which
+        read threads otherwise spend holding the GIL the event loop waits for."""
+        pack, unpack_key, unpack = ix.LOCATION_KEY.pack, ix.LOCATION_KEY.unpack, ix.LOCATION_VALUE.unpack
+        end = pack(ledger_id, last)
+        out: dict[int, int] = {}
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                cur = txn.cursor()
+                if cur.set_range(pack(ledger_id, first)):
+                    for key, value in cur:
+                        if key > end:
+                            break
+                        if len(value) == 8:  # as get_locations: a damaged value is no location
+                            out[unpack_key(key)[1]] = unpack(value)[0]
+        except lmdb.Error as e:
+            raise self._error(e, "reading locations") from e
+        return out
+
     def locations_in_logs(self, log_ids) -> dict[int, list[tuple[int, int, int]]]:
         """Every stored (ledger_id, entry_id, location) that points into one of `log_ids`,
         by log id (each list in key order), materialised: for tests and small answers; GC

@@ -95,6 +95,7 @@ def serve_run(reqs, conn, bookie, slow, resume, cold) -> None:
     rows: list = []
     kind = 0
     served = nbytes = 0
+    hits: dict = {}  # the newest entry served per ledger: a scan's read-ahead goes on from there
     for req in reqs:
         if conn.transport.is_closing():  # closed earlier in this read (a bad frame): drop the rest
             break
@@ -146,9 +147,11 @@ def serve_run(reqs, conn, bookie, slow, resume, cold) -> None:
             header = req.header if t is V3ReadRequest else req.header.SerializeToString()
             room -= n + len(header) + _ANSWER_HEAD_MAX  # never more room than one by one
             row = (header, ids[0], ids[1], entry)
+            hits[ids[0]] = ids[1]
         else:
             room -= n + _ANSWER_HEAD_MAX
             row = (req.ledger_id, req.entry_id, entry)
+            hits[req.ledger_id] = req.entry_id
         if n < PART_MIN_ENTRY_BYTES:
             rows.append(row)
             continue
@@ -160,6 +163,7 @@ def serve_run(reqs, conn, bookie, slow, resume, cold) -> None:
     if rows:
         queue_rows(conn, kind, rows)
     if served:
+        bookie.read_on(hits)
         _READ_REQUEST.record_many(served, (monotonic() - start) * 1000.0)
         _READ_BYTES.inc(nbytes)
 

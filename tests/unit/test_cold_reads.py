@@ -343,3 +343,48 @@ def test_reads_refused_while_a_read_ahead_they_wait_for_is_in_flight_are_refused
         assert sorted(rc for _, _, rc, _ in got) == [0] * 4 + [StatusCode.ETOOMANYREQUESTS] * 6
         assert proc.limits.refused == 6
     _cold(tmp_path, body, max_reads_in_progress_limit=2)
+
+
+async def _eventually(cond, tries: int = 400) -> bool:
+    for _ in range(tries):
+        if cond():
+            return True
+        await asyncio.sleep(0.005)
+    return cond()
+
+
+@pytest.mark.parametrize("read_io", ["threads", "auto"])
+@pytest.mark.parametrize("proto", ["v2", "v3"])
+def test_a_scan_served_from_the_read_cache_reads_ahead_once_past_the_middle(tmp_path, proto, read_io):
+    """A scan whose READs all hit the read cache left nobody waiting on a read-ahead to start the
+    next one (Bookie._follow), so it stalled on the disk after every other read-ahead. Now a hit
+    past the middle of the read-ahead that brought the entry starts the one after it
+    (Bookie.read_on); a hit before the middle, or on a random read's one entry, does not."""
+    async def body(bookie, proc, conn, transport, answers):
+        parse = _v2 if proto == "v2" else _v3
+        cached = bookie.storage.get_cached
+        conn.data_received(b"".join(_frames(proto, [(LEDGER, 0)])))  # the ledger's first miss: 0..9 read ahead
+        assert [g[:3] for g in await answers(1, parse)] == [(LEDGER, 0, 0)]
+        assert cached(LEDGER, 9) is not None and cached(LEDGER, 10) is None
+        conn.data_received(b"".join(_frames(proto, [(LEDGER, e) for e in range(1, 5)])))  # hits before the middle
+        got = await answers(4, parse)
+        assert sorted(g[:3] for g in got) == [(LEDGER, e, 0) for e in range(1, 5)]
+        await asyncio.sleep(0.05)
+        assert cached(LEDGER, 10) is None  # nothing read on yet
+        conn.data_received(b"".join(_frames(proto, [(LEDGER, 5)])))  # past the middle
+        assert await answers(1, parse) == [(LEDGER, 5, 0, _entry(LEDGER, 5))]
+        # 10..29 (a scan's second run is twice its first), read before anyone asked
+        assert await _eventually(lambda: cached(LEDGER, 29) is not None)
+        assert cached(LEDGER, 30) is None
+        # entries of what it read ahead are the stored ones, answered from the read cache
+        conn.data_received(b"".join(_frames(proto, [(LEDGER, e) for e in range(10, 30)])))
+        got = await answers(20, parse)
+        assert sorted(got) == [(LEDGER, e, 0, _entry(LEDGER, e)) for e in range(10, 30)]
+        # a random read (OTHER's 40, after its first miss read 0..9 ahead) reads its one entry,
+        # and hitting that entry again reads nothing on
+        for e in (0, 40, 40):  # one at a time: 40 first would be the ledger's first miss
+            conn.data_received(b"".join(_frames(proto, [(OTHER, e)])))
+            assert [g[:3] for g in await answers(1, parse)] == [(OTHER, e, 0)]
+        await asyncio.sleep(0.05)
+        assert cached(OTHER, 41) is None and cached(OTHER, 10) is None
+    _cold(tmp_path, body, read_io=read_io, read_ahead_batch_size=10)

@@ -31,6 +31,9 @@ class _Bookie:
     def read_ahead_for(self, ledger_id, entry_id):
         return None  # no read-ahead in flight
 
+    def read_on(self, hits):
+        pass  # nothing to read ahead
+
     async def read_entry(self, ledger_id, entry_id):
         await asyncio.sleep(0)
         return bytes([entry_id % 256]) * ENTRY_BYTES
@@ -184,6 +187,9 @@ class _SlowLacBookie:
 
     def read_ahead_for(self, ledger_id, entry_id):
         return None
+
+    def read_on(self, hits):
+        pass
 
     async def read_entry(self, ledger_id, entry_id):
         await self.gate.wait()

@@ -232,7 +232,8 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
     """40 pipelined READs of entries only the entry logs hold (a client's readEntries): the
     first miss reads ahead, the others wait for it and are answered from the read cache; on
     2f38923 each of the 31 in the other read slots pread its own entry as well. The first
-    to wait starts the next read-ahead (entries 100..199) before the client asks for them."""
+    to wait starts the next read-ahead (entries 100..299: a scan's second run is twice its
+    first) before the client asks for them."""
     from types import SimpleNamespace
     from bk.bookie import Bookie
     from bk.config import load_config
@@ -241,7 +242,7 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
 
     cfg = load_config(env={}, overrides=dict(journal_dirs=[str(tmp_path / "j")], ledger_dirs=[str(tmp_path / "l")],
                                              read_io="ring"))
-    entries = [_entry(e) for e in range(250)]
+    entries = [_entry(e) for e in range(450)]
 
     async def write():
         b = Bookie(cfg)
@@ -276,29 +277,31 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
             assert sorted(g[-1] for g in got) == sorted(entries[:40])
             assert preads == []  # every entry came from the one read-ahead
             for _ in range(200):  # the read-ahead after the first runs in the background
-                if b.storage.get_cached(LEDGER, 150) is not None:
+                if b.storage.get_cached(LEDGER, 250) is not None:
                     break
                 await asyncio.sleep(0.005)
-            assert bytes(b.storage.get_cached(LEDGER, 150)) == entries[150]  # read ahead of the reader
-            # the client reads on (140..179) while the next read-ahead (200..) is in flight: those
-            # of its READs that it brings wait for it as callbacks, no task each
+            assert bytes(b.storage.get_cached(LEDGER, 250)) == entries[250]  # read ahead of the reader
+            assert b.storage.get_cached(LEDGER, 300) is None
+            # the client reads on (140..339): its hits past the middle of 100..299 start the next
+            # read-ahead (300..) while it still reads from the cache; those of its READs that the
+            # read-ahead in flight brings wait for it as callbacks, no task each
             more = [encode_request(ReadRequest(0, LEDGER, e)) if proto == "v2" else _v3_read(e + 1, e)
-                    for e in range(140, 240)]
+                    for e in range(140, 340)]
             gate, read_ahead = threading.Event(), b.storage._read_ahead
 
             def held_read_ahead(ledger_id, entry_id, *rest):  # in flight until the client asked
-                if entry_id >= 200:
+                if entry_id >= 300:
                     gate.wait(10)
                 return read_ahead(ledger_id, entry_id, *rest)
             b.storage._read_ahead = held_read_ahead
-            conn.data_received(b"".join(more[:61]))  # 140..199 from the cache; 200 misses and reads ahead
+            conn.data_received(b"".join(more[:160]))  # 140..299 from the cache, read on from 300
             for _ in range(400):
-                if b._ring.read_aheads.covering(LEDGER, 210) is not None:
+                if b._ring.read_aheads.covering(LEDGER, 310) is not None:
                     break
                 await asyncio.sleep(0.001)
-            assert b._ring.read_aheads.covering(LEDGER, 210) is not None
+            assert b._ring.read_aheads.covering(LEDGER, 310) is not None
             before = set(proc._tasks)
-            conn.data_received(b"".join(more[61:]))  # 201..239: being read ahead right now
+            conn.data_received(b"".join(more[160:]))  # 300..339: being read ahead right now
             assert not set(proc._tasks) - before
             gate.set()
             got = []
@@ -306,9 +309,9 @@ def test_a_cold_scan_of_single_reads_is_served_by_its_read_ahead(tmp_path, proto
                 await asyncio.sleep(0.005)
                 got += [(_v2 if proto == "v2" else _v3)(f) for f in decoder.feed(b"".join(transport.out))]
                 transport.out.clear()
-                if len(got) == 100:
+                if len(got) == 200:
                     break
-            assert sorted(g[-1] for g in got) == sorted(entries[140:240])
+            assert sorted(g[-1] for g in got) == sorted(entries[140:340])
             assert preads == []
             assert (conn.pending, conn._reads_running, len(conn._reads_waiting)) == (0, 0, 0)
             await proc.drain()

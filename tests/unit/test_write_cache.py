@@ -163,6 +163,29 @@ def test_first_miss_of_a_ledger_reads_ahead_then_only_misses_that_continue_a_run
     assert runs.plan(1, 705, 16) == (1, False)    # near a random read, but not next to it: random
 
 
+def test_a_scans_read_ahead_doubles_run_by_run_up_to_most_and_a_random_read_never_grows():
+    runs = ReadRuns()
+    assert runs.plan(1, 0, 10, 70) == (10, False)    # a first miss: the batch
+    runs.ran(1, 0, 9)
+    assert runs.ahead_count(1, 10, 10, 70) == 20     # asking plans nothing
+    assert runs.plan(1, 10, 10, 70) == (20, True)    # follows a run of 10: twice that
+    runs.ran(1, 10, 29)
+    assert runs.plan(1, 30, 10, 70) == (40, True)
+    runs.ran(1, 30, 69)
+    assert runs.plan(1, 70, 10, 70) == (70, True)    # no more than one read holds
+    runs.ran(1, 70, 139)
+    assert runs.plan(1, 140, 10, 70) == (70, True)
+    runs.ran(1, 140, 150)                            # a run cut short (another ledger's records)
+    assert runs.plan(1, 151, 10, 70) == (70, True)   # the longest run it follows decides
+    assert runs.plan(1, 5000, 10, 70) == (1, False)  # random: its one entry
+    assert runs.plan(1, 5001, 10, 70) == (10, True)  # right after it: a new run starts at the batch
+    assert runs.plan(2, 0, 10) == (10, False) and runs.plan(2, 10, 10) == (10, True)  # most = batch: no growth
+    runs.plan(3, 0, 10, 70)
+    runs.ran(3, 0, 9)
+    runs.plan(3, 25, 1, 70)
+    assert runs.plan(3, 10, 10, 70) == (15, True)    # cut short where the next span begins
+
+
 def test_concurrent_range_reads_of_one_scan_read_each_byte_once():
     # A reader with ranges of 16 in flight; a read-ahead holds 15 of its 64 KiB entries
     # (LedgerStorage caps the batch by the ledger's record size).
@@ -269,7 +292,7 @@ def test_a_read_ahead_reads_what_its_records_need_not_the_whole_cap(tmp_path):
         batch = storage.config.read_ahead_batch_size
         preads.clear()
         assert storage.read_from_storage(1, batch) == _entry(1, batch, bytes([batch % 251]) * 1000)
-        assert preads == [batch * record]
+        assert preads == [2 * batch * record]  # a scan's second run: twice the first (ReadRuns)
         assert type(storage.read_cache.get(1, batch + 1)) is memoryview  # all of the read kept: views
     finally:
         storage.stop()
