@@ -8,6 +8,7 @@ import pytest
 from bk.config import load_config
 from bk.errors import CorruptedStorageError, IndexFullError, StorageError
 from bk.index import NEEDS_INTEGRITY_CHECK, UNCLEAN_SHUTDOWN, Index, LedgerState, LogMark
+from bk.formats.index import LOCATION_KEY
 from bk.index import state as st
 
 MAX_ID = (1 << 63) - 1
@@ -22,6 +23,21 @@ def index(tmp_path):
     idx = Index(str(tmp_path / "index"), cfg(index_map_size_bytes="64MiB"))
     yield idx
     idx.close()
+
+
+def test_a_location_range_is_what_a_get_of_each_id_says(index):
+    """Index.get_location_range (a read-ahead's check of its records): the ledger's ids in the
+    range that the index holds, no other ledger's, no id outside it, no damaged value."""
+    with index.write() as w:
+        w.put_locations([(lid, e, (lid << 40) | e) for lid in (6, 7, 8) for e in range(0, 300, 3)])
+    with index._env.begin(db=index._locations, write=True) as txn:  # a damaged value: 3 bytes
+        txn.put(LOCATION_KEY.pack(7, 150), b"bad")
+    got = index.get_location_range(7, 10, 200)
+    want = {e: loc for e, loc in zip(range(10, 201), index.get_locations([(7, e) for e in range(10, 201)]))
+            if loc is not None}
+    assert got == want and 150 not in got and min(got) == 12 and max(got) == 198
+    assert index.get_location_range(7, 301, 900) == {} and index.get_location_range(9, 0, 10) == {}
+    assert index.get_location_range(8, 0, 0) == {0: 8 << 40}
 
 
 def test_put_and_get_locations(index):

@@ -276,6 +276,35 @@ def test_read_ahead_caches_views_of_its_read_only_when_they_are_most_of_it(tmp_p
         storage.close_index()
 
 
+@pytest.mark.parametrize("gap", [1, 50])
+def test_a_read_ahead_caches_only_records_the_index_places_where_they_lie(tmp_path, gap):
+    """A record's ids are its first bytes: one the index places elsewhere (a stale copy, a flipped
+    id) or not at all is never cached by a read-ahead, whether its records are checked by one
+    index walk over their ids (consecutive) or a lookup each (ids far apart: `gap`)."""
+    from bk.formats.index import LOCATION_KEY, LOCATION_VALUE
+    from bk.bookie.ledger_storage import LedgerStorage
+    from bk.config import load_config
+    config = load_config(env={}, overrides={"ledger_dirs": [str(tmp_path / "ledgers")],
+                                            "journal_dirs": [str(tmp_path / "journal")]})
+    storage = LedgerStorage(config)
+    storage.create_ledger(1)
+    ids = [gap * i for i in range(40)]
+    for eid in ids:
+        assert storage.put(1, eid, _entry(1, eid, bytes([eid % 251]) * 100))
+    storage.checkpoint()
+    try:
+        index = storage.index
+        with index._env.begin(db=index._locations, write=True) as txn:
+            txn.delete(LOCATION_KEY.pack(1, ids[5]))  # not in the index
+            txn.put(LOCATION_KEY.pack(1, ids[7]), LOCATION_VALUE.pack(index.get_location(1, ids[8])))  # elsewhere
+        assert storage.read_from_storage(1, 0) == _entry(1, 0, bytes([0]) * 100)
+        cached = {e for e in ids if storage.read_cache.get(1, e) is not None}
+        assert cached == set(ids[:40]) - {ids[5], ids[7]}
+    finally:
+        storage.stop()
+        storage.close_index()
+
+
 def test_a_read_ahead_reads_what_its_records_need_not_the_whole_cap(tmp_path):
     # 100 records of ~1 KB read 1.25 MiB to keep 100 KB (and copied every kept entry out):
     # once the ledger's record size is known, a read-ahead reads count x that size.
