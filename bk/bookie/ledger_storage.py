@@ -439,43 +439,33 @@ class LedgerStorage:
                                calls)
         return out, [span for span in map(self.read_ahead_span, calls) if span is not None]
 
-    def read_ahead_count(self, ledger_id: int) -> int:
-        """Entries one read-ahead of the ledger reads at most: what one read can hold, the span
-        ReadRuns marks as being read."""
+    def read_ahead_sizes(self, ledger_id: int) -> tuple[int, int]:
+        """(batch, most) of the ledger's read-aheads: a run's first read-ahead reads `batch`
+        entries (read_ahead_batch_size, at most what one read holds: the span ReadRuns marks as
+        being read); a scan's read-ahead doubles run by run up to `most`, what one read holds of
+        the ledger's records (ReadRuns), or `batch` itself when that is 1 (read-ahead off, or
+        records larger than one read) or the record size is not known yet."""
         batch = self.config.read_ahead_batch_size
         record = self.entry_logger.record_bytes(ledger_id)
-        if record:
-            batch = min(batch, max(1, READ_AHEAD_MAX_BYTES // record))
-        return batch
-
-    def read_ahead_most(self, ledger_id: int) -> int:
-        """Entries a scan's read-ahead may grow to (ReadRuns doubles it run by run): what one read
-        holds of the ledger's records; read_ahead_count itself when that is 1 (read-ahead off,
-        or records larger than one read) or the record size is not known yet."""
-        count = self.read_ahead_count(ledger_id)
-        record = self.entry_logger.record_bytes(ledger_id)
-        return count if count <= 1 or not record else max(count, READ_AHEAD_MAX_BYTES // record)
+        if not record:
+            return batch, batch
+        batch = min(batch, max(1, READ_AHEAD_MAX_BYTES // record))
+        return batch, batch if batch <= 1 else max(batch, READ_AHEAD_MAX_BYTES // record)
 
     def read_ahead_planned(self, ledger_id: int, entry_id: int) -> int:
-        """Entries a miss at entry_id would read now (ReadRuns.plan; asking changes nothing): the
-        span a read-ahead started from there is noted as bringing in, while it is in flight."""
-        return self._read_runs.ahead_count(ledger_id, entry_id, self.read_ahead_count(ledger_id),
-                                           self.read_ahead_most(ledger_id))
-
-    def would_read_ahead(self, ledger_id: int, entry_id: int) -> bool:
-        """Whether a miss at entry_id would read ahead now (ReadRuns.plan, unchanged by asking)."""
-        return self._read_runs.would_read_ahead(ledger_id, entry_id, self.read_ahead_count(ledger_id))
+        """Entries a miss at entry_id would read now, 1 for its one entry only (ReadRuns.plan;
+        asking changes nothing): the span a read-ahead started from there is noted as bringing
+        in, while it is in flight."""
+        return self._read_runs.ahead_count(ledger_id, entry_id, *self.read_ahead_sizes(ledger_id))
 
     def read_on_from(self, ledger_id: int, entry_id: int) -> int | None:
         """A reader got entry_id from the read cache: the entry to read ahead from now, so that a
         scan finds its next entries read when it asks (entry_id past the middle of the read-ahead
-        that brought it, the entry after that read-ahead not cached, and a miss there would read
-        ahead: ReadRuns), else None. Cheap enough for the loop: one dict lookup and a scan of at
-        most ReadRuns.STREAMS spans, a cache lookup when it says yes."""
+        that brought it, and the entry after that read-ahead not cached), else None. Cheap enough
+        for the loop: one dict lookup and a scan of at most ReadRuns.STREAMS spans, a cache
+        lookup when it says yes."""
         nxt = self._read_runs.read_on_from(ledger_id, entry_id)
-        if nxt is None or not self.would_read_ahead(ledger_id, nxt) or self.get_cached(ledger_id, nxt) is not None:
-            return None
-        return nxt
+        return None if nxt is None or self.get_cached(ledger_id, nxt) is not None else nxt
 
     def read_steps(self, ledger_id: int, entry_id: int, location: int | None = None) -> reads.Steps:
         """read_from_storage as steps (bk.entrylog.reads), for a driver that does the preads
@@ -504,9 +494,8 @@ class LedgerStorage:
             if location is None:
                 return None
             try:
-                batch = self.read_ahead_count(ledger_id)
-                count, scanning = self._read_runs.plan(ledger_id, entry_id, batch, self.read_ahead_most(ledger_id)) \
-                    if batch > 1 else (1, False)
+                batch, most = self.read_ahead_sizes(ledger_id)
+                count, scanning = self._read_runs.plan(ledger_id, entry_id, batch, most) if batch > 1 else (1, False)
                 if count <= 1:
                     return (yield from self.entry_logger.entry_steps(ledger_id, entry_id, location))
                 return (yield reads.Call(self._read_ahead, (ledger_id, entry_id, location, count, scanning)))

@@ -140,9 +140,7 @@ class ReadPath:
         scan's READs wait for it rather than read their entries again). Once per run; errors
         are the readers' to see when they read those entries themselves."""
         run[3] = True
-        nxt = run[1] + 1
-        if self.storage.would_read_ahead(ledger_id, nxt):
-            self._read_ahead_from(ledger_id, nxt)
+        self._read_ahead_from(ledger_id, run[1] + 1)
 
     def read_on(self, hits: dict) -> None:
         """READs got entries from the caches, the newest of each ledger in `hits` {ledger_id:
@@ -157,9 +155,11 @@ class ReadPath:
                 self._read_ahead_from(ledger_id, nxt)
 
     def _read_ahead_from(self, ledger_id: int, nxt: int) -> None:
-        """Read entry nxt of the ledger in a read thread in the background (its miss reads ahead,
-        ReadRuns), noted in flight so that READs of what it brings wait for it."""
+        """Read entry nxt of the ledger in a read thread in the background when its miss would
+        read ahead (ReadRuns), noted in flight so that READs of what it brings wait for it."""
         count = self.storage.read_ahead_planned(ledger_id, nxt)  # before a read thread plans it
+        if count <= 1:
+            return
         try:
             fut = self._read_threads.submit(self.storage.read_from_storage, ledger_id, nxt)
         except RuntimeError:  # stopping
@@ -193,10 +193,10 @@ class ReadPath:
             return
         run = None
         ledger_id, first = keys[todo[0][0]]
-        if storage.would_read_ahead(ledger_id, first):
+        count = storage.read_ahead_planned(ledger_id, first)
+        if count > 1:
             scan = len(todo) > 1 and keys[todo[1][0]] == (ledger_id, first + 1)
-            run = (ledger_id, scan, self._read_aheads.note(
-                ledger_id, first, first + storage.read_ahead_planned(ledger_id, first) - 1, self._loop.create_future()))
+            run = (ledger_id, scan, self._read_aheads.note(ledger_id, first, first + count - 1, self._loop.create_future()))
         self._read_stored(keys, todo, outcomes, done, ctx, run)
 
     def _read_stored(self, keys, todo, outcomes, done, ctx, run) -> None:

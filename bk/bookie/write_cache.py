@@ -296,10 +296,6 @@ class ReadRuns:
             + ((entry_id, entry_id + count - 1),)
         return count, count > 1
 
-    def would_read_ahead(self, ledger_id: int, entry_id: int, batch: int) -> bool:
-        """Whether plan(ledger_id, entry_id, batch) would read ahead now (asking changes nothing)."""
-        return self.ahead_count(ledger_id, entry_id, batch) > 1
-
     def ahead_count(self, ledger_id: int, entry_id: int, batch: int, most: int | None = None) -> int:
         """The entries plan(ledger_id, entry_id, batch, most) would read now, 1 for its one
         entry only (asking changes nothing)."""
@@ -309,7 +305,7 @@ class ReadRuns:
     def read_on_from(self, ledger_id: int, entry_id: int) -> int | None:
         """A reader got entry_id from a read-ahead: the entry after that read-ahead's span when
         entry_id is past the span's middle (a scan that will soon need what follows), else None.
-        Whether a read-ahead would start there is would_read_ahead's to say."""
+        Whether a read-ahead would start there is ahead_count's to say."""
         for first, last in self._spans.get(ledger_id, ()):
             if first <= entry_id <= last:
                 # a span of one entry is a random read's, not a read-ahead: nothing follows it
