@@ -85,8 +85,9 @@ def v3_requests() -> list[bytes]:
               _v3_request(O.GET_LIST_OF_ENTRIES_OF_LEDGER, "getListOfEntriesOfLedgerRequest", ledgerId=7),
               _v3_request(O.START_TLS, "startTLSRequest")]
     v2_add = codec.encode_request(m.AddRequest(0, KEY, 7, 3, _entry(7, 3, b"hello")))
+    v2_read = codec.encode_request(m.ReadRequest(0, 7, 3))  # what a client's v3 connection converts
     return ([bytes([_DEFAULT_FRAME, 13, 1]) + f for f in frames] + [bytes([_DEFAULT_FRAME, 50, 1]) + b"".join(frames)]
-            + [bytes([_DEFAULT_FRAME, 9, 3]) + v2_add])
+            + [bytes([_DEFAULT_FRAME, 9, 3]) + v2_add, bytes([_DEFAULT_FRAME, 9, 3]) + v2_read])
 
 
 def v3_responses() -> list[bytes]:

@@ -2,12 +2,13 @@
 
 Contracts checked on every input (the codec docstrings in bk/proto):
 - the kernels' native and pure twins agree (split_frames, scan_add_*, scan_v3_add_*,
-  v3_add_request_from_v2);
+  v3_add_request_from_v2, v3_read_request_from_v2);
 - FrameDecoder feeds return messages or error *items*, and raise only BadFrameLengthError;
   feeding the same bytes in pieces gives the same items as feeding them at once;
 - a decoded v2 request or response encodes back to the very frame it came from;
 - the answer to a request that failed to decode is a well-formed frame carrying its status;
-- an ADD the v3 kernel decoded is the ADD the protobuf library parses from the same bytes.
+- an ADD the v3 kernel decoded is the ADD the protobuf library parses from the same bytes, and
+  an ADD or READ answer the v3 kernel decoded is the library's.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from bk.formats import wire as layout
 from bk.proto import codec, v3
 from bk.proto.constants import V2_STATUS_BY_V3
 from bk.proto.framing import FrameDecoder
-from bk.proto.messages import (AddRequest, AddResponse, BadFrameLengthError, MessageEncodeError,
+from bk.proto.messages import (AddRequest, AddResponse, BadFrameLengthError, MessageEncodeError, ReadResponse,
                                RequestDecodeError, ResponseDecodeError)
 
 from .contract import Twins, allowed, check, item_value, params, plain
@@ -113,6 +114,7 @@ def v3_request(data: bytes) -> None:
     scanned = _codec_v3.same("scan_v3_add_requests", buf, 0, max_frame, v3.V3AddRequest, v3.V3ReadRequest,
                              normalize=plain)
     _codec_v3.same("v3_add_request_from_v2", buf, p[2] * 0x0101010101, normalize=plain)
+    _codec_v3.same("v3_read_request_from_v2", buf, p[2] * 0x0101010101, normalize=plain)
     _chunked("feed_v3_requests", max_frame, buf, p[1])
     items = scanned[0]
     for i, body in enumerate(_frames(buf, max_frame)):
@@ -138,7 +140,8 @@ def v3_request(data: bytes) -> None:
 def v3_response(data: bytes) -> None:
     p, buf = params(data, 2)
     max_frame = _MAX_FRAMES[p[0] & 7]
-    scanned = _codec_v3.same("scan_v3_add_responses", buf, 0, max_frame, _V2_BY_V3, AddResponse, normalize=plain)
+    scanned = _codec_v3.same("scan_v3_add_responses", buf, 0, max_frame, _V2_BY_V3, AddResponse, ReadResponse,
+                             normalize=plain)
     _chunked("feed_v3_responses", max_frame, buf, p[1])
     items = scanned[0]
     for i, body in enumerate(_frames(buf, max_frame)):

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Wire codec kernel for v3 (protobuf) ADDs (native). Pure twin: bk/_native/codec_v3_py.py.
+"""Wire codec kernel for v3 (protobuf) ADDs and plain READs (native). Pure twin: bk/_native/codec_v3_py.py.
 
 scan_v3_add_requests(buf, start, max_frame, record=tuple, read_record=None) -> (items, end, err, deferred)
     As _codec.scan_add_requests for v3 frames: a plain v3 ADD Request comes back as a `record` of
@@ -11,15 +11,22 @@ scan_v3_add_requests(buf, start, max_frame, record=tuple, read_record=None) -> (
     bytes exactly as the protobuf library re-serializes them (the frame is deferred when its
     bytes differ: field order, padded varints); any other frame as
     `(body_offset, body_len)` listed in `deferred`.
-scan_v3_add_responses(buf, start, max_frame, status_map, record=tuple) -> (items, end, err, deferred)
+scan_v3_add_responses(buf, start, max_frame, status_map, record=tuple, read_record=None) -> (items, end, err, deferred)
     A plain v3 ADD Response comes back as `(rc, ledger_id, entry_id)` with rc =
-    status_map[addResponse.status] (v3 -> v2 codes; a status outside the map defers the frame).
+    status_map[addResponse.status] (v3 -> v2 codes; a status outside the map defers the frame);
+    with `read_record`, a plain v3 READ Response (header of operation READ_ENTRY, status, and a
+    readResponse of status, ledgerId, entryId and maybe body: no maxLAC, lacUpdateTimestamp or
+    unknown field) as a `read_record` of `(rc, ledger_id, entry_id, body)`, rc =
+    status_map[readResponse.status], body the entry's bytes when rc is EOK (b"" when absent), else
+    None: what bk.proto.v3.response_to_v2 makes of it.
 encode_v3_add_responses(reqs, status) -> bytes
     One v3 ADD Response frame per V3AddRequest-shaped tuple (ids and txn id, priority echoed),
     with the v3 `status` in Response.status and AddResponse.status.
 v3_add_request_from_v2(frame, txn_id) -> bytes | None
     The v3 ADD Request frame of a v2 ADD request frame (length prefix included), or None.
     FLAG_RECOVERY_ADD becomes AddRequest.flag RECOVERY_ADD, FLAG_DEFERRED_SYNC writeFlags DEFERRED_SYNC.
+v3_read_request_from_v2(frame, txn_id) -> bytes | None
+    The v3 READ Request frame of a plain v2 READ request frame (no flags, ids >= 0), or None.
 """
 include "codec_base.pxi"
 
@@ -53,6 +60,10 @@ cdef enum:
     _TAG_RD_LEDGER = (1 << 3) | WL_V3_WIRE_VARINT  # ReadRequest.ledgerId, .entryId
     _TAG_RD_ENTRY = (2 << 3) | WL_V3_WIRE_VARINT
     _V3_OP_READ_ENTRY = 1  # OperationType.READ_ENTRY
+    _TAG_RR_STATUS = (1 << 3) | WL_V3_WIRE_VARINT  # ReadResponse.status, .ledgerId, .entryId, .body
+    _TAG_RR_LEDGER = (2 << 3) | WL_V3_WIRE_VARINT
+    _TAG_RR_ENTRY = (3 << 3) | WL_V3_WIRE_VARINT
+    _TAG_RR_BODY = (4 << 3) | WL_V3_WIRE_LEN
 
 
 cdef inline Py_ssize_t _get_varint(const unsigned char *p, Py_ssize_t n, uint64_t *out) noexcept nogil:
@@ -85,15 +96,15 @@ cdef inline bint _get_pair(const unsigned char *p, Py_ssize_t end, Py_ssize_t *p
     return True
 
 
-cdef inline unsigned char *_put_v3_header(unsigned char *p, Py_ssize_t header_len, uint64_t txn,
-                                          uint64_t priority) noexcept nogil:
-    """`header` (field 1) of a v3 ADD Request or Response: version 3, operation ADD, txnId, priority."""
+cdef inline unsigned char *_put_v3_header(unsigned char *p, Py_ssize_t header_len, uint64_t operation,
+                                          uint64_t txn, uint64_t priority) noexcept nogil:
+    """`header` (field 1) of a v3 Request or Response: version 3, operation, txnId, priority."""
     p = _put_varint(p, _TAG_HEADER)
     p = _put_varint(p, header_len)
     p = _put_varint(p, _TAG_H_VERSION)
     p = _put_varint(p, WL_PROTOCOL_VERSION_V3)
     p = _put_varint(p, _TAG_H_OPERATION)
-    p = _put_varint(p, WL_V3_OP_ADD_ENTRY)
+    p = _put_varint(p, operation)
     p = _put_varint(p, _TAG_H_TXN)
     p = _put_varint(p, txn)
     if priority:
@@ -296,7 +307,7 @@ def encode_v3_add_responses(reqs, uint64_t status):
         _v3_ids(items[i], v)
         size = _v3_add_response_size(status, v[2], v[3], v[0], v[1], &hl, &al)
         _put_u32(p, <uint32_t>size)
-        p = _put_v3_header(p + 4, hl, v[2], v[3])
+        p = _put_v3_header(p + 4, hl, WL_V3_OP_ADD_ENTRY, v[2], v[3])
         p = _put_varint(p, _TAG_STATUS)
         p = _put_varint(p, status)
         p = _put_varint(p, _TAG_ADD)
@@ -310,44 +321,59 @@ def encode_v3_add_responses(reqs, uint64_t status):
     return out
 
 
-cdef bint _parse_v3_add_response(const unsigned char *f, Py_ssize_t n, _V3Add *a,
-                                 uint64_t *status) noexcept nogil:
+cdef bint _parse_v3_response(const unsigned char *f, Py_ssize_t n, _V3Add *a, uint64_t *status,
+                             bint reads) noexcept nogil:
     """A plain v3 ADD Response: header (op ADD), status, addResponse {status, ledgerId, entryId};
-    a.flag carries the addResponse's status."""
-    cdef Py_ssize_t pos = 0, k, sub_end
-    cdef uint64_t tag, v
+    or, with `reads`, a plain READ Response: header (op READ_ENTRY), status, readResponse
+    {status, ledgerId, entryId, body?}. a.flag carries the body's status, a.operation says which
+    (the body's tag must match the header's operation), a.body the entry (absent: a.body NULL)."""
+    cdef Py_ssize_t pos = 0, sub_end
+    cdef uint64_t tag, v, body_tag = 0
     a.seen = 0
     a.priority = 0
+    a.body = NULL
+    a.body_len = 0
     while pos < n:
         if not _get_pair(f, n, &pos, &tag, &v):
             return False
-        if tag == _TAG_STATUS and _once(a, _S_STATUS):
+        if tag == _TAG_STATUS:
+            if not _once(a, _S_STATUS):
+                return False
             status[0] = v
             continue
-        if tag != _TAG_HEADER and tag != _TAG_ADD or v > <uint64_t>(n - pos):
+        if v > <uint64_t>(n - pos):
             return False
         if tag == _TAG_HEADER:
             if not _once(a, _S_HEADER) or not _parse_header(f + pos, <Py_ssize_t>v, a):
                 return False
             pos += <Py_ssize_t>v
             continue
-        if not _once(a, _S_ADD):
+        if not (tag == _TAG_ADD or (reads and tag == _TAG_READ)) or not _once(a, _S_ADD):
             return False
+        body_tag = tag
         sub_end = pos + <Py_ssize_t>v
         while pos < sub_end:
             if not _get_pair(f, sub_end, &pos, &tag, &v):
                 return False
-            if tag == _TAG_R_STATUS and _once(a, _S_FLAG):
+            if tag == _TAG_R_STATUS and _once(a, _S_FLAG):  # AddResponse's and ReadResponse's: 1, 2, 3
                 a.flag = v
             elif tag == _TAG_R_LEDGER and _once(a, _S_LEDGER):
                 a.ledger = v
             elif tag == _TAG_R_ENTRY and _once(a, _S_ENTRY):
                 a.entry = v
+            elif body_tag == _TAG_READ and tag == _TAG_RR_BODY and _once(a, _S_BODY):
+                if v > <uint64_t>(sub_end - pos):
+                    return False
+                a.body, a.body_len = f + pos, <Py_ssize_t>v
+                pos += <Py_ssize_t>v
             else:
-                return False
-    return ((a.seen & (_S_HEADER | _S_STATUS | _S_ADD | _S_FLAG | _S_LEDGER | _S_ENTRY))
-            == (_S_HEADER | _S_STATUS | _S_ADD | _S_FLAG | _S_LEDGER | _S_ENTRY)
-            and a.operation == WL_V3_OP_ADD_ENTRY)
+                return False  # maxLAC, lacUpdateTimestamp (a long poll's answer), unknown: the library
+    if ((a.seen & (_S_HEADER | _S_STATUS | _S_ADD | _S_FLAG | _S_LEDGER | _S_ENTRY))
+            != (_S_HEADER | _S_STATUS | _S_ADD | _S_FLAG | _S_LEDGER | _S_ENTRY)):
+        return False
+    if body_tag == _TAG_READ:
+        return a.operation == _V3_OP_READ_ENTRY
+    return a.operation == WL_V3_OP_ADD_ENTRY
 
 
 cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_map, read_record=None):
@@ -396,15 +422,24 @@ cdef _scan_v3(buf, Py_ssize_t start, Py_ssize_t max_frame, record, dict status_m
                     _put(rec, 0, <int64_t>a.ledger)
                     _put(rec, 1, <int64_t>a.entry)
                     _put(rec, 2, PyBytes_FromStringAndSize(<const char *>a.header, a.header_len))
-            elif _parse_v3_add_response(b + pos + 4, length, &a, &status):
+            elif _parse_v3_response(b + pos + 4, length, &a, &status, read_record is not None):
                 # the common answer, EOK (0) twice, without two dict lookups
                 rc = eok if status == 0 and a.flag == 0 else (
                     status_map.get(a.flag) if status in status_map else None)
-                if rc is not None:
+                if rc is None:
+                    pass
+                elif a.operation == WL_V3_OP_ADD_ENTRY:
                     rec = bk_codec_new_record(record, 3)
                     _put(rec, 0, rc)
                     _put(rec, 1, <int64_t>a.ledger)
                     _put(rec, 2, <int64_t>a.entry)
+                else:
+                    rec = bk_codec_new_record(read_record, 4)
+                    _put(rec, 0, rc)
+                    _put(rec, 1, <int64_t>a.ledger)
+                    _put(rec, 2, <int64_t>a.entry)
+                    _put(rec, 3, None if rc != 0 else
+                         PyBytes_FromStringAndSize(<const char *>a.body, a.body_len) if a.body != NULL else b"")
             if rec is None:
                 deferred.append(len(out))
                 rec = (pos + 4, length)
@@ -419,10 +454,11 @@ def scan_v3_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tup
     return _scan_v3(buf, start, max_frame, record, None, read_record)
 
 
-def scan_v3_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, dict status_map, record=tuple):
+def scan_v3_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, dict status_map, record=tuple,
+                          read_record=None):
     if status_map is None:
         raise TypeError("status_map must be a dict of v3 status -> v2 code")
-    return _scan_v3(buf, start, max_frame, record, status_map)
+    return _scan_v3(buf, start, max_frame, record, status_map, read_record)
 
 
 def v3_add_request_from_v2(frame, uint64_t txn_id):
@@ -462,7 +498,7 @@ def v3_add_request_from_v2(frame, uint64_t txn_id):
         out = PyBytes_FromStringAndSize(NULL, 4 + size)
         p = <unsigned char *>PyBytes_AS_STRING(out)
         _put_u32(p, <uint32_t>size)
-        p = _put_v3_header(p + 4, hl, txn_id, 0)
+        p = _put_v3_header(p + 4, hl, WL_V3_OP_ADD_ENTRY, txn_id, 0)
         p = _put_varint(p, _TAG_ADD)
         p = _put_varint(p, al)
         p = _put_varint(p, _TAG_A_LEDGER)
@@ -483,6 +519,49 @@ def v3_add_request_from_v2(frame, uint64_t txn_id):
         if recovery:
             p = _put_varint(p, _TAG_A_FLAG)
             p = _put_varint(p, WL_V3_ADD_FLAG_RECOVERY_ADD)
+        return out
+    finally:
+        PyBuffer_Release(&view)
+
+
+def v3_read_request_from_v2(frame, uint64_t txn_id):
+    """The v3 READ Request frame asking what the v2 READ request `frame` (length prefix included)
+    asks, with `txn_id`; None unless `frame` is a plain v2 READ (version 1..2, no flags, ids >= 0:
+    a fencing read and a read of entry -1 take the protobuf library's path)."""
+    cdef Py_buffer view
+    cdef const unsigned char *f
+    cdef Py_ssize_t hl, rl, size
+    cdef uint32_t h
+    cdef int64_t ledger_id, entry_id
+    cdef bytes out
+    cdef unsigned char *p
+    PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE)
+    try:
+        f = <const unsigned char *>view.buf
+        if view.len != WL_FRAME_LENGTH_BYTES + WL_READ_REQUEST_BYTES or _u32(f) != WL_READ_REQUEST_BYTES:
+            return None
+        f += WL_FRAME_LENGTH_BYTES
+        h = _u32(f)
+        if (h >> 24) < 1 or (h >> 24) > WL_MAX_ACCEPTED_VERSION or ((h >> 16) & 0xff) != WL_OP_READ_ENTRY \
+                or (h & 0xffff) != 0:
+            return None
+        ledger_id = _i64(f + WL_PACKET_HEADER_BYTES)
+        entry_id = _i64(f + WL_PACKET_HEADER_BYTES + WL_ID_BYTES)
+        if ledger_id < 0 or entry_id < 0:
+            return None
+        hl = 2 + 2 + 1 + _varint_size(txn_id)
+        rl = 1 + _varint_size(<uint64_t>ledger_id) + 1 + _varint_size(<uint64_t>entry_id)
+        size = 1 + _varint_size(hl) + hl + 2 + _varint_size(rl) + rl
+        out = PyBytes_FromStringAndSize(NULL, 4 + size)
+        p = <unsigned char *>PyBytes_AS_STRING(out)
+        _put_u32(p, <uint32_t>size)
+        p = _put_v3_header(p + 4, hl, _V3_OP_READ_ENTRY, txn_id, 0)
+        p = _put_varint(p, _TAG_READ)
+        p = _put_varint(p, rl)
+        p = _put_varint(p, _TAG_RD_LEDGER)
+        p = _put_varint(p, <uint64_t>ledger_id)
+        p = _put_varint(p, _TAG_RD_ENTRY)
+        p = _put_varint(p, <uint64_t>entry_id)
         return out
     finally:
         PyBuffer_Release(&view)

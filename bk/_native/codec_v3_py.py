@@ -1,4 +1,4 @@
-"""Wire codec kernel for v3 (protobuf) ADDs (pure Python twin of bk/_native/_codec_v3.pyx).
+"""Wire codec kernel for v3 (protobuf) ADDs and plain READs (pure Python twin of bk/_native/_codec_v3.pyx).
 
 Same functions, same results as the native kernel; see its docstring for the contracts and
 _codec_v3.pyx's comment for which frames are taken and which deferred.
@@ -8,7 +8,8 @@ from __future__ import annotations
 # The one wire layout module (bk/formats: a leaf package that imports nothing else of bk).
 import bk.formats.wire as _L
 from bk.formats.wire import (ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, FLAG_DEFERRED_SYNC,
-                             FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH)
+                             FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH, READ_REQUEST_BODY,
+                             READ_REQUEST_BYTES)
 
 from .codec_py import (_I64_MAX, _I64_MIN, _MAX_VERSION, _OP_ADD, _add_ids, _check_record, _length, _new,
                        _view, split_frames)
@@ -35,6 +36,10 @@ _TAG_READ = (100 << 3) | _L.V3_WIRE_LEN  # Request.readRequest
 _READ_TAGS = {(1 << 3) | _L.V3_WIRE_VARINT: "ledger",  # ReadRequest.ledgerId, .entryId
               (2 << 3) | _L.V3_WIRE_VARINT: "entry"}
 _V3_OP_READ_ENTRY = 1  # OperationType.READ_ENTRY
+_READ_RESPONSE_TAGS = {(1 << 3) | _L.V3_WIRE_VARINT: "status",  # ReadResponse.status, .ledgerId, .entryId, .body
+                       (2 << 3) | _L.V3_WIRE_VARINT: "ledger",
+                       (3 << 3) | _L.V3_WIRE_VARINT: "entry",
+                       (4 << 3) | _L.V3_WIRE_LEN: "body"}
 
 
 class _Defer(Exception):
@@ -212,9 +217,11 @@ def encode_v3_add_responses(reqs, status: int) -> bytes:
     return b"".join(out)
 
 
-def _v3_add_response_fields(d, off: int, end: int):
+def _v3_response_fields(d, off: int, end: int, reads: bool):
+    """(status, body status, ledger, entry, entry bounds or None, operation) of a plain v3 ADD
+    Response, or with `reads` of a plain READ Response (see _codec_v3.pyx), else _Defer."""
     top, h, a = {}, {}, {}
-    status = None
+    status = body_tag = None
     pos = off
     while pos < end:
         tag, pos = _get_varint(d, pos, end)
@@ -222,33 +229,45 @@ def _v3_add_response_fields(d, off: int, end: int):
         if tag == _TAG_STATUS and status is None:
             status = v
             continue
-        if tag not in (_TAG_HEADER, _TAG_ADD) or tag in top or v > end - pos:
+        if tag not in (_TAG_HEADER, _TAG_ADD) + ((_TAG_READ,) if reads else ()) or v > end - pos:
+            raise _Defer
+        if tag != _TAG_HEADER:
+            if body_tag is not None:
+                raise _Defer
+            body_tag = tag
+        elif tag in top:
             raise _Defer
         top[tag] = True
-        _fields(d, pos, pos + v, _HEADER_TAGS if tag == _TAG_HEADER else _ADD_RESPONSE_TAGS,
-                h if tag == _TAG_HEADER else a)
+        _fields(d, pos, pos + v, _HEADER_TAGS if tag == _TAG_HEADER else
+                _ADD_RESPONSE_TAGS if tag == _TAG_ADD else _READ_RESPONSE_TAGS, h if tag == _TAG_HEADER else a)
         pos += v
-    if status is None or len(top) != 2 or not _header_ok(h) or len(a) != 3:
+    op = _L.V3_OP_ADD_ENTRY if body_tag == _TAG_ADD else _V3_OP_READ_ENTRY
+    if status is None or len(top) != 2 or not _header_ok(h, op) or not all(k in a for k in ("status", "ledger", "entry")):
         raise _Defer
-    return status, a["status"], _signed(a["ledger"]), _signed(a["entry"])
+    return status, a["status"], _signed(a["ledger"]), _signed(a["entry"]), a.get("body"), op
 
 
-def scan_v3_add_responses(buf, start: int, max_frame: int, status_map: dict, record=tuple):
+def scan_v3_add_responses(buf, start: int, max_frame: int, status_map: dict, record=tuple, read_record=None):
     _check_record(record)
+    if read_record is not None:
+        _check_record(read_record)
     data, frames, end, err = _walk_frames(buf, start, max_frame)
     out, deferred = [], []
     for off, pos in frames:
         ln = pos - off
         try:
-            status, add_status, ledger, entry = _v3_add_response_fields(data, off, pos)
+            status, body_status, ledger, entry, body, op = _v3_response_fields(data, off, pos, read_record is not None)
         except _Defer:
             status = None
-        rc = status_map.get(add_status) if status is not None and status in status_map else None
+        rc = status_map.get(body_status) if status is not None and status in status_map else None
         if rc is None:
             deferred.append(len(out))
             out.append((off, ln))
-            continue
-        out.append(_new(record, (rc, ledger, entry)))
+        elif op == _L.V3_OP_ADD_ENTRY:
+            out.append(_new(record, (rc, ledger, entry)))
+        else:
+            out.append(_new(read_record, (rc, ledger, entry, None if rc != 0 else
+                                          data[body[0]:body[1]] if body is not None else b"")))
     return out, end, err, deferred
 
 
@@ -273,4 +292,21 @@ def v3_add_request_from_v2(frame, txn_id: int):
            + (v(_L.V3_ADD_WRITE_FLAGS << 3) + v(_L.V3_WRITE_FLAG_DEFERRED_SYNC) if h & FLAG_DEFERRED_SYNC else b"")
            + (v(_L.V3_ADD_FLAG << 3) + v(_L.V3_ADD_FLAG_RECOVERY_ADD) if h & FLAG_RECOVERY_ADD else b""))
     out = v(_TAG_HEADER) + v(len(header)) + header + v(_TAG_ADD) + v(len(add)) + add
+    return FRAME_LENGTH.pack(len(out)) + out
+
+
+def v3_read_request_from_v2(frame, txn_id: int):
+    data = bytes(frame)
+    if len(data) != FRAME_LENGTH.size + READ_REQUEST_BYTES or FRAME_LENGTH.unpack_from(data)[0] != READ_REQUEST_BYTES:
+        return None
+    h, ledger, entry = READ_REQUEST_BODY.unpack_from(data, FRAME_LENGTH.size)
+    if not 1 <= h >> 24 <= _MAX_VERSION or (h >> 16) & 0xFF != _L.OP_READ_ENTRY or h & 0xFFFF or ledger < 0 or entry < 0:
+        return None
+    if not 0 <= txn_id <= _U64:
+        raise OverflowError("txn id must fit in unsigned 64 bits")
+    v = _put_varint
+    header = (v(_L.V3_HEADER_VERSION << 3) + v(_L.PROTOCOL_VERSION_V3) + v(_L.V3_HEADER_OPERATION << 3)
+              + v(_V3_OP_READ_ENTRY) + v(_L.V3_HEADER_TXN_ID << 3) + v(txn_id))
+    read = v(1 << 3) + v(ledger) + v(2 << 3) + v(entry)  # ReadRequest.ledgerId, .entryId
+    out = v(_TAG_HEADER) + v(len(header)) + header + v(_TAG_READ) + v(len(read)) + read
     return FRAME_LENGTH.pack(len(out)) + out

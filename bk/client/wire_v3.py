@@ -117,14 +117,15 @@ class V3Transport:
 
     def writelines(self, frames) -> None:
         out = []
-        fast = v3.v3_add_request_from_v2
+        add, read = v3.v3_add_request_from_v2, v3.v3_read_request_from_v2
         for frame in frames:
             self._txn += 1
             if type(frame) is V3Frame:
                 frame.request.header.txnId = self._txn
                 out.append(v3.frame(frame.request))
                 continue
-            out.append(fast(frame, self._txn) or request_to_v3(frame, self._txn))
+            # the kernels take plain ADDs and READs; the protobuf library the rest
+            out.append(add(frame, self._txn) or read(frame, self._txn) or request_to_v3(frame, self._txn))
         self.transport.writelines(out)
 
     def write(self, frame) -> None:

@@ -48,7 +48,7 @@ from bk.proto.codec import decode_request, decode_response
 from bk.proto import v3
 from bk.proto.constants import DEFAULT_MAX_FRAME_SIZE_BYTES, V2_STATUS_BY_V3
 from bk.proto.messages import (
-    AddRequest, AddResponse, BadFrameLengthError, ReadRequest, RequestDecodeError, ResponseDecodeError,
+    AddRequest, AddResponse, BadFrameLengthError, ReadRequest, ReadResponse, RequestDecodeError, ResponseDecodeError,
 )
 
 _codec = _native.load("codec")
@@ -221,13 +221,14 @@ class FrameDecoder:
         return self._settle(buf, end, err, items)
 
     def feed_v3_responses(self, data) -> list:
-        """Client side on a v3 connection: the v2 answer message of each v3 Response (ADD answers
-        decoded by the kernel, the rest by bk.proto.v3), or a ResponseDecodeError in its place."""
+        """Client side on a v3 connection: the v2 answer message of each v3 Response (plain ADD
+        and READ answers decoded by the kernel, the rest by bk.proto.v3), or a ResponseDecodeError
+        in its place."""
         buf = self._collect(data)
         if buf is None:
             return []
         items, end, err, deferred = _scan_v3_add_responses(buf, 0, self.max_frame_size_bytes, _V2_BY_V3,
-                                                          AddResponse)
+                                                          AddResponse, ReadResponse)
         if deferred:
             mv = memoryview(buf)
             for i in deferred:

@@ -321,9 +321,11 @@ def encode_add_responses(reqs, v2_code: int) -> bytes:
     return _codec.encode_v3_add_responses(reqs, v3_status(v2_code))
 
 
-def v3_add_request_from_v2(frame, txn_id: int) -> bytes:
-    """The v3 ADD Request frame of a v2 ADD request frame (the kernel), or None for other frames."""
-    return _codec.v3_add_request_from_v2(frame, txn_id)
+# `(frame, txn_id) -> bytes | None`: the v3 Request frame of a plain v2 ADD, or of a plain v2 READ
+# (no flags, ids >= 0), or None for other frames; the kernel's functions themselves (a client
+# calls them once per request)
+v3_add_request_from_v2 = _codec.v3_add_request_from_v2
+v3_read_request_from_v2 = _codec.v3_read_request_from_v2
 
 
 # ---------------------------------------------------------------- neutral messages <-> v3
