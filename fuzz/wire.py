@@ -93,7 +93,7 @@ def v2_request(data: bytes) -> None:
 def v2_response(data: bytes) -> None:
     p, buf = params(data, 2)
     max_frame = _MAX_FRAMES[p[0] & 7]
-    _codec.same("scan_add_responses", buf, 0, max_frame, AddResponse, normalize=plain)
+    _codec.same("scan_add_responses", buf, 0, max_frame, AddResponse, ReadResponse, normalize=plain)
     _chunked("feed_responses", max_frame, buf, p[1])
     for body in _frames(buf, max_frame):
         try:

@@ -24,9 +24,14 @@ scan_add_requests(buf, start, max_frame, record=tuple, read_record=None) -> (ite
     fencing flag, ledger id >= 0, entry id >= -1) comes back as
     `(flags, ledger_id, entry_id, None, version)`: what codec.decode_request
     gives for it (the single READs of a client's readEntries, bk.server.single_reads).
-scan_add_responses(buf, start, max_frame, record=tuple) -> (items, end, err, deferred)
+scan_add_responses(buf, start, max_frame, record=tuple, read_record=None) -> (items, end, err, deferred)
     A 24-byte ADD response (version 0..2) comes back as a `record` of
-    `(rc, ledger_id, entry_id)`; any other frame as in scan_add_requests.
+    `(rc, ledger_id, entry_id)`; any other frame as in scan_add_requests. With
+    `read_record` (a ReadResponse-shaped NamedTuple) a READ response (version 0..2)
+    comes back as `(rc, ledger_id, entry_id, body)`: rc EOK with the entry as a
+    memoryview of `buf` (as codec.decode_response gives it for a view: not copied),
+    another rc with no body bytes and body None; a READ error answer with trailing
+    bytes is deferred (the slow path's error).
     `record` is `tuple` or a tuple subclass without instance fields (a
     NamedTuple): records are filled in place, as tuple.__new__(record, values)
     would build them, without a Python-level call per frame.
@@ -163,17 +168,21 @@ def scan_add_requests(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple,
         PyBuffer_Release(&view)
 
 
-def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple):
+def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple, read_record=None):
     cdef Py_buffer view
     cdef const unsigned char *b
     cdef const unsigned char *f
     cdef Py_ssize_t n, pos, length = 0
     cdef int st = -1
     cdef uint32_t h, version, op
+    cdef int32_t rc
     cdef list out = []
     cdef list deferred = []
     cdef object rec
+    cdef object mv = None
     _check_record(record)
+    if read_record is not None:
+        _check_record(read_record)
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         n = view.len
@@ -185,15 +194,33 @@ def scan_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, record=tuple
             if st != 0:
                 break
             f = b + pos + 4
-            if length == WL_ADD_RESPONSE_BYTES:
+            if length >= WL_ADD_RESPONSE_BYTES:  # == WL_READ_RESPONSE_HEADER_BYTES: header rc ids
                 h = _u32(f)
                 version = h >> 24
                 op = h if version == 0 else (h >> 16) & 0xff
-                if version <= WL_MAX_ACCEPTED_VERSION and op == WL_OP_ADD_ENTRY:
+                rc = <int32_t>_u32(f + WL_RESPONSE_RC_OFFSET)
+                if version > WL_MAX_ACCEPTED_VERSION:
+                    pass
+                elif op == WL_OP_ADD_ENTRY and length == WL_ADD_RESPONSE_BYTES:
                     rec = bk_codec_new_record(record, 3)
-                    _put(rec, 0, <int32_t>_u32(f + WL_RESPONSE_RC_OFFSET))
+                    _put(rec, 0, rc)
                     _put(rec, 1, _i64(f + WL_RESPONSE_IDS_OFFSET))
                     _put(rec, 2, _i64(f + WL_RESPONSE_IDS_OFFSET + WL_ID_BYTES))
+                    out.append(rec)
+                    pos += 4 + length
+                    continue
+                elif op == WL_OP_READ_ENTRY and read_record is not None and (
+                        rc == 0 or length == WL_READ_RESPONSE_HEADER_BYTES):
+                    rec = bk_codec_new_record(read_record, 4)
+                    _put(rec, 0, rc)
+                    _put(rec, 1, _i64(f + WL_RESPONSE_IDS_OFFSET))
+                    _put(rec, 2, _i64(f + WL_RESPONSE_IDS_OFFSET + WL_ID_BYTES))
+                    if rc != 0:
+                        _put(rec, 3, None)
+                    else:
+                        if mv is None:
+                            mv = memoryview(buf).cast("B")
+                        _put(rec, 3, mv[pos + 4 + WL_READ_RESPONSE_HEADER_BYTES:pos + 4 + length])
                     out.append(rec)
                     pos += 4 + length
                     continue

@@ -14,7 +14,7 @@ import google_crc32c
 from bk.formats.wire import (
     ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, ENTRY_HEADER, ENTRY_IDS_LAC,
     FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, OP_ADD_ENTRY,
-    OP_READ_ENTRY, READ_REQUEST_BODY, READ_REQUEST_BYTES, RESPONSE_IDS_BODY, pack_header,
+    OP_READ_ENTRY, READ_REQUEST_BODY, READ_REQUEST_BYTES, READ_RESPONSE_HEADER_BYTES, RESPONSE_IDS_BODY, pack_header,
 )
 
 ERR_OK = 0
@@ -123,8 +123,10 @@ def scan_add_requests(buf, start: int, max_frame: int, record=tuple, read_record
     return out, pos, err, deferred
 
 
-def scan_add_responses(buf, start: int, max_frame: int, record=tuple):
+def scan_add_responses(buf, start: int, max_frame: int, record=tuple, read_record=None):
     _check_record(record)
+    if read_record is not None:
+        _check_record(read_record)
     mv = _view(buf, start, max_frame)
     n, pos, out, deferred, err = len(mv), start, [], [], ERR_OK
     unpack, unpack_body = _length.unpack_from, _add_response_body.unpack_from
@@ -137,12 +139,17 @@ def scan_add_responses(buf, start: int, max_frame: int, record=tuple):
             break
         off = pos + 4
         pos = off + ln
-        if ln == _ADD_RESPONSE:
+        if ln >= _ADD_RESPONSE:  # == READ_RESPONSE_HEADER_BYTES: header rc ids
             h, rc, ledger_id, entry_id = unpack_body(mv, off)
             version = h >> 24
             op = h if version == 0 else (h >> 16) & 0xFF
-            if version <= _MAX_VERSION and op == _OP_ADD:
+            if version <= _MAX_VERSION and op == _OP_ADD and ln == _ADD_RESPONSE:
                 out.append(_new(record, (rc, ledger_id, entry_id)))
+                continue
+            if version <= _MAX_VERSION and op == _OP_READ and read_record is not None and (
+                    rc == 0 or ln == READ_RESPONSE_HEADER_BYTES):
+                body = mv[off + READ_RESPONSE_HEADER_BYTES:pos] if rc == 0 else None
+                out.append(_new(read_record, (rc, ledger_id, entry_id, body)))
                 continue
         deferred.append(len(out))
         out.append((off, ln))

@@ -48,7 +48,8 @@ from bk.proto.codec import decode_request, decode_response
 from bk.proto import v3
 from bk.proto.constants import DEFAULT_MAX_FRAME_SIZE_BYTES, V2_STATUS_BY_V3
 from bk.proto.messages import (
-    AddRequest, AddResponse, BadFrameLengthError, ReadRequest, ReadResponse, RequestDecodeError, ResponseDecodeError,
+    AddRequest, AddResponse, BadFrameLengthError, ReadRequest, ReadResponse, RequestDecodeError,
+    ResponseDecodeError,
 )
 
 _codec = _native.load("codec")
@@ -244,7 +245,8 @@ class FrameDecoder:
         buf = self._collect(data)
         if buf is None:
             return []
-        items, end, err, deferred = _scan_add_responses(buf, 0, self.max_frame_size_bytes, AddResponse)
+        items, end, err, deferred = _scan_add_responses(buf, 0, self.max_frame_size_bytes, AddResponse,
+                                                       ReadResponse)
         if deferred:
             mv = memoryview(buf)
             for i in deferred:

@@ -34,6 +34,13 @@ class AddAck(NamedTuple):
     entry_id: int
 
 
+class ReadAnswer(NamedTuple):
+    rc: int
+    ledger_id: int
+    entry_id: int
+    body: object
+
+
 def frame(body: bytes) -> bytes:
     return struct.pack(">i", len(body)) + body
 
@@ -172,6 +179,29 @@ def test_scan_add_responses_defers_other_frames(k):
 
 
 @pytest.mark.parametrize("k", KERNELS)
+def test_scan_add_responses_takes_read_answers_as_decode_response_gives_them(k):
+    from bk.proto import codec
+    read_ok = struct.pack(">Iiqq", header(2, 2), 0, 5, 6) + b"entry bytes"
+    read_empty = struct.pack(">Iiqq", header(1, 2), 0, 5, 7)  # EOK, no body bytes: an empty entry
+    read_err = struct.pack(">Iiqq", header(2, 2), -13, 5, 8)  # ENOENTRY
+    read_err_tail = read_err + b"x"  # an error answer with bytes: the slow path's error
+    read_v3 = struct.pack(">Iiqq", header(3, 2), 0, 5, 9) + b"y"
+    read_v0 = struct.pack(">Iiqq", 2, 0, 5, 10) + b"z"  # version 0: the header int is the op
+    bodies = (read_ok, read_empty, read_err, read_err_tail, read_v3, read_v0)
+    buf = bytearray(b"".join(frame(x) for x in bodies))
+    items, end, err, deferred = k.scan_add_responses(bytes(buf), 0, 100, AddAck, ReadAnswer)
+    assert deferred == [3, 4] and (end, err) == (len(buf), 0)
+    for i, body in enumerate(bodies):
+        if i not in deferred:
+            want = codec.decode_response(memoryview(body))
+            assert type(items[i]) is ReadAnswer and tuple(items[i]) == tuple(want), i
+    assert type(items[0].body) is memoryview and items[0].body == b"entry bytes"  # a view, not a copy
+    assert items[1].body == b"" and items[2].body is None
+    # without read_record, every READ answer is deferred, as before
+    assert k.scan_add_responses(bytes(buf), 0, 100)[3] == list(range(len(bodies)))
+
+
+@pytest.mark.parametrize("k", KERNELS)
 def test_crc32c_matches_google(k):
     assert k.crc32c(b"123456789") == 0xE3069283
     rng = random.Random(5)
@@ -196,9 +226,13 @@ def _random_stream(rng):
             if rng.random() < 0.1:
                 body = body[:rng.randrange(len(body))]
             parts.append(frame(body))
-        elif kind < 0.7:
+        elif kind < 0.6:
             parts.append(frame(struct.pack(">Iiqq", rng.getrandbits(32), rng.getrandbits(31),
                                            rng.getrandbits(63), rng.getrandbits(63))))
+        elif kind < 0.7:  # READ answers (and ADD ones) of every version, rc and length
+            parts.append(frame(struct.pack(">Iiqq", header(rng.choice([0, 1, 2, 3]), rng.choice([1, 2, 2])),
+                                           rng.choice([0, 0, -13, rng.getrandbits(31)]), rng.getrandbits(63),
+                                           rng.getrandbits(63)) + rng.randbytes(rng.choice([0, 0, 1, 50]))))
         elif kind < 0.9:
             parts.append(frame(rng.randbytes(rng.randrange(0, 80))))
         else:
@@ -219,6 +253,9 @@ def test_native_and_pure_agree_on_random_streams():
             got = getattr(NATIVE, fn)(buf, start, max_frame, record)
             want = getattr(PURE, fn)(buf, start, max_frame, record)
             assert got == want and [type(x) for x in got[0]] == [type(x) for x in want[0]], fn
+        got = NATIVE.scan_add_responses(buf, start, max_frame, AddAck, ReadAnswer)
+        want = PURE.scan_add_responses(buf, start, max_frame, AddAck, ReadAnswer)
+        assert got == want and [type(x) for x in got[0]] == [type(x) for x in want[0]]
 
 
 @needs_native
