@@ -9,6 +9,10 @@ swaps the codec kernel the proto modules use). extra_info carries frames/s
   FrameDecoder.feed_requests (split + decode into AddRequest messages), and
   through FrameDecoder.feed (split only);
 - encode: 1,000 ADD responses into one buffer (encode_add_responses);
+- read answers (a client's side of single READs): one chunk of 1,000 READ answers of 1 KiB
+  entries, v2 through FrameDecoder.feed_responses and v3 through feed_v3_responses, taken by
+  the native or pure kernel, or by the slow path every READ answer took before (`library`:
+  codec.decode_response for v2, the protobuf library for v3);
 - digests: DigestManager.frame_entry (payload given as bytes) and verify_entry
   (payload is a view into the entry) on 1 KB and 64 KB payloads. CRC32C uses
   google_crc32c for bytes and the kernel's crc32c for views below 8 KiB; CRC32 is
@@ -38,6 +42,7 @@ def kernel(request, monkeypatch):
     monkeypatch.setattr(framing_mod, "_scan_add_responses", k.scan_add_responses)
     monkeypatch.setattr(codec_mod, "_codec", k)
     monkeypatch.setattr(digest_mod, "_crc32c", k.crc32c)
+    monkeypatch.setattr(digest_mod, "_codec", k)  # DigestManager's whole-entry check
     return request.param
 
 
@@ -69,6 +74,41 @@ def test_split_add_chunk(benchmark, kernel, payload_bytes):
     frames = benchmark(lambda: FrameDecoder().feed(chunk))
     assert len(frames) == FRAMES
     benchmark.extra_info.update(kernel=kernel, frames_per_chunk=FRAMES,
+                                frames_per_s=per_second(benchmark, FRAMES))
+
+
+def read_answers_chunk(protocol: str) -> bytes:
+    from bk.proto import ReadResponse, encode_response, v3
+    dm = DigestManager(7, "CRC32C", b"bench")
+    payload = os.urandom(1024)
+    answers = [ReadResponse(0, 7, i, dm.frame_entry(i, i - 1, (i + 1) * 1024, payload)) for i in range(FRAMES)]
+    if protocol == "v2":
+        return b"".join(encode_response(a) for a in answers)
+    header = v3.Request().header
+    header.version, header.operation = v3.PROTOCOL_VERSION_V3, v3.OperationType.READ_ENTRY
+    out = []
+    for i, a in enumerate(answers):
+        header.txnId = i + 1
+        out.append(v3.frame(v3.response_to_v3(header, a)))
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("protocol", ["v2", "v3"])
+@pytest.mark.parametrize("path", ["native", "pure", "library"])
+def test_decode_read_answers_chunk(benchmark, monkeypatch, path, protocol):
+    from bk.proto import ReadResponse
+    name, scan_name = ("codec", "scan_add_responses") if protocol == "v2" else ("codec_v3", "scan_v3_add_responses")
+    k = load_pure(name) if path == "pure" else load_native(name)
+    if k is None:
+        pytest.skip("native codec not built")
+    scan = getattr(k, scan_name)
+    # library: the kernel takes the ADD answers only and defers every READ answer to the slow path
+    monkeypatch.setattr(framing_mod, "_" + scan_name, (lambda *a: scan(*a[:-1])) if path == "library" else
+                        (lambda *a: scan(*a[:-1], ReadResponse)))
+    chunk = read_answers_chunk(protocol)
+    msgs = benchmark(lambda: getattr(FrameDecoder(), "feed_responses" if protocol == "v2" else "feed_v3_responses")(chunk))
+    assert len(msgs) == FRAMES and type(msgs[-1]) is ReadResponse and msgs[-1].entry_id == FRAMES - 1
+    benchmark.extra_info.update(path=path, protocol=protocol, frames_per_chunk=FRAMES,
                                 frames_per_s=per_second(benchmark, FRAMES))
 
 

@@ -53,6 +53,10 @@ encode_add_acks(reqs, rc, version=2) -> bytes
     request (AddRequest-shaped): no row tuple per answer.
 crc32c(data, crc=0) -> int
     google_crc32c.extend(crc, data) semantics, on any contiguous buffer.
+crc32c_entry_ids(data) -> (ledger_id, entry_id, lac, length) | None
+    The entry header's four ids of a CRC32C-digested entry (`header(32) | crc32c u32 BE |
+    payload`) whose digest matches, else None (shorter than 36 bytes, or another digest): a
+    reader's check of one entry in one call (DigestManager.unpack_entry keeps the errors).
 frame_add_crc32c(header, master_key, ledger_id, entry_id, lac, total_length, payload) -> bytes
     The client's whole ADD request frame in one allocation: `length | header |
     master_key(20) | ledger entry lac total_length (i64 BE) | crc32c | payload`,
@@ -379,6 +383,30 @@ def crc32c(data, unsigned long long crc=0):
         else:
             out = bk_crc32c_extend(<uint32_t>crc, view.buf, <size_t>view.len)
         return out
+    finally:
+        PyBuffer_Release(&view)
+
+
+def crc32c_entry_ids(data):
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef uint32_t crc
+    cdef Py_ssize_t body_len
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if view.len < WL_ENTRY_HEADER_LENGTH + WL_CRC32C_DIGEST_LENGTH:
+            return None
+        p = <const unsigned char *>view.buf
+        body_len = view.len - WL_ENTRY_HEADER_LENGTH - WL_CRC32C_DIGEST_LENGTH
+        crc = bk_crc32c_extend(0, p, WL_ENTRY_HEADER_LENGTH)
+        if body_len >= _NOGIL_MIN_BYTES:
+            with nogil:
+                crc = bk_crc32c_extend(crc, p + WL_ENTRY_HEADER_LENGTH + WL_CRC32C_DIGEST_LENGTH, <size_t>body_len)
+        else:
+            crc = bk_crc32c_extend(crc, p + WL_ENTRY_HEADER_LENGTH + WL_CRC32C_DIGEST_LENGTH, <size_t>body_len)
+        if crc != _u32(p + WL_ENTRY_HEADER_LENGTH):
+            return None
+        return (_i64(p), _i64(p + WL_ID_BYTES), _i64(p + 2 * WL_ID_BYTES), _i64(p + 3 * WL_ID_BYTES))
     finally:
         PyBuffer_Release(&view)
 

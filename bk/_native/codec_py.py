@@ -12,7 +12,8 @@ import google_crc32c
 
 # The one wire layout module (bk/formats: a leaf package that imports nothing else of bk).
 from bk.formats.wire import (
-    ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, ENTRY_HEADER, ENTRY_IDS_LAC,
+    ADD_ENTRY_OFFSET, ADD_KEY_OFFSET, ADD_REQUEST_MIN_BYTES, ADD_RESPONSE_BYTES, CRC32C_DIGEST_LENGTH, ENTRY_HEADER,
+    ENTRY_IDS_LAC,
     FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FRAME_LENGTH, MASTER_KEY_LENGTH, MAX_ACCEPTED_VERSION, OP_ADD_ENTRY,
     OP_READ_ENTRY, READ_REQUEST_BODY, READ_REQUEST_BYTES, READ_RESPONSE_HEADER_BYTES, RESPONSE_IDS_BODY, pack_header,
 )
@@ -236,6 +237,15 @@ def crc32c(data, crc: int = 0) -> int:
     # google_crc32c wants read-only bytes; other buffers are copied once.
     return google_crc32c.extend(crc, data if type(data) is bytes else bytes(data))
 
+
+def crc32c_entry_ids(data):
+    mv = memoryview(data).cast("B")
+    head = ENTRY_HEADER.size
+    if len(mv) < head + CRC32C_DIGEST_LENGTH:
+        return None
+    if crc32c(mv[head + CRC32C_DIGEST_LENGTH:], crc32c(mv[:head])) != int.from_bytes(mv[head:head + CRC32C_DIGEST_LENGTH], "big"):
+        return None
+    return ENTRY_HEADER.unpack_from(mv, 0)
 
 _add_frame_head = struct.Struct(f">iI{MASTER_KEY_LENGTH}sqqqqI")  # length header key entry-header crc32c
 

@@ -75,18 +75,20 @@ class DigestManager:
     every add and read of the ledger; safe to share between threads.
     """
 
-    __slots__ = ("ledger_id", "digest_type", "digest_length", "_digest", "_mac")
+    __slots__ = ("ledger_id", "digest_type", "digest_length", "_digest", "_mac", "_check")
 
     def __init__(self, ledger_id: int, digest_type: DigestType | int | str, password: bytes = b""):
         self.ledger_id = int(ledger_id)
         self.digest_type = parse_digest_type(digest_type)
         self.digest_length = DIGEST_LENGTH_BYTES[self.digest_type]
         self._mac = None
+        self._check = None  # a kernel checking a whole entry in one call: CRC32C, the default
         kind = self.digest_type
         if kind is DigestType.CRC32:
             self._digest = self._digest_crc32
         elif kind is DigestType.CRC32C:
             self._digest = self._digest_crc32c
+            self._check = _codec.crc32c_entry_ids
         elif kind is DigestType.MAC:
             # Keying HMAC costs two SHA-1 blocks; copying a keyed object does not.
             self._mac = hmac.new(mac_key(password), digestmod=hashlib.sha1)
@@ -137,6 +139,11 @@ class DigestManager:
 
         For reads whose entry id the caller does not know in advance (entry -1).
         """
+        if self._check is not None:  # the entry's digest and ids in one kernel call
+            ids = self._check(data)
+            if ids is not None and ids[0] == self.ledger_id:
+                return ids[1], ids[2], ids[3], memoryview(data)[ENTRY_HEADER_LENGTH + self.digest_length:]
+            # else the full check below says what is wrong
         n = len(data)
         body_offset = ENTRY_HEADER_LENGTH + self.digest_length
         if n < body_offset:

@@ -67,6 +67,9 @@ _SMALL_CHUNK_BYTES = 16 * 1024
 _RECEIVE_AREA_BYTES = 64 * 1024
 _DIRECT_FRAME_BYTES = 32 * 1024
 _V2_BY_V3 = {v3_code: int(v2) for v3_code, v2 in V2_STATUS_BY_V3.items()}
+# v3 READ answers go to the kernel when it is native; the pure twin parses their varints in
+# Python, 4x slower than the protobuf library's C parser (bench/test_bench_codec.py)
+_V3_READ_RECORD = ReadResponse if _native.chosen().get("codec_v3") == "native" else None
 
 
 class FrameDecoder:
@@ -229,7 +232,7 @@ class FrameDecoder:
         if buf is None:
             return []
         items, end, err, deferred = _scan_v3_add_responses(buf, 0, self.max_frame_size_bytes, _V2_BY_V3,
-                                                          AddResponse, ReadResponse)
+                                                          AddResponse, _V3_READ_RECORD)
         if deferred:
             mv = memoryview(buf)
             for i in deferred:

@@ -202,6 +202,23 @@ def test_scan_add_responses_takes_read_answers_as_decode_response_gives_them(k):
 
 
 @pytest.mark.parametrize("k", KERNELS)
+def test_crc32c_entry_ids_checks_the_digest_over_header_and_payload(k):
+    rng = random.Random(11)
+    for n in (0, 1, 100, 70_000):  # 70,000: the payload's CRC runs without the GIL
+        head = struct.pack(">qqqq", rng.getrandbits(63), rng.getrandbits(63), rng.getrandbits(63) - (1 << 62), n)
+        payload = rng.randbytes(n)
+        digest = struct.pack(">I", google_crc32c.extend(google_crc32c.value(head), payload))
+        entry = head + digest + payload
+        assert k.crc32c_entry_ids(entry) == struct.unpack(">qqqq", head)
+        assert k.crc32c_entry_ids(memoryview(bytearray(entry))) == struct.unpack(">qqqq", head)
+        for at in {0, 31, 32, 35, len(entry) - 1}:  # a flipped bit in the header, digest or payload
+            bad = bytearray(entry)
+            bad[at] ^= 0x10
+            assert k.crc32c_entry_ids(bytes(bad)) is None, at
+    assert k.crc32c_entry_ids(b"") is None and k.crc32c_entry_ids(bytes(35)) is None
+
+
+@pytest.mark.parametrize("k", KERNELS)
 def test_crc32c_matches_google(k):
     assert k.crc32c(b"123456789") == 0xE3069283
     rng = random.Random(5)
