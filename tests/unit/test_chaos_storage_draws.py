@@ -105,11 +105,16 @@ def _logs_per_dir(dirs) -> list[int]:
     return [len([n for n in os.listdir(log_dir(d)) if n.endswith(".log")]) for d in dirs]
 
 
-def test_two_dirs_on_one_filesystem_each_get_entry_logs_as_two_disks_would(tmp_path):
+def test_two_dirs_on_one_filesystem_each_get_entry_logs_as_two_disks_would(tmp_path, monkeypatch):
     """Both chaos ledger dirs lie on one filesystem: plain, every log lands in the first (same free
     space, the first wins); with SeparateDisks (installed by an in-process run with two dirs)
     each dir counts what its logs hold, and new logs alternate."""
     from bk.entrylog import logger
+    # the filesystem's free space is one snapshot: tests writing and deleting beside this one
+    # (parallel workers) changed it between two dirs' lookups, so another dir sometimes looked
+    # emptier than the logs alone make it
+    snapshot = logger.disk_space(str(tmp_path))
+    monkeypatch.setattr(logger, "_dir_space", lambda path: snapshot)
     plain = _logs_per_dir([str(tmp_path / "a" / "0"), str(tmp_path / "a" / "1")])
     assert plain[0] > 1 and plain[1] == 0
     before = logger._dir_space
