@@ -423,6 +423,19 @@ class LedgerStorage:
         """Index + entry log lookup (blocking; read worker threads). None = not stored."""
         return reads.drive(self.read_steps(ledger_id, entry_id), self.entry_logger.pread)
 
+    def read_ahead_at(self, ledger_id: int, entry_id: int, last: int) -> None:
+        """A read-ahead ahead of a scan (blocking: read threads): read_from_storage of the
+        ledger's first entry in entry_id..last this bookie stores, which reads ahead from there
+        into the read cache (ReadRuns). With E > WQ this bookie holds WQ of every E entries, and
+        entry_id, the one after the last read-ahead, is another bookie's one time in E: a
+        read-ahead of it alone found nothing, and the scan's READs waited for it, then missed."""
+        if self.get_cached(ledger_id, entry_id) is not None:
+            return
+        found = self.index.next_location(ledger_id, entry_id, last)
+        if found is not None:
+            first, location = found
+            reads.drive(self.read_steps(ledger_id, first, location), self.entry_logger.pread)
+
     def read_many(self, keys: list) -> tuple[list, list]:
         """read_from_storage of each (ledger_id, entry_id) of `keys`, in order (blocking: a read
         thread, one hop for all): lookups in one transaction (a miss takes read_steps' own), the

@@ -161,7 +161,7 @@ class ReadPath:
         if count <= 1:
             return
         try:
-            fut = self._read_threads.submit(self.storage.read_from_storage, ledger_id, nxt)
+            fut = self._read_threads.submit(self.storage.read_ahead_at, ledger_id, nxt, nxt + count - 1)
         except RuntimeError:  # stopping
             return
         fut.add_done_callback(_followed)

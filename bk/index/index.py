@@ -200,6 +200,27 @@ class Index:
             raise self._error(e, "reading locations") from e
         return out
 
+    def next_location(self, ledger_id: int, first: int, last: int) -> tuple[int, int] | None:
+        """(entry id, location) of the ledger's first entry in first..last the index holds, or
+        None: one cursor seek. A bookie of an ensemble wider than its write quorum holds some
+        of a ledger's entries only (WQ of every E), so the entry after a read-ahead is often
+        another bookie's; the next read-ahead starts at the next one this bookie stores."""
+        if not (0 <= ledger_id <= ix.MAX_ID and 0 <= first <= last):
+            return None
+        pack, unpack_key, unpack = ix.LOCATION_KEY.pack, ix.LOCATION_KEY.unpack, ix.LOCATION_VALUE.unpack
+        try:
+            with self._env.begin(db=self._locations) as txn:
+                cur = txn.cursor()
+                if not cur.set_range(pack(ledger_id, first)):
+                    return None
+                key, value = cur.item()
+        except lmdb.Error as e:
+            raise self._error(e, "reading a location") from e
+        lid, eid = unpack_key(key)
+        if lid != ledger_id or eid > last or len(value) != 8:  # a damaged value is no location
+            return None
+        return eid, unpack(value)[0]
+
     def get_location_range(self, ledger_id: int, first: int, last: int) -> dict[int, int]:
         """The stored locations of the ledger's entries first..last, {entry_id: location}, from
         one cursor walk in one read transaction: a read-ahead checks hundreds of consecutive

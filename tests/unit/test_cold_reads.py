@@ -51,9 +51,10 @@ def _frames(proto, keys):
     return [_v3_read(i + 1, eid, lid) for i, (lid, eid) in enumerate(keys)]
 
 
-def _cold(tmp_path, body, read_io="threads", **settings):
+def _cold(tmp_path, body, read_io="threads", stored=lambda e: True, **settings):
     """`body(bookie, proc, conn, transport, answers)` against a bookie whose ledgers LEDGER and
-    OTHER (entries 0..N-1) are only in its entry logs (written, the bookie stopped and started)."""
+    OTHER (entries 0..N-1, those `stored(e)` says) are only in its entry logs (written, the bookie
+    stopped and started)."""
     from bk.bookie import Bookie
     from bk.config import load_config
     from bk.server.connection import BookieConnection
@@ -64,7 +65,7 @@ def _cold(tmp_path, body, read_io="threads", **settings):
 
     async def write():
         await stored_then_stopped(Bookie(cfg), [(lid, e, _entry(lid, e), KEY) for lid in (LEDGER, OTHER)
-                                                for e in range(N)])
+                                                for e in range(N) if stored(e)])
 
     async def read():
         b = Bookie(cfg)
@@ -343,6 +344,30 @@ def test_reads_refused_while_a_read_ahead_they_wait_for_is_in_flight_are_refused
         assert sorted(rc for _, _, rc, _ in got) == [0] * 4 + [StatusCode.ETOOMANYREQUESTS] * 6
         assert proc.limits.refused == 6
     _cold(tmp_path, body, max_reads_in_progress_limit=2)
+
+
+@pytest.mark.parametrize("read_io", ["threads", "auto"])
+@pytest.mark.parametrize("proto", ["v2", "v3"])
+def test_a_scan_of_a_bookie_holding_some_entries_reads_on_from_the_next_one_it_holds(tmp_path, proto, read_io):
+    """With E > WQ a bookie holds WQ of every E entries (here E3/WQ2: all but e % 3 == 1) and a
+    reader asks it for one in E (e % 3 == 0). The entry after a read-ahead is often one this
+    bookie does not hold: the read-ahead from it found nothing, and the scan's next READs waited
+    for it and missed. It reads on from the next entry the bookie holds."""
+    async def body(bookie, proc, conn, transport, answers):
+        parse = _v2 if proto == "v2" else _v3
+        cached = bookie.storage.get_cached
+        conn.data_received(b"".join(_frames(proto, [(LEDGER, 0)])))  # the ledger's first miss: 9 records
+        assert [g[:3] for g in await answers(1, parse)] == [(LEDGER, 0, 0)]
+        assert cached(LEDGER, 12) is not None and cached(LEDGER, 14) is None  # 0 2 3 5 6 8 9 11 12
+        conn.data_received(b"".join(_frames(proto, [(LEDGER, 6)])))  # past the middle: read on after 12
+        assert await answers(1, parse) == [(LEDGER, 6, 0, _entry(LEDGER, 6))]
+        # 13 is not held here: 26 records (twice the first run) from 14, the next one held: 14..51
+        assert await _eventually(lambda: cached(LEDGER, 51) is not None)
+        assert cached(LEDGER, 53) is None
+        conn.data_received(b"".join(_frames(proto, [(LEDGER, e) for e in range(15, 52, 3)])))
+        got = await answers(13, parse)
+        assert sorted(got) == [(LEDGER, e, 0, _entry(LEDGER, e)) for e in range(15, 52, 3)]
+    _cold(tmp_path, body, read_io=read_io, stored=lambda e: e % 3 != 1, read_ahead_batch_size=9)
 
 
 async def _eventually(cond, tries: int = 400) -> bool:

@@ -40,6 +40,22 @@ def test_a_location_range_is_what_a_get_of_each_id_says(index):
     assert index.get_location_range(8, 0, 0) == {0: 8 << 40}
 
 
+def test_the_next_location_is_the_ledgers_first_held_entry_in_the_range(index):
+    """Index.next_location (where a read-ahead after another bookie's entry starts): the
+    ledger's first id in first..last the index holds, never another ledger's, none past last."""
+    with index.write() as w:
+        w.put_locations([(lid, e, (lid << 40) | e) for lid in (6, 7, 8) for e in range(0, 300, 3)])
+    with index._env.begin(db=index._locations, write=True) as txn:  # a damaged value: 3 bytes
+        txn.put(LOCATION_KEY.pack(7, 150), b"bad")
+    assert index.next_location(7, 10, 20) == (12, (7 << 40) | 12)
+    assert index.next_location(7, 12, 12) == (12, (7 << 40) | 12)
+    assert index.next_location(7, 13, 14) is None  # 15 is past last
+    assert index.next_location(7, 298, 10_000) is None  # 297 is the ledger's last: not ledger 8's 0
+    assert index.next_location(7, 148, 200) is None  # a damaged value is no location
+    assert index.next_location(9, 0, 10) is None and index.next_location(-1, 0, 10) is None
+    assert index.next_location(7, 20, 10) is None
+
+
 def test_put_and_get_locations(index):
     with index.write() as w:
         w.put_locations([(1, e, (1 << 32) | (1024 + e)) for e in range(100)])
