@@ -461,12 +461,33 @@ def scan_v3_add_responses(buf, Py_ssize_t start, Py_ssize_t max_frame, dict stat
     return _scan_v3(buf, start, max_frame, record, status_map, read_record)
 
 
+cdef bytes _v3_request_head(uint64_t operation, uint64_t txn, uint64_t body_tag, int64_t ledger_id,
+                            int64_t entry_id, Py_ssize_t rest, unsigned char **end):
+    """A v3 Request frame, allocated whole and written up to its body's ledgerId and entryId
+    (fields 1 and 2 of AddRequest and ReadRequest alike), `rest` bytes of the body after them
+    left for the caller at *end."""
+    cdef Py_ssize_t hl = 2 + 2 + 1 + _varint_size(txn)
+    cdef Py_ssize_t bl = 1 + _varint_size(<uint64_t>ledger_id) + 1 + _varint_size(<uint64_t>entry_id) + rest
+    cdef Py_ssize_t size = 1 + _varint_size(hl) + hl + _varint_size(body_tag) + _varint_size(bl) + bl
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, 4 + size)
+    cdef unsigned char *p = <unsigned char *>PyBytes_AS_STRING(out)
+    _put_u32(p, <uint32_t>size)
+    p = _put_v3_header(p + 4, hl, operation, txn, 0)
+    p = _put_varint(p, body_tag)
+    p = _put_varint(p, bl)
+    p = _put_varint(p, _TAG_A_LEDGER)  # == _TAG_RD_LEDGER
+    p = _put_varint(p, <uint64_t>ledger_id)
+    p = _put_varint(p, _TAG_A_ENTRY)  # == _TAG_RD_ENTRY
+    end[0] = _put_varint(p, <uint64_t>entry_id)
+    return out
+
+
 def v3_add_request_from_v2(frame, uint64_t txn_id):
     """The v3 ADD Request frame asking what the v2 ADD request `frame` (length prefix included)
     asks, with `txn_id`; None when `frame` is not a plain v2 ADD (version 1..2, ids >= 0)."""
     cdef Py_buffer view
     cdef const unsigned char *f
-    cdef Py_ssize_t n, body_len, hl, al, size
+    cdef Py_ssize_t n, body_len
     cdef uint32_t h
     cdef int64_t ledger_id, entry_id
     cdef bint recovery, deferred_sync
@@ -490,21 +511,9 @@ def v3_add_request_from_v2(frame, uint64_t txn_id):
         recovery = (h & 0xffff & WL_FLAG_RECOVERY_ADD) != 0
         deferred_sync = (h & 0xffff & WL_FLAG_DEFERRED_SYNC) != 0
         body_len = n - WL_ADD_ENTRY_OFFSET
-        hl = 2 + 2 + 1 + _varint_size(txn_id)
-        al = (1 + _varint_size(<uint64_t>ledger_id) + 1 + _varint_size(<uint64_t>entry_id)
-              + 2 + WL_MASTER_KEY_LENGTH + 1 + _varint_size(body_len) + body_len + (3 if recovery else 0)
-              + (2 if deferred_sync else 0))
-        size = 1 + _varint_size(hl) + hl + 2 + _varint_size(al) + al
-        out = PyBytes_FromStringAndSize(NULL, 4 + size)
-        p = <unsigned char *>PyBytes_AS_STRING(out)
-        _put_u32(p, <uint32_t>size)
-        p = _put_v3_header(p + 4, hl, WL_V3_OP_ADD_ENTRY, txn_id, 0)
-        p = _put_varint(p, _TAG_ADD)
-        p = _put_varint(p, al)
-        p = _put_varint(p, _TAG_A_LEDGER)
-        p = _put_varint(p, <uint64_t>ledger_id)
-        p = _put_varint(p, _TAG_A_ENTRY)
-        p = _put_varint(p, <uint64_t>entry_id)
+        out = _v3_request_head(WL_V3_OP_ADD_ENTRY, txn_id, _TAG_ADD, ledger_id, entry_id,
+                               2 + WL_MASTER_KEY_LENGTH + 1 + _varint_size(body_len) + body_len
+                               + (3 if recovery else 0) + (2 if deferred_sync else 0), &p)
         p = _put_varint(p, _TAG_A_KEY)
         p = _put_varint(p, WL_MASTER_KEY_LENGTH)
         memcpy(p, f + WL_ADD_KEY_OFFSET, WL_MASTER_KEY_LENGTH)
@@ -530,10 +539,8 @@ def v3_read_request_from_v2(frame, uint64_t txn_id):
     a fencing read and a read of entry -1 take the protobuf library's path)."""
     cdef Py_buffer view
     cdef const unsigned char *f
-    cdef Py_ssize_t hl, rl, size
     cdef uint32_t h
     cdef int64_t ledger_id, entry_id
-    cdef bytes out
     cdef unsigned char *p
     PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE)
     try:
@@ -549,19 +556,6 @@ def v3_read_request_from_v2(frame, uint64_t txn_id):
         entry_id = _i64(f + WL_PACKET_HEADER_BYTES + WL_ID_BYTES)
         if ledger_id < 0 or entry_id < 0:
             return None
-        hl = 2 + 2 + 1 + _varint_size(txn_id)
-        rl = 1 + _varint_size(<uint64_t>ledger_id) + 1 + _varint_size(<uint64_t>entry_id)
-        size = 1 + _varint_size(hl) + hl + 2 + _varint_size(rl) + rl
-        out = PyBytes_FromStringAndSize(NULL, 4 + size)
-        p = <unsigned char *>PyBytes_AS_STRING(out)
-        _put_u32(p, <uint32_t>size)
-        p = _put_v3_header(p + 4, hl, _V3_OP_READ_ENTRY, txn_id, 0)
-        p = _put_varint(p, _TAG_READ)
-        p = _put_varint(p, rl)
-        p = _put_varint(p, _TAG_RD_LEDGER)
-        p = _put_varint(p, <uint64_t>ledger_id)
-        p = _put_varint(p, _TAG_RD_ENTRY)
-        p = _put_varint(p, <uint64_t>entry_id)
-        return out
+        return _v3_request_head(_V3_OP_READ_ENTRY, txn_id, _TAG_READ, ledger_id, entry_id, 0, &p)
     finally:
         PyBuffer_Release(&view)
