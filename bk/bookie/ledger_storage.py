@@ -41,6 +41,7 @@ from bk.entrylog.spans import BufferSpan, FileSpan
 from bk.errors import StorageError
 from bk.index import Index, LedgerState
 
+from . import flush_pacing as pacing
 from .ledger_descriptor import LedgerDescriptor
 from .log_check import check_entry_logs, is_dead
 from .write_cache import ReadCache, ReadRuns, WriteCache
@@ -52,27 +53,6 @@ READ_AHEAD_MAX_BYTES = (1 << 20) + (1 << 18)
 # A read-ahead that continues a scan asks the kernel to fetch this much after it
 # (POSIX_FADV_WILLNEED), so the scan's next read-ahead finds its bytes in the page cache.
 READ_AHEAD_HINT_BYTES = 4 << 20
-FLUSH_CHUNK_ENTRIES = 65536  # a flush writes and indexes this many entries at a time
-# A flush takes a half's entries out of its dicts this many at a time, and sleeps FLUSH_YIELD_S
-# in between (issue 32): a list extend from a dict is one C loop that never lets go of the GIL,
-# so taking 150k entries in one go held the GIL (and the adds' event loop) for ~6 ms, more than
-# the interpreter's 5 ms switch interval; in steps of 4096 the longest hold measured 0.4-0.7 ms.
-COLUMN_STEP_ENTRIES = 4096
-FLUSH_YIELD_S = 0.00002  # a real sleep: sleep(0) often re-takes the GIL before a waiter wakes
-
-
-def _yield_gil() -> None:
-    time.sleep(FLUSH_YIELD_S)
-
-
-def _free_in_steps(column: list) -> None:
-    """Empty a list from its end COLUMN_STEP_ENTRIES at a time, yielding the GIL between."""
-    step = COLUMN_STEP_ENTRIES or len(column) or 1
-    while column:
-        del column[-step:]
-        _yield_gil()
-
-
 class _PendingFlush:
     __slots__ = ("half", "marks", "dirty")
 
@@ -344,18 +324,22 @@ class LedgerStorage:
             self._after_checkpoint(p.marks)
 
     def _flush_half(self, p: _PendingFlush) -> None:
-        ledger_ids, entry_ids, entries = p.half.sorted_columns(COLUMN_STEP_ENTRIES, _yield_gil)
+        # One chunk of pacing.STEP_ENTRIES at a time, the GIL handed to the event loop
+        # between chunks (flush_pacing): no C loop over a whole half holds the adds' loop
+        # (issue 32).
         entry_logger = self.entry_logger
+        step = pacing.chunk_entries(p.half.size_bytes, p.half.count, entry_logger.frame_bytes,
+                                    entry_logger.record_overhead_bytes)
+        pause = pacing.GilPacer(self._checkpoint_behind)
         with self.index.write() as w:
-            # In chunks: the locations and packed index records of one chunk at a time
-            # (bounded extra memory, reused while hot), all in this one transaction.
-            # The entry log is fsynced before the transaction commits, so the index
-            # never names a location that is not durable.
-            for i in range(0, len(entries), FLUSH_CHUNK_ENTRIES):
-                j = i + FLUSH_CHUNK_ENTRIES
-                locations = entry_logger.add_entries(entries[i:j])
-                w.put_location_lists(ledger_ids[i:j], entry_ids[i:j], locations)
-            if entries:
+            # The locations and packed index records of one chunk at a time, all in this
+            # one transaction. The entry log is fsynced before the transaction commits, so
+            # the index never names a location that is not durable.
+            for ledger_ids, entry_ids, entries in p.half.sorted_chunks(step):
+                locations = entry_logger.add_entries(entries)
+                w.put_location_lists(ledger_ids, entry_ids, locations)
+                pause()
+            if p.half.count:
                 entry_logger.flush()
             for lid, state in p.dirty.items():
                 if state is None:
@@ -380,9 +364,7 @@ class LedgerStorage:
             # Free the flushed half in steps, not in one dealloc that holds the GIL for
             # ~9 ms per 150k entries. A reader that still holds the half finds it empty
             # and goes on to the index, which has every entry: the commit came first.
-            p.half.release(_yield_gil)
-            for column in (entries, entry_ids, ledger_ids):
-                _free_in_steps(column)
+            p.half.release(step, pause)
 
     def _flush_loop(self) -> None:
         interval_s = self.config.flush_interval_ms / 1000.0

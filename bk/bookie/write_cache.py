@@ -13,7 +13,9 @@ That is cheaper than an LRU in Python and keeps the bound.
 from __future__ import annotations
 
 import threading
-from itertools import islice
+from collections import deque
+from itertools import islice, repeat, starmap
+from typing import Iterator
 
 
 class WriteCache:
@@ -125,49 +127,59 @@ class WriteCache:
             self.size_bytes -= sum(map(len, rec[0].values()))
         self._unordered.discard(ledger_id)
 
-    def sorted_columns(self, step: int = 0, pause=None) -> tuple[list[int], list[int], list[bytes]]:
+    def sorted_columns(self) -> tuple[list[int], list[int], list[bytes]]:
         """Every entry as three parallel lists (ledger_ids, entry_ids, entries), in
-        (ledger, entry) order. No per-entry Python step for ledgers filled in order.
+        (ledger, entry) order."""
+        return next(self.sorted_chunks(max(self.count, 1)), ([], [], []))
 
-        With step > 0, `pause()` is called after every `step` entries taken: a list
-        extend from a dict is one C loop that never lets go of the GIL, so a flush of a
-        whole half in one go held the GIL (and the adds' event loop) for ~6 ms per 150k
-        entries; in steps the flush thread releases it in between (issue 32)."""
-        ledger_ids: list[int] = []
-        entry_ids: list[int] = []
+    def sorted_chunks(self, step: int) -> Iterator[tuple[list[int], list[int], list[bytes]]]:
+        """Every entry in (ledger, entry) order, as chunks of `step` entries (the last may
+        be shorter) spanning ledgers: three parallel lists (ledger_ids, entry_ids, entries)
+        per chunk. No per-entry Python step for ledgers filled in order.
+
+        A flush consumes a half this way, one chunk written and indexed at a time (issue 32):
+        three lists of a whole half (150k entries each) were one C loop of ~1-6 ms with the
+        GIL held to build, another to free, and while young every collection of the cyclic
+        GC's generation 0 walked them (2-4 ms per collection, in whichever thread allocated).
+        The half must not change while a caller iterates (a pending half never does)."""
+        lids: list[int] = []
+        eids: list[int] = []
         out: list[bytes] = []
         unordered = self._unordered
         for ledger_id in sorted(self._ledgers):
             entries = self._ledgers[ledger_id][0]
             if ledger_id in unordered:
-                keys = sorted(entries)
-                values = map(entries.__getitem__, keys)
+                ordered = sorted(entries)
+                keys, values = iter(ordered), map(entries.__getitem__, ordered)
             else:
-                keys, values = entries.keys(), entries.values()
-            if step <= 0 or len(entries) <= step:
-                entry_ids += keys
-                out += values
-                ledger_ids += [ledger_id] * len(entries)
-                continue
-            keys, values = iter(keys), iter(values)
+                keys, values = iter(entries.keys()), iter(entries.values())
             left = len(entries)
             while left > 0:
-                n = min(step, left)
-                entry_ids += islice(keys, n)
+                n = min(step - len(out), left)
+                eids += islice(keys, n)
                 out += islice(values, n)
-                ledger_ids += [ledger_id] * n
+                lids += [ledger_id] * n
                 left -= n
-                if pause is not None:
-                    pause()
-        return ledger_ids, entry_ids, out
+                if len(out) >= step:
+                    yield lids, eids, out
+                    lids, eids, out = [], [], []
+        if out:
+            yield lids, eids, out
 
-    def release(self, pause=None) -> None:
+    def release(self, step: int = 0, pause=None) -> None:
         """Drop every entry (the flush thread, once the half is flushed and no longer
-        published). Each ledger's dict is cleared on its own with pause() in between; a
-        caller holding the entries in sorted_columns' lists frees those in steps next, so
-        that no single C loop frees a whole half (~9 ms of GIL per 150k entries; issue 32)."""
+        published). With step > 0 each ledger's dict is emptied `step` entries at a time,
+        `pause()` called between: one clear() of a 150k-entry dict is a C loop that held the
+        GIL for ~2-4 ms (issue 32); the entries are freed here, the dicts being their last
+        holders once a flush's chunks are gone."""
         for record in self._ledgers.values():
-            record[0].clear()
+            entries = record[0]
+            if step > 0:
+                while len(entries) > step:  # popitem() from the end, `step` calls in one C loop
+                    deque(starmap(entries.popitem, repeat((), step)), 0)
+                    if pause is not None:
+                        pause()
+            entries.clear()
             if pause is not None:
                 pause()
         self._ledgers = {}

@@ -134,6 +134,13 @@ class EntryLogger:
         self._open_new_log()
 
     # ------------------------------------------------------------ writing
+    @property
+    def frame_bytes(self) -> int:
+        """The most add_entries writes at once (the fdatasync step when the journal is on)."""
+        return self._frame_max
+
+    record_overhead_bytes = _F  # what a record adds to its entry: the size field
+
     def add_entries(self, entries: list) -> list[int]:
         """Append entries (each `ledger_id | entry_id | ...`); returns their locations.
 

@@ -328,9 +328,9 @@ def test_a_read_ahead_reads_what_its_records_need_not_the_whole_cap(tmp_path):
         storage.close_index()
 
 
-@pytest.mark.parametrize("step", [1, 3, 7, 1000])
-def test_sorted_columns_in_steps_is_the_same_and_pauses_between_steps(step):
-    """Issue 32: a flush takes the columns in steps and lets go of the GIL in between."""
+@pytest.mark.parametrize("step", [1, 3, 7, 20, 51, 1000])
+def test_sorted_chunks_are_the_sorted_columns_cut_into_steps_across_ledgers(step):
+    """Issue 32: a flush takes a half one chunk at a time, never as lists of the whole half."""
     wc = WriteCache(1 << 20)
     rng = random.Random(step)
     for eid in range(20):
@@ -338,22 +338,26 @@ def test_sorted_columns_in_steps_is_the_same_and_pauses_between_steps(step):
     for eid in rng.sample(range(30), 30):
         wc.put(2, eid, _entry(2, eid, b"u"))       # out of order: sorted at flush
     wc.put(9, 0, _entry(9, 0))
-    pauses = []
-    stepped = wc.sorted_columns(step, lambda: pauses.append(1))
-    assert stepped == wc.sorted_columns()
-    big = [n for n in (20, 30, 1) if n > step]
-    assert len(pauses) == sum(-(-n // step) for n in big)
+    chunks = list(wc.sorted_chunks(step))
+    whole = wc.sorted_columns()
+    assert tuple(sum((list(c[k]) for c in chunks), []) for k in range(3)) == whole
+    assert len(whole[0]) == 51 and whole[1][:3] == [0, 1, 2] and whole[0][0] == 2
+    assert [len(c[2]) for c in chunks] == [step] * (51 // step) + ([51 % step] if 51 % step else [])
+    assert all(len(c[0]) == len(c[1]) == len(c[2]) for c in chunks)
+    assert list(WriteCache(1 << 20).sorted_chunks(step)) == []
 
 
 def test_checkpoint_flushes_in_small_steps_releasing_the_gil_between(tmp_path, monkeypatch):
-    """Issue 32: a checkpoint never takes a half's entries out of its dicts in one GIL hold:
-    it yields between steps of COLUMN_STEP_ENTRIES, and every entry is indexed and readable after."""
-    from bk.bookie import ledger_storage
+    """Issue 32: no step of a checkpoint is a C loop over a whole half: taking the entries out
+    of their dicts, writing and indexing them, and freeing the half all go STEP_ENTRIES at a
+    time with the pacer called between; every entry is indexed and readable after."""
+    from bk.bookie import flush_pacing
     from bk.bookie.ledger_storage import LedgerStorage
     from bk.config import load_config
     yields = []
-    monkeypatch.setattr(ledger_storage, "_yield_gil", lambda: yields.append(1))
-    monkeypatch.setattr(ledger_storage, "COLUMN_STEP_ENTRIES", 100)
+    monkeypatch.setattr(flush_pacing, "yield_gil", lambda: yields.append(1))
+    monkeypatch.setattr(flush_pacing, "STEP_ENTRIES", 100)
+    monkeypatch.setattr(flush_pacing, "GIL_BUDGET_S", 0.0)  # every pause hands the GIL over
     config = load_config(env={}, overrides={"ledger_dirs": [str(tmp_path / "ledgers")],
                                             "journal_dirs": [str(tmp_path / "journal")]})
     storage = LedgerStorage(config)
@@ -364,9 +368,9 @@ def test_checkpoint_flushes_in_small_steps_releasing_the_gil_between(tmp_path, m
             for lid in (1, 2):
                 assert storage.put(lid, eid, _entry(lid, eid, b"p"))
         storage.checkpoint()
-        # each ledger's 450 entries taken in 5 steps; after the commit the half is freed
-        # ledger by ledger (2) and the three 900-long columns 100 at a time (3 * 9)
-        assert len(yields) == 2 * 5 + 2 + 3 * 9
+        # 900 entries taken, written and indexed 100 at a time (9); after the commit each
+        # ledger's dict emptied 100 at a time, then cleared (2 * (4 + 1))
+        assert len(yields) == 9 + 2 * 5
         for lid in (1, 2):
             for eid in range(450):
                 assert storage.index.get_location(lid, eid) is not None
@@ -374,3 +378,47 @@ def test_checkpoint_flushes_in_small_steps_releasing_the_gil_between(tmp_path, m
     finally:
         storage.stop()
         storage.close_index()
+
+
+def test_the_flush_pacer_hands_the_gil_over_once_its_budget_is_spent_unless_the_flush_is_behind(monkeypatch):
+    from bk.bookie import flush_pacing
+    yields = []
+    monkeypatch.setattr(flush_pacing, "yield_gil", lambda: yields.append(1))
+    monkeypatch.setattr(flush_pacing, "GIL_BUDGET_S", 3600.0)
+    pace = flush_pacing.GilPacer()
+    for _ in range(100):
+        pace()
+    assert yields == []  # within the budget: no hand-over
+    monkeypatch.setattr(flush_pacing, "GIL_BUDGET_S", 0.0)
+    for _ in range(3):
+        pace()
+    assert len(yields) == 3
+    behind = flush_pacing.GilPacer(lambda: True)  # adds wait for room: the flush goes on
+    for _ in range(3):
+        behind()
+    assert len(yields) == 3
+
+
+def test_release_in_steps_empties_every_ledger(monkeypatch):
+    wc = WriteCache(1 << 20)
+    for eid in range(250):
+        wc.put(1, eid, _entry(1, eid))
+    wc.put(2, 0, _entry(2, 0))
+    pauses = []
+    wc.release(100, lambda: pauses.append(1))
+    # ledger 1: 250 -> 150 -> 50 popped in two steps, then cleared; ledger 2 cleared
+    assert len(pauses) == 2 + 1 + 1
+    assert wc.count == 0 and wc.size_bytes == 0 and wc.get(1, 0) is None and not wc.has_ledger(1)
+
+
+def test_a_flush_chunk_is_whole_entry_log_frames_when_a_frame_holds_fewer_than_a_step(monkeypatch):
+    from bk.bookie import flush_pacing
+    monkeypatch.setattr(flush_pacing, "STEP_ENTRIES", 512)
+    frame = 256 * 1024
+    # 1 KiB entries (+ a 4-byte size field each): 255 records fill a frame, so two frames
+    assert flush_pacing.chunk_entries(1024 * 1000, 1000, frame, 4) == 2 * (frame // 1028)
+    # small entries: a frame holds more than a step; the step it is
+    assert flush_pacing.chunk_entries(100 * 1000, 1000, frame, 4) == 512
+    # entries bigger than a frame: one per frame, a step of them
+    assert flush_pacing.chunk_entries(1 << 30, 1024, frame, 4) == 512
+    assert flush_pacing.chunk_entries(0, 0, frame, 4) == 512
