@@ -262,6 +262,55 @@ def test_checkpoint_that_never_succeeds_leaves_the_unclean_flag_set(tmp_path, fa
     with_bookie(cfg, again)
 
 
+def test_a_write_failing_in_a_later_chunk_of_a_checkpoint_keeps_the_half_and_the_retry_stores_it_all(
+        tmp_path, faults, monkeypatch):
+    """A checkpoint writes a half in chunks (issue 32); a write that fails after some chunks
+    went out (here the 4th of 6) fails the checkpoint as a whole: nothing of the half is
+    indexed (one transaction, aborted), the half is kept and served, and the retry writes it
+    all again (the torn log is abandoned). Every entry reads back, also after a restart."""
+    from bk.bookie import flush_pacing
+    monkeypatch.setattr(flush_pacing, "STEP_ENTRIES", 10)
+    monkeypatch.setattr(flush_pacing, "GIL_BUDGET_S", 0.0)
+    monkeypatch.setattr(flush_pacing, "yield_gil", lambda: None)
+    cfg = make_config(tmp_path)
+    chunks = []
+
+    async def main():
+        b = await started(cfg)
+        logger = b.storage.entry_logger
+        plain = logger.add_entries
+        monkeypatch.setattr(logger, "add_entries", lambda entries: (chunks.append(len(entries)), plain(entries))[1])
+        try:
+            await add_range(b, 5, range(30), 300)
+            await add_range(b, 6, range(30), 300)
+            rule = faults.fail(op="write", path_prefix=cfg.ledger_dirs[0], after=3, count=1)
+            with pytest.raises(StorageError):
+                await b.checkpoint()
+            await settle(b)
+            assert faults.hits(rule) == 1 and chunks == [10, 10, 10, 10]
+            assert b.read_only and b.storage_failure
+            for lid in (5, 6):
+                assert all(b.storage.index.get_location(lid, e) is None for e in range(30))
+                for e in range(30):  # still served, from the kept half
+                    assert await b.read_entry(lid, e) == entry(lid, e, 300)
+            chunks.clear()
+            await b.checkpoint()
+            assert chunks == [10] * 6
+            for lid in (5, 6):
+                for e in range(30):
+                    assert b.storage.index.get_location(lid, e) is not None
+                    assert await b.read_entry(lid, e) == entry(lid, e, 300)
+        finally:
+            await b.stop()
+    run(main())
+
+    async def again(b):
+        for lid in (5, 6):
+            for e in range(30):
+                assert await b.read_entry(lid, e) == entry(lid, e, 300)
+    with_bookie(cfg, again)
+
+
 def test_index_commit_failure_read_only_and_retry_keeps_everything(tmp_path, faults):
     cfg = make_config(tmp_path)
 
