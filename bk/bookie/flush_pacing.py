@@ -11,11 +11,11 @@ with 64k-entry chunks).
 So the flush works in chunks of a few hundred entries, taken from the half's dicts one
 chunk at a time (no list of a whole half: those were C loops of their own to build and free,
 and walked by every young-generation collection of the cyclic GC while they lived), and
-between chunks it calls a `GilPacer`: once GIL_BUDGET_S of work has passed since the last hand-over, it sleeps
-YIELD_S (a real sleep: `sleep(0)` re-takes the GIL before a waiting thread has woken), so
-the loop runs at most ~GIL_BUDGET_S late because of the flush. When the checkpoint is
-behind (adds already wait for write-cache room) it does not pause: the adds are waiting for
-the flush itself, and a paused flush would only lower the peak.
+between chunks it calls a `GilPacer`: once GIL_BUDGET_S of work has passed since the last
+hand-over, it sleeps YIELD_S (a real sleep: `sleep(0)` re-takes the GIL before a waiting
+thread has woken), so the flush keeps the loop waiting for about GIL_BUDGET_S at a time.
+When the checkpoint is behind (adds already wait for write-cache room) it does not pause:
+the adds are waiting for the flush itself, and a paused flush would only lower the peak.
 """
 from __future__ import annotations
 
@@ -56,8 +56,7 @@ def chunk_entries(half_bytes: int, half_count: int, frame_bytes: int, record_ove
     """Entries per flush chunk: STEP_ENTRIES, cut to whole entry-log frames when a frame
     holds fewer (`frame_bytes`: the entry logger's write and fdatasync step). A chunk that
     ended a little past a frame wrote that rest as a write of its own and fsynced more often
-    (1 KiB entries in 512-entry chunks: 1.5x the writes and fdatasyncs of whole frames, and
-    8% fewer adds/s at the peak with the journal on the same disk)."""
+    (1 KiB entries in 512-entry chunks: 1.5x the pwrites and fdatasyncs of whole frames)."""
     if half_count <= 0:
         return STEP_ENTRIES
     per_frame = max(1, frame_bytes // (half_bytes // half_count + record_overhead))
